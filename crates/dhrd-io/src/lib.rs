@@ -1,0 +1,137 @@
+//! The durable-I/O boundary of dhrd.
+//!
+//! Everything the engine knows about its backing store goes through [`Durable`]: five
+//! operations (`read_at`, `write_at`, `sync`, `len`, `set_len`) plus a few optional hints
+//! with safe defaults. The engine is generic over it, so the same engine code runs on a real
+//! file or block device ([`FileBacking`]), on a deterministic simulated disk that loses
+//! unsynced writes and tears sectors at a crash ([`SimBacking`]), and on either of those
+//! slowed down to emulate another device ([`Timed`]).
+//!
+//! Crash semantics every implementation must honour:
+//! - bytes passed to `write_at` are durable only once a later `sync` has returned `Ok`;
+//! - a `set_len` is durable under the same rule;
+//! - after a crash, any write issued after the last successful `sync` may be absent, present,
+//!   or torn at 512-byte sector granularity;
+//! - a failed `sync` promises nothing about the writes it covered, and a later successful
+//!   `sync` does not repair that promise (the engine treats it as sticky, see SPEC C4).
+
+mod file;
+mod rng;
+mod sim;
+mod timed;
+
+pub use file::{FileBacking, FileOptions, WriteSync};
+pub use rng::SplitMix64;
+pub use sim::{CrashImage, Fault, FaultKind, SimBacking, SimStats};
+pub use timed::{DeviceProfile, Timed};
+
+use std::io;
+
+/// Sector size at which simulated crashes tear writes, and the unit device timing uses.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// The narrow durable-storage interface the engine is generic over.
+///
+/// All methods take `&self` and must be safe to call from many threads at once; callers
+/// order conflicting requests themselves.
+pub trait Durable: Send + Sync + 'static {
+    /// Reads up to `buf.len()` bytes at `offset`. Short only at end of data.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// Writes all of `buf` at `offset`, extending the length if needed. Not durable until
+    /// `sync` returns `Ok`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+
+    /// Makes every completed `write_at` and `set_len` durable.
+    fn sync(&self) -> io::Result<()>;
+
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+
+    /// Truncates or extends (with zeros). Not durable until `sync` returns `Ok`.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Reads for bulk loading: the implementation should avoid filling the page cache
+    /// (O_DIRECT or drop-behind). `buf` is page-aligned and `offset` is a multiple of the
+    /// page size when the engine calls this.
+    fn read_bulk_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.read_at(buf, offset)
+    }
+
+    /// Tells the backing that the cached copy of a range is no longer needed (the RAM tier
+    /// holds it). A hint: never fails the caller.
+    fn drop_cache(&self, _offset: u64, _len: u64) {}
+
+    /// Whether `[offset, offset+len)` is known to read as zeros without touching data
+    /// (a hole). `false` when unknown.
+    fn is_zero_range(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
+
+    /// Zeroes a range, deallocating it where the backing can (punch hole). Not durable until
+    /// `sync`. The default writes zeros.
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        const ZERO_BUF_BYTES: u64 = 64 * 1024;
+        let zeros = vec![0u8; ZERO_BUF_BYTES.min(len.max(1)) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64) as usize;
+            self.write_at(zeros.get(..n).unwrap_or(&[]), offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Short human-readable description (path, device, profile) for status output.
+    fn describe(&self) -> String {
+        String::from("durable backing")
+    }
+}
+
+impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn len(&self) -> io::Result<u64> {
+        (**self).len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        (**self).set_len(len)
+    }
+    fn read_bulk_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        (**self).read_bulk_at(buf, offset)
+    }
+    fn drop_cache(&self, offset: u64, len: u64) {
+        (**self).drop_cache(offset, len)
+    }
+    fn is_zero_range(&self, offset: u64, len: u64) -> bool {
+        (**self).is_zero_range(offset, len)
+    }
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).zero_range(offset, len)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
+/// Reads exactly `buf.len()` bytes unless the data ends first; returns the count read.
+pub fn read_full<D: Durable + ?Sized>(d: &D, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let rest = buf.get_mut(done..).unwrap_or(&mut []);
+        match d.read_at(rest, offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}

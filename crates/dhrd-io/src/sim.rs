@@ -1,0 +1,412 @@
+//! A simulated disk for deterministic crash and fault testing.
+//!
+//! It keeps two images: `volatile` (what reads see, like a disk's cache plus media) and
+//! `durable` (what survives a crash). Every `write_at`, `set_len` and `zero_range` is
+//! appended to a pending log; a successful `sync` applies the log to `durable` and clears it.
+//!
+//! A crash (see [`SimBacking::crash_image`] and [`SimBacking::crash_at_op`]) builds the
+//! surviving image from `durable` plus each pending operation independently dropped, kept,
+//! or, for writes, torn at 512-byte sector granularity: any subset of the write's sectors
+//! survives. All choices come from a seeded [`SplitMix64`], so a run replays exactly.
+//!
+//! Faults are injected by operation index (every call of a trait method counts one op):
+//! EIO or ENOSPC, once or from then on. A failing write may leave a torn prefix behind in
+//! the volatile image, and a failing sync pushes a random subset of the pending log to the
+//! durable image and then forgets the rest (the Linux "fsyncgate" behaviour), which is the
+//! hostile case the engine must survive.
+
+use crate::{Durable, SplitMix64, SECTOR_BYTES};
+use parking_lot::Mutex;
+use std::io;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `EIO`.
+    Eio,
+    /// `ENOSPC`.
+    Enospc,
+}
+
+impl FaultKind {
+    fn to_error(self) -> io::Error {
+        match self {
+            FaultKind::Eio => io::Error::from_raw_os_error(libc::EIO),
+            FaultKind::Enospc => io::Error::from_raw_os_error(libc::ENOSPC),
+        }
+    }
+}
+
+/// A scheduled fault: operation number `at_op` (0-based) fails with `kind`; with `persist`,
+/// every later operation of the same class (`reads` decides) fails too.
+#[derive(Debug, Clone, Copy)]
+pub struct Fault {
+    pub at_op: u64,
+    pub kind: FaultKind,
+    pub persist: bool,
+    /// Whether reads are affected. Faults usually target writes and syncs only.
+    pub reads: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    pub ops: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub syncs: u64,
+    pub set_lens: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+/// The bytes that survived a crash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrashImage {
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+enum Pending {
+    Write { offset: u64, data: Vec<u8> },
+    SetLen(u64),
+    Zero { offset: u64, len: u64 },
+}
+
+#[derive(Debug)]
+struct Inner {
+    volatile: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<Pending>,
+    rng: SplitMix64,
+    faults: Vec<Fault>,
+    crash_at: Option<u64>,
+    crashed: Option<CrashImage>,
+    capacity_bytes: Option<u64>,
+    stats: SimStats,
+}
+
+/// The simulated durable backing. Cheap to clone the images out of for oracles.
+#[derive(Debug)]
+pub struct SimBacking {
+    inner: Mutex<Inner>,
+}
+
+fn resize_to(v: &mut Vec<u8>, len: u64) {
+    v.resize(len as usize, 0);
+}
+
+fn write_into(v: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let end = offset as usize + data.len();
+    if v.len() < end {
+        v.resize(end, 0);
+    }
+    if let Some(dst) = v.get_mut(offset as usize..end) {
+        dst.copy_from_slice(data);
+    }
+}
+
+fn zero_into(v: &mut [u8], offset: u64, len: u64) {
+    let start = (offset as usize).min(v.len());
+    let end = ((offset + len) as usize).min(v.len());
+    if let Some(dst) = v.get_mut(start..end) {
+        dst.fill(0);
+    }
+}
+
+/// Applies `op` to `img`; writes keep each sector with probability 1/2 when `tear` is set.
+fn apply(img: &mut Vec<u8>, op: &Pending, rng: &mut SplitMix64, tear: bool) {
+    match op {
+        Pending::Write { offset, data } => {
+            if !tear {
+                write_into(img, *offset, data);
+                return;
+            }
+            let end = offset + data.len() as u64;
+            let mut pos = *offset;
+            while pos < end {
+                let sector_end = ((pos / SECTOR_BYTES) + 1) * SECTOR_BYTES;
+                let piece_end = sector_end.min(end);
+                if rng.chance(1, 2) {
+                    let s = (pos - offset) as usize;
+                    let e = (piece_end - offset) as usize;
+                    write_into(img, pos, data.get(s..e).unwrap_or(&[]));
+                }
+                pos = piece_end;
+            }
+        }
+        Pending::SetLen(len) => {
+            if !tear || rng.chance(1, 2) {
+                resize_to(img, *len);
+            }
+        }
+        Pending::Zero { offset, len } => {
+            if !tear || rng.chance(1, 2) {
+                zero_into(img, *offset, *len);
+            }
+        }
+    }
+}
+
+impl SimBacking {
+    /// A new empty disk; `seed` drives every random choice (tearing, fsyncgate subsets).
+    pub fn new(seed: u64) -> Self {
+        Self::from_bytes(Vec::new(), seed)
+    }
+
+    /// A disk whose durable and volatile images both start as `data`.
+    pub fn from_bytes(data: Vec<u8>, seed: u64) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                volatile: data.clone(),
+                durable: data,
+                pending: Vec::new(),
+                rng: SplitMix64::new(seed),
+                faults: Vec::new(),
+                crash_at: None,
+                crashed: None,
+                capacity_bytes: None,
+                stats: SimStats::default(),
+            }),
+        }
+    }
+
+    pub fn from_image(image: CrashImage, seed: u64) -> Self {
+        Self::from_bytes(image.data, seed)
+    }
+
+    pub fn inject(&self, fault: Fault) {
+        self.inner.lock().faults.push(fault);
+    }
+
+    pub fn clear_faults(&self) {
+        self.inner.lock().faults.clear();
+    }
+
+    /// Growing the image past this many bytes fails with ENOSPC (a full disk).
+    pub fn set_capacity(&self, capacity_bytes: Option<u64>) {
+        self.inner.lock().capacity_bytes = capacity_bytes;
+    }
+
+    /// Power is cut when operation number `op` starts: the crash image is taken then, and
+    /// that operation and every later one fail with EIO.
+    pub fn crash_at_op(&self, op: u64) {
+        self.inner.lock().crash_at = Some(op);
+    }
+
+    /// The image taken by a `crash_at_op` crash, if it happened.
+    pub fn crashed_image(&self) -> Option<CrashImage> {
+        self.inner.lock().crashed.clone()
+    }
+
+    /// Simulates a crash now and returns what survives (the simulation itself goes on).
+    pub fn crash_image(&self) -> CrashImage {
+        let mut g = self.inner.lock();
+        Self::take_crash(&mut g)
+    }
+
+    fn take_crash(g: &mut Inner) -> CrashImage {
+        let mut img = g.durable.clone();
+        let pending = g.pending.clone();
+        for op in &pending {
+            apply(&mut img, op, &mut g.rng, true);
+        }
+        CrashImage { data: img }
+    }
+
+    pub fn volatile(&self) -> Vec<u8> {
+        self.inner.lock().volatile.clone()
+    }
+
+    pub fn durable(&self) -> Vec<u8> {
+        self.inner.lock().durable.clone()
+    }
+
+    pub fn stats(&self) -> SimStats {
+        self.inner.lock().stats
+    }
+
+    /// Counts the op and returns the fault to apply to it, if any.
+    fn begin_op(g: &mut Inner, is_read: bool) -> Option<FaultKind> {
+        let op = g.stats.ops;
+        g.stats.ops += 1;
+        if let Some(at) = g.crash_at {
+            if op >= at {
+                if g.crashed.is_none() {
+                    let img = Self::take_crash(g);
+                    g.crashed = Some(img);
+                }
+                return Some(FaultKind::Eio);
+            }
+        }
+        g.faults
+            .iter()
+            .find(|f| (f.at_op == op || (f.persist && op >= f.at_op)) && (!is_read || f.reads))
+            .map(|f| f.kind)
+    }
+
+    fn check_capacity(g: &Inner, end: u64) -> io::Result<()> {
+        match g.capacity_bytes {
+            Some(cap) if end > cap && end > g.volatile.len() as u64 => {
+                Err(io::Error::from_raw_os_error(libc::ENOSPC))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Durable for SimBacking {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut g = self.inner.lock();
+        if let Some(k) = Self::begin_op(&mut g, true) {
+            return Err(k.to_error());
+        }
+        g.stats.reads += 1;
+        let len = g.volatile.len() as u64;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (len - offset).min(buf.len() as u64) as usize;
+        let src = g
+            .volatile
+            .get(offset as usize..offset as usize + n)
+            .unwrap_or(&[]);
+        buf.get_mut(..n).unwrap_or(&mut []).copy_from_slice(src);
+        g.stats.bytes_read += n as u64;
+        Ok(n)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        let op = Pending::Write {
+            offset,
+            data: buf.to_vec(),
+        };
+        if let Some(k) = Self::begin_op(g, false) {
+            // A failing write may still have put a torn prefix of sectors on the way to
+            // the media: hostile, and what real devices may do.
+            if g.crashed.is_none() && g.rng.chance(1, 2) {
+                let keep = g.rng.below(buf.len() as u64 + 1) as usize;
+                let part = Pending::Write {
+                    offset,
+                    data: buf.get(..keep).unwrap_or(&[]).to_vec(),
+                };
+                apply(&mut g.volatile, &part, &mut g.rng, false);
+                g.pending.push(part);
+            }
+            return Err(k.to_error());
+        }
+        Self::check_capacity(g, offset + buf.len() as u64)?;
+        g.stats.writes += 1;
+        g.stats.bytes_written += buf.len() as u64;
+        apply(&mut g.volatile, &op, &mut g.rng, false);
+        g.pending.push(op);
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        if let Some(k) = Self::begin_op(g, false) {
+            if g.crashed.is_none() {
+                // fsyncgate: some pending writes reach the media, the rest are forgotten
+                // (the volatile image keeps them, as the page cache would).
+                let pending = std::mem::take(&mut g.pending);
+                for op in &pending {
+                    apply(&mut g.durable, op, &mut g.rng, true);
+                }
+            }
+            return Err(k.to_error());
+        }
+        g.stats.syncs += 1;
+        let pending = std::mem::take(&mut g.pending);
+        for op in &pending {
+            apply(&mut g.durable, op, &mut g.rng, false);
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.inner.lock().volatile.len() as u64)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        if let Some(k) = Self::begin_op(g, false) {
+            return Err(k.to_error());
+        }
+        Self::check_capacity(g, len)?;
+        g.stats.set_lens += 1;
+        resize_to(&mut g.volatile, len);
+        g.pending.push(Pending::SetLen(len));
+        Ok(())
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        if let Some(k) = Self::begin_op(g, false) {
+            return Err(k.to_error());
+        }
+        zero_into(&mut g.volatile, offset, len);
+        g.pending.push(Pending::Zero { offset, len });
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        String::from("simulated disk")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsynced_writes_may_vanish_synced_survive() -> io::Result<()> {
+        let d = SimBacking::new(1);
+        d.write_at(&[1u8; 1024], 0)?;
+        d.sync()?;
+        d.write_at(&[2u8; 4096], 0)?;
+        let img = d.crash_image();
+        assert!(img.data.len() >= 1024);
+        for (i, b) in img.data.iter().enumerate() {
+            if i < 1024 {
+                assert!(*b == 1 || *b == 2);
+            } else {
+                assert!(*b == 0 || *b == 2);
+            }
+        }
+        d.sync()?;
+        assert_eq!(d.crash_image().data, vec![2u8; 4096]);
+        Ok(())
+    }
+
+    #[test]
+    fn injected_faults_fire_at_op() -> io::Result<()> {
+        let d = SimBacking::new(2);
+        d.inject(Fault {
+            at_op: 1,
+            kind: FaultKind::Enospc,
+            persist: false,
+            reads: false,
+        });
+        d.write_at(b"a", 0)?;
+        let e = d.write_at(b"b", 1).err().map(|e| e.raw_os_error());
+        assert_eq!(e, Some(Some(libc::ENOSPC)));
+        d.write_at(b"c", 2)?;
+        Ok(())
+    }
+
+    #[test]
+    fn crash_at_op_freezes_image() -> io::Result<()> {
+        let d = SimBacking::new(3);
+        d.crash_at_op(2);
+        d.write_at(b"x", 0)?;
+        d.sync()?;
+        assert!(d.write_at(b"y", 0).is_err());
+        assert!(d.sync().is_err());
+        assert_eq!(d.crashed_image().map(|c| c.data), Some(b"x".to_vec()));
+        Ok(())
+    }
+}

@@ -1,0 +1,1 @@
+//! NBD frontend: serves one hybrid object of the engine over the NBD protocol.
