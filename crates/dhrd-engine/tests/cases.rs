@@ -40,13 +40,6 @@ fn sim_with(data: Vec<u8>) -> Arc<SimBacking> {
     Arc::new(SimBacking::from_bytes(data, 42))
 }
 
-fn read_all(o: &Obj) -> Vec<u8> {
-    let mut v = vec![0u8; o.len() as usize];
-    let r = o.read_at(&mut v, 0);
-    assert!(matches!(r, Ok(x) if x.bytes == v.len()));
-    v
-}
-
 #[test]
 fn loads_in_background_and_serves_from_ram() -> Result<(), Box<dyn std::error::Error>> {
     let data = pattern(10 * CB as usize + 100, 1);
