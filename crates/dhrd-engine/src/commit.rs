@@ -21,10 +21,14 @@ use crate::stats::{Lat, Stats};
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// How many failed (ENOSPC) batches are remembered for slow waiters.
 const FAILED_BATCHES_KEPT: usize = 64;
+/// Longest a sync leader waits for the writers of the previous batch to rejoin before it
+/// syncs. Without it, the first writer back after a sync starts the next one alone and
+/// batches stay small; with one writer the wait never happens (the batch was 1).
+const COMMIT_GATHER_MAX: Duration = Duration::from_micros(200);
 
 /// The sticky read-only state of an object.
 #[derive(Default)]
@@ -81,6 +85,10 @@ struct State {
     issued: u64,
     synced: u64,
     syncing: bool,
+    /// A leader is waiting for writers to join its batch; `issue` wakes it.
+    gathering: bool,
+    last_batch: u64,
+    sync_ns_avg: u64,
     /// `(after, through]` ticket ranges whose sync failed with ENOSPC.
     failed_batches: Vec<(u64, u64)>,
 }
@@ -95,6 +103,9 @@ impl GroupCommit {
     pub(crate) fn issue(&self) -> Ticket {
         let mut g = self.m.lock();
         g.issued += 1;
+        if g.gathering {
+            self.cv.notify_all();
+        }
         Ticket(g.issued)
     }
 
@@ -129,14 +140,33 @@ impl GroupCommit {
                 continue;
             }
             g.syncing = true;
+            if g.last_batch > 1 {
+                let wait = Duration::from_nanos(g.sync_ns_avg / 2).min(COMMIT_GATHER_MAX);
+                let deadline = Instant::now() + wait;
+                g.gathering = true;
+                while g.issued - g.synced < g.last_batch {
+                    if self.cv.wait_until(&mut g, deadline).timed_out() {
+                        break;
+                    }
+                }
+                g.gathering = false;
+            }
             let target = g.issued;
             let prev = g.synced;
             drop(g);
             let started = Instant::now();
             let r = sync();
-            stats.record(Lat::Sync, started.elapsed());
+            let took = started.elapsed();
+            stats.record(Lat::Sync, took);
             g = self.m.lock();
             g.syncing = false;
+            g.last_batch = target - prev;
+            let ns = took.as_nanos() as u64;
+            g.sync_ns_avg = if g.sync_ns_avg == 0 {
+                ns
+            } else {
+                (g.sync_ns_avg * 7 + ns) / 8
+            };
             match r {
                 Ok(()) => {
                     stats.syncs.add(1);
