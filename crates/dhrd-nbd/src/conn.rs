@@ -1,0 +1,569 @@
+//! Transmission phase of one connection.
+//!
+//! Shape: the connection thread reads requests in order (one buffered reader); each valid
+//! request is handed to a per-connection pool of worker threads (spawned on demand up to
+//! [`MAX_WORKERS_PER_CONNECTION`]); workers call the target and write the reply under the
+//! connection's single writer lock, so replies leave in completion order and the client
+//! matches them by handle. Small reads of a fully loaded export may be served inline by the
+//! reader (a RAM copy is cheaper than a thread hand-off).
+//!
+//! Invariants:
+//! - a reply is written only after the target call it reports on returned;
+//! - each reply is written with one `write_all` under the writer lock, so replies never
+//!   interleave on the wire;
+//! - the in-flight budget ([`MAX_IN_FLIGHT_REQUESTS`], [`MAX_IN_FLIGHT_BYTES`]) is taken
+//!   before a payload or read buffer is allocated and given back after the reply is
+//!   written (or dropped); a single maximal request always fits, so it cannot deadlock;
+//! - when the reader stops (disconnect, NBD_CMD_DISC, bad magic, shutdown) every request
+//!   already accepted is still executed and answered (if the socket allows) before the
+//!   connection closes; nothing is leaked when the client vanishes mid-request: a
+//!   partially received write is dropped without touching the target.
+
+use crate::limits::{
+    MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES, MAX_WORKERS_PER_CONNECTION,
+    THREAD_STACK_BYTES,
+};
+use crate::proto::*;
+use crate::target::Target;
+use crate::NbdError;
+use parking_lot::{Condvar, Mutex};
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Largest read served inline by the reader thread when the export is fully loaded.
+pub(crate) const INLINE_READ_MAX_BYTES: u32 = 128 << 10;
+
+/// A connected socket of either family.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        // Fails only if the peer is already gone, which is the state we want.
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        };
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The single writer of one connection's replies.
+struct Replier {
+    stream: Mutex<Stream>,
+    /// Set when a reply could not be written; the reader then stops.
+    broken: AtomicBool,
+}
+
+impl Replier {
+    fn send(&self, bytes: &[u8]) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut s = self.stream.lock();
+        if s.write_all(bytes).is_err() {
+            // The client is gone or stopped reading past the write timeout. Closing both
+            // directions wakes the reader so the connection winds down.
+            self.broken.store(true, Ordering::Relaxed);
+            s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Per-connection bound on requests and bytes in flight.
+struct Budget {
+    state: Mutex<(usize, u64)>,
+    freed: Condvar,
+}
+
+impl Budget {
+    fn acquire(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        // An empty budget admits any single request, so a maximal request never waits
+        // forever.
+        while st.0 > 0 && (st.0 >= MAX_IN_FLIGHT_REQUESTS || st.1 + bytes > MAX_IN_FLIGHT_BYTES) {
+            self.freed.wait(&mut st);
+        }
+        st.0 += 1;
+        st.1 += bytes;
+    }
+
+    fn release(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        st.0 = st.0.saturating_sub(1);
+        st.1 = st.1.saturating_sub(bytes);
+        self.freed.notify_one();
+    }
+}
+
+/// A validated request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write { fua: bool },
+    Flush,
+    Trim { fua: bool },
+    Zero { fua: bool, may_punch: bool },
+}
+
+/// A request accepted for execution, with its write payload if any.
+struct Job {
+    op: Op,
+    handle: u64,
+    offset: u64,
+    length: u32,
+    payload: Vec<u8>,
+    /// Bytes charged to the budget for this job.
+    charged: u64,
+}
+
+struct Shared<T: Target> {
+    target: Arc<T>,
+    framing: Framing,
+    replier: Replier,
+    budget: Budget,
+    jobs: Mutex<Receiver<Job>>,
+    idle_workers: AtomicUsize,
+}
+
+/// Checks a request header against the export; `Err(wire errno)` means reply with that
+/// error. DISC and unknown commands are handled by the caller.
+fn validate(h: &RequestHeader, size: u64, read_only: bool, framing: Framing) -> Result<Op, u32> {
+    let fua = h.flags & CMD_FLAG_FUA != 0;
+    let allowed_flags = match h.cmd {
+        CMD_READ if framing == Framing::Structured => CMD_FLAG_FUA | CMD_FLAG_DF,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        _ => CMD_FLAG_FUA,
+    };
+    if h.flags & !allowed_flags != 0 {
+        return Err(EINVAL);
+    }
+    let op = match h.cmd {
+        CMD_READ => Op::Read,
+        CMD_WRITE => Op::Write { fua },
+        CMD_FLUSH => return Ok(Op::Flush),
+        CMD_TRIM => Op::Trim { fua },
+        CMD_WRITE_ZEROES => Op::Zero {
+            fua,
+            may_punch: h.flags & CMD_FLAG_NO_HOLE == 0,
+        },
+        _ => return Err(EINVAL),
+    };
+    if matches!(op, Op::Read) && h.length > MAX_PAYLOAD_BYTES {
+        return Err(EINVAL);
+    }
+    if h.length == 0 {
+        // A structured read reply cannot carry zero bytes of data, and a zero-length
+        // write is a client bug; refuse both uniformly.
+        return Err(EINVAL);
+    }
+    let writes = !matches!(op, Op::Read);
+    if writes && read_only {
+        return Err(EPERM);
+    }
+    match h.offset.checked_add(h.length.into()) {
+        Some(end) if end <= size => Ok(op),
+        // ENOSPC for writes past the end (what nbdkit and qemu-nbd do; clients map it to
+        // "device full"), EINVAL for reads.
+        _ if writes => Err(ENOSPC),
+        _ => Err(EINVAL),
+    }
+}
+
+fn error_reply(framing: Framing, is_read: bool, handle: u64, error: u32) -> Vec<u8> {
+    let mut b = vec![0u8; reply_header_len(framing, is_read, error)];
+    encode_reply_header(&mut b, framing, is_read, handle, error, 0, 0);
+    b
+}
+
+fn report(op: &str, offset: u64, length: u32, e: &NbdError) -> u32 {
+    eprintln!("dhrd nbd: {op} at {offset} (+{length}) failed: {e}");
+    wire_errno(e.errno())
+}
+
+/// Executes one job and returns the complete reply (header and any read data).
+fn execute<T: Target>(target: &T, framing: Framing, job: Job) -> Vec<u8> {
+    let Job {
+        op,
+        handle,
+        offset,
+        length,
+        payload,
+        ..
+    } = job;
+    let result = match op {
+        Op::Read => {
+            let hdr = reply_header_len(framing, true, 0);
+            let mut buf = vec![0u8; hdr + length as usize];
+            match target.read_at(buf.get_mut(hdr..).unwrap_or(&mut []), offset) {
+                Ok(()) => {
+                    encode_reply_header(
+                        buf.get_mut(..hdr).unwrap_or(&mut []),
+                        framing,
+                        true,
+                        handle,
+                        0,
+                        offset,
+                        length,
+                    );
+                    return buf;
+                }
+                Err(e) => Err(report("read", offset, length, &e)),
+            }
+        }
+        Op::Write { fua } => target
+            .write_at(&payload, offset, fua)
+            .map_err(|e| report("write", offset, length, &e)),
+        Op::Flush => target.flush().map_err(|e| report("flush", 0, 0, &e)),
+        Op::Trim { fua } => target
+            .zero(offset, length.into(), true, fua)
+            .map_err(|e| report("trim", offset, length, &e)),
+        Op::Zero { fua, may_punch } => target
+            .zero(offset, length.into(), may_punch, fua)
+            .map_err(|e| report("write_zeroes", offset, length, &e)),
+    };
+    let error = result.err().unwrap_or(0);
+    error_reply(framing, matches!(op, Op::Read), handle, error)
+}
+
+fn worker<T: Target>(sh: Arc<Shared<T>>) {
+    loop {
+        // Counted as idle while waiting for the queue lock too, so the reader does not
+        // spawn a worker while another one is about to take the job.
+        sh.idle_workers.fetch_add(1, Ordering::SeqCst);
+        let job = sh.jobs.lock().recv();
+        sh.idle_workers.fetch_sub(1, Ordering::SeqCst);
+        let Ok(job) = job else { return };
+        let charged = job.charged;
+        let reply = execute(&*sh.target, sh.framing, job);
+        sh.replier.send(&reply);
+        drop(reply);
+        sh.budget.release(charged);
+    }
+}
+
+/// Reads exactly `buf.len()` bytes. `Ok(false)`: clean end of stream before the first
+/// byte. A stream ending part-way is an error (truncated request).
+fn read_msg<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
+    let mut done = 0;
+    while done < buf.len() {
+        match r.read(buf.get_mut(done..).unwrap_or(&mut [])) {
+            Ok(0) if done == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Why a connection's transmission phase ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// NBD_CMD_DISC or the client closed between requests.
+    Clean,
+    /// Protocol violation, truncated request or I/O error; logged by the caller.
+    Error(NbdError),
+}
+
+/// Options fixed for the whole transmission phase of one connection.
+pub(crate) struct ConnParams {
+    pub framing: Framing,
+    pub read_only: bool,
+    pub size: u64,
+    pub inline_reads: bool,
+}
+
+/// Serves requests until the client disconnects or the stream fails, then finishes every
+/// accepted request and returns. `writer` is a second handle of the same socket.
+pub(crate) fn serve<T: Target>(
+    reader: &mut BufReader<Stream>,
+    writer: Stream,
+    target: Arc<T>,
+    p: &ConnParams,
+) -> End {
+    let (tx, rx) = sync_channel::<Job>(MAX_IN_FLIGHT_REQUESTS);
+    let sh = Arc::new(Shared {
+        target,
+        framing: p.framing,
+        replier: Replier {
+            stream: Mutex::new(writer),
+            broken: AtomicBool::new(false),
+        },
+        budget: Budget {
+            state: Mutex::new((0, 0)),
+            freed: Condvar::new(),
+        },
+        jobs: Mutex::new(rx),
+        idle_workers: AtomicUsize::new(0),
+    });
+    let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    let end = read_loop(reader, &sh, &tx, &mut workers, p);
+    // Closing the queue lets workers drain what was accepted and exit.
+    drop(tx);
+    for w in workers {
+        let _ = w.join();
+    }
+    end
+}
+
+fn dispatch<T: Target>(
+    sh: &Arc<Shared<T>>,
+    tx: &SyncSender<Job>,
+    workers: &mut Vec<JoinHandle<()>>,
+    job: Job,
+) -> Result<(), NbdError> {
+    if sh.idle_workers.load(Ordering::SeqCst) == 0 && workers.len() < MAX_WORKERS_PER_CONNECTION {
+        let sh2 = Arc::clone(sh);
+        let h = std::thread::Builder::new()
+            .name("dhrd-nbd-worker".into())
+            .stack_size(THREAD_STACK_BYTES)
+            .spawn(move || worker(sh2))?;
+        workers.push(h);
+    }
+    // The budget already bounds queued jobs to the channel capacity, so this never blocks
+    // for long; it fails only if every worker died, which `worker` never does by itself.
+    tx.send(job)
+        .map_err(|_| NbdError::Protocol("worker pool gone".into()))
+}
+
+fn read_loop<T: Target>(
+    reader: &mut BufReader<Stream>,
+    sh: &Arc<Shared<T>>,
+    tx: &SyncSender<Job>,
+    workers: &mut Vec<JoinHandle<()>>,
+    p: &ConnParams,
+) -> End {
+    let framing = p.framing;
+    loop {
+        if sh.replier.broken.load(Ordering::Relaxed) {
+            return End::Error(NbdError::Protocol("reply could not be sent".into()));
+        }
+        let mut hb = [0u8; REQUEST_HEADER_BYTES];
+        match read_msg(reader, &mut hb) {
+            Ok(true) => {}
+            Ok(false) => return End::Clean,
+            Err(e) => return End::Error(NbdError::Io(e)),
+        }
+        let h = decode_request(&hb);
+        if h.magic != REQUEST_MAGIC {
+            return End::Error(NbdError::BadMagic {
+                expected: REQUEST_MAGIC.into(),
+                found: h.magic.into(),
+            });
+        }
+        if h.cmd == CMD_DISC {
+            return End::Clean;
+        }
+        let is_read = h.cmd == CMD_READ;
+        if h.cmd == CMD_WRITE && h.length > MAX_PAYLOAD_BYTES {
+            // The payload cannot be skipped without reading it: refuse and close.
+            sh.replier
+                .send(&error_reply(framing, false, h.handle, EINVAL));
+            return End::Error(NbdError::PayloadTooLarge {
+                len: h.length.into(),
+                max: MAX_PAYLOAD_BYTES.into(),
+            });
+        }
+        let verdict = validate(&h, p.size, p.read_only, framing);
+        let charged: u64 = match (h.cmd, &verdict) {
+            (CMD_WRITE, _) | (CMD_READ, Ok(_)) => h.length.into(),
+            _ => 0,
+        };
+        sh.budget.acquire(charged);
+        let mut payload = Vec::new();
+        if h.cmd == CMD_WRITE {
+            payload = vec![0u8; h.length as usize];
+            match read_msg(reader, &mut payload) {
+                Ok(true) => {}
+                // The client vanished mid-payload: drop the partial write untouched.
+                Ok(false) | Err(_) => {
+                    sh.budget.release(charged);
+                    return End::Error(NbdError::Protocol("truncated write payload".into()));
+                }
+            }
+        }
+        let op = match verdict {
+            Ok(op) => op,
+            Err(errno) => {
+                drop(payload);
+                sh.replier
+                    .send(&error_reply(framing, is_read, h.handle, errno));
+                sh.budget.release(charged);
+                continue;
+            }
+        };
+        let job = Job {
+            op,
+            handle: h.handle,
+            offset: h.offset,
+            length: h.length,
+            payload,
+            charged,
+        };
+        if op == Op::Read
+            && p.inline_reads
+            && h.length <= INLINE_READ_MAX_BYTES
+            && sh.target.reads_are_fast()
+        {
+            let reply = execute(&*sh.target, framing, job);
+            sh.replier.send(&reply);
+            sh.budget.release(charged);
+            continue;
+        }
+        if let Err(e) = dispatch(sh, tx, workers, job) {
+            sh.budget.release(charged);
+            return End::Error(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hdr(cmd: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
+        decode_request(&encode_request(flags, cmd, 1, offset, length))
+    }
+
+    #[test]
+    fn validation() {
+        let s = Framing::Simple;
+        let size = 1 << 20;
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, 0, 1), size, false, s),
+            Ok(Op::Read)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, size - 1, 2), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, u64::MAX, 2), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, 0, 0), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(
+                &hdr(CMD_READ, 0, 0, MAX_PAYLOAD_BYTES + 1),
+                u64::MAX,
+                false,
+                s
+            ),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, CMD_FLAG_FUA, 10, 10), size, false, s),
+            Ok(Op::Write { fua: true })
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, 0, size, 1), size, false, s),
+            Err(ENOSPC)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, 0, 0, 1), size, true, s),
+            Err(EPERM)
+        );
+        assert_eq!(validate(&hdr(CMD_TRIM, 0, 0, 1), size, true, s), Err(EPERM));
+        assert_eq!(
+            validate(&hdr(CMD_FLUSH, 0, 0, 0), size, true, s),
+            Ok(Op::Flush)
+        );
+        assert_eq!(
+            validate(
+                &hdr(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8),
+                size,
+                false,
+                s
+            ),
+            Ok(Op::Zero {
+                fua: false,
+                may_punch: false
+            })
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, CMD_FLAG_NO_HOLE, 0, 8), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, CMD_FLAG_DF, 0, 8), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(
+                &hdr(CMD_READ, CMD_FLAG_DF, 0, 8),
+                size,
+                false,
+                Framing::Structured
+            ),
+            Ok(Op::Read)
+        );
+        assert_eq!(validate(&hdr(5, 0, 0, 8), size, false, s), Err(EINVAL));
+        assert_eq!(validate(&hdr(0x1234, 0, 0, 8), size, false, s), Err(EINVAL));
+    }
+
+    #[test]
+    fn budget_admits_one_oversized_request() {
+        let b = Budget {
+            state: Mutex::new((0, 0)),
+            freed: Condvar::new(),
+        };
+        b.acquire(MAX_IN_FLIGHT_BYTES * 2);
+        b.release(MAX_IN_FLIGHT_BYTES * 2);
+        assert_eq!(*b.state.lock(), (0, 0));
+    }
+}

@@ -1,0 +1,34 @@
+//! What the server calls to serve requests: the [`Target`] trait (implemented for the
+//! engine's hybrid object in `engine.rs`, and by test doubles).
+//!
+//! Invariants:
+//! - the server has already checked every range against [`Target::size`] and every
+//!   payload against the protocol limits, so implementations see only in-range requests;
+//! - a method returns only when its effect is as durable as the export's durability mode
+//!   promises (for the engine: `sync` = durable on return; `fsync`/`periodic` = durable
+//!   after `flush`, and FUA requests are flushed before returning);
+//! - implementations are shared by every connection and worker thread (`Send + Sync`).
+
+use crate::NbdError;
+
+/// A block device as the NBD server sees it.
+pub trait Target: Send + Sync + 'static {
+    /// Export size in bytes (fixed while serving).
+    fn size(&self) -> u64;
+    /// True when writes are refused (configured read-only, or a sticky backing failure).
+    fn is_read_only(&self) -> bool;
+    /// Fills all of `buf` from `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), NbdError>;
+    /// Writes all of `buf` at `offset`; with `fua` the data is durable on return.
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), NbdError>;
+    /// Zeroes a range. `may_punch`: the backing may deallocate it (TRIM, or WRITE_ZEROES
+    /// without NO_HOLE); otherwise zeros are written so the range stays allocated.
+    fn zero(&self, offset: u64, len: u64, may_punch: bool, fua: bool) -> Result<(), NbdError>;
+    /// Makes every completed write (from any connection) durable.
+    fn flush(&self) -> Result<(), NbdError>;
+    /// True when reads are answered from RAM without blocking on the backing, so the
+    /// request reader may serve them inline instead of handing them to a worker.
+    fn reads_are_fast(&self) -> bool {
+        false
+    }
+}
