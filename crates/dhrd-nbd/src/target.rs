@@ -32,3 +32,28 @@ pub trait Target: Send + Sync + 'static {
         false
     }
 }
+
+/// A shared target is a target, so callers can keep a handle (tests, status reporting).
+impl<T: Target> Target for std::sync::Arc<T> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn is_read_only(&self) -> bool {
+        (**self).is_read_only()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), NbdError> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), NbdError> {
+        (**self).write_at(buf, offset, fua)
+    }
+    fn zero(&self, offset: u64, len: u64, may_punch: bool, fua: bool) -> Result<(), NbdError> {
+        (**self).zero(offset, len, may_punch, fua)
+    }
+    fn flush(&self) -> Result<(), NbdError> {
+        (**self).flush()
+    }
+    fn reads_are_fast(&self) -> bool {
+        (**self).reads_are_fast()
+    }
+}
