@@ -68,7 +68,7 @@ pub struct FileBacking {
 }
 
 fn is_aligned(v: u64) -> bool {
-    v % DIRECT_ALIGN_BYTES as u64 == 0
+    v.is_multiple_of(DIRECT_ALIGN_BYTES as u64)
 }
 
 impl FileBacking {
@@ -187,7 +187,7 @@ impl Durable for FileBacking {
         if let Some(direct) = &self.direct {
             if is_aligned(offset)
                 && is_aligned(buf.len() as u64)
-                && (buf.as_ptr() as usize) % DIRECT_ALIGN_BYTES == 0
+                && (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES)
             {
                 return Self::direct_read(direct, buf, offset);
             }
@@ -236,7 +236,7 @@ impl Durable for FileBacking {
         let Some(direct) = &self.direct else {
             return self.buffered_read(buf, offset);
         };
-        if !is_aligned(offset) || (buf.as_ptr() as usize) % DIRECT_ALIGN_BYTES != 0 {
+        if !is_aligned(offset) || !(buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES) {
             return self.buffered_read(buf, offset);
         }
         let aligned = buf.len() - buf.len() % DIRECT_ALIGN_BYTES;

@@ -34,6 +34,7 @@ pub const SECTOR_BYTES: u64 = 512;
 ///
 /// All methods take `&self` and must be safe to call from many threads at once; callers
 /// order conflicting requests themselves.
+#[allow(clippy::len_without_is_empty)] // `len` is a device size, not a collection
 pub trait Durable: Send + Sync + 'static {
     /// Reads up to `buf.len()` bytes at `offset`. Short only at end of data.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;

@@ -1,0 +1,245 @@
+//! Group commit and sticky failure.
+//!
+//! A writer first `pwrite`s its data, then takes a ticket (`issue`): the ticket proves the
+//! bytes were handed to the backing before any sync that starts later. `wait_durable(t)`
+//! returns once a sync that started after ticket `t` was issued has succeeded. At most one
+//! sync runs at a time; writers arriving meanwhile wait and are covered together by the
+//! next one, so N concurrent writers cost about one sync per round instead of N.
+//!
+//! Failure rules (SPEC C4, C5):
+//! - a sync failing with anything but ENOSPC makes the object read-only for good
+//!   (`Failure`); no later sync is attempted, so a failed fsync is never retried and
+//!   mistaken for success;
+//! - a sync failing with ENOSPC fails exactly the tickets it covered; later ones proceed.
+
+use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
+use crate::stats::{Lat, Stats};
+use parking_lot::{Condvar, Mutex};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Instant, SystemTime};
+
+/// How many failed (ENOSPC) batches are remembered for slow waiters.
+const FAILED_BATCHES_KEPT: usize = 64;
+
+/// The sticky read-only state of an object.
+#[derive(Default)]
+pub(crate) struct Failure {
+    failed: AtomicBool,
+    cause: Mutex<Option<FailureCause>>,
+}
+
+impl Failure {
+    #[inline]
+    pub(crate) fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        if !self.is_failed() {
+            return Ok(());
+        }
+        Err(Error::ReadOnly(self.cause().unwrap_or_else(|| {
+            FailureCause {
+                op: BackingOp::Write,
+                errno: None,
+                message: String::from("unknown"),
+                at: SystemTime::now(),
+            }
+        })))
+    }
+
+    /// Records the first failure; later ones keep the original cause.
+    pub(crate) fn fail(&self, op: BackingOp, e: &io::Error) {
+        let mut c = self.cause.lock();
+        if c.is_none() {
+            *c = Some(FailureCause {
+                op,
+                errno: e.raw_os_error(),
+                message: e.to_string(),
+                at: SystemTime::now(),
+            });
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn cause(&self) -> Option<FailureCause> {
+        self.cause.lock().clone()
+    }
+}
+
+/// A write's place in the commit order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Ticket(u64);
+
+#[derive(Default)]
+struct State {
+    issued: u64,
+    synced: u64,
+    syncing: bool,
+    /// `(after, through]` ticket ranges whose sync failed with ENOSPC.
+    failed_batches: Vec<(u64, u64)>,
+}
+
+#[derive(Default)]
+pub(crate) struct GroupCommit {
+    m: Mutex<State>,
+    cv: Condvar,
+}
+
+impl GroupCommit {
+    pub(crate) fn issue(&self) -> Ticket {
+        let mut g = self.m.lock();
+        g.issued += 1;
+        Ticket(g.issued)
+    }
+
+    /// The newest ticket issued so far (what a flush must cover).
+    pub(crate) fn current(&self) -> Ticket {
+        Ticket(self.m.lock().issued)
+    }
+
+    pub(crate) fn is_clean(&self) -> bool {
+        let g = self.m.lock();
+        g.synced >= g.issued
+    }
+
+    pub(crate) fn wait_durable(
+        &self,
+        t: Ticket,
+        sync: impl Fn() -> io::Result<()>,
+        failure: &Failure,
+        stats: &Stats,
+    ) -> Result<()> {
+        let mut g = self.m.lock();
+        loop {
+            if g.failed_batches.iter().any(|(a, b)| t.0 > *a && t.0 <= *b) {
+                return Err(Error::NoSpace);
+            }
+            if g.synced >= t.0 {
+                return Ok(());
+            }
+            failure.check()?;
+            if g.syncing {
+                self.cv.wait(&mut g);
+                continue;
+            }
+            g.syncing = true;
+            let target = g.issued;
+            let prev = g.synced;
+            drop(g);
+            let started = Instant::now();
+            let r = sync();
+            stats.record(Lat::Sync, started.elapsed());
+            g = self.m.lock();
+            g.syncing = false;
+            match r {
+                Ok(()) => {
+                    stats.syncs.add(1);
+                    stats.record_batch(target - prev);
+                    g.synced = g.synced.max(target);
+                }
+                Err(e) => {
+                    stats.sync_failures.add(1);
+                    if is_enospc(&e) {
+                        if g.failed_batches.len() >= FAILED_BATCHES_KEPT {
+                            g.failed_batches.remove(0);
+                        }
+                        g.failed_batches.push((prev, target));
+                    } else {
+                        failure.fail(BackingOp::Sync, &e);
+                    }
+                }
+            }
+            self.cv.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    #[test]
+    fn concurrent_writers_share_syncs() {
+        let gc = Arc::new(GroupCommit::default());
+        let failure = Arc::new(Failure::default());
+        let stats = Arc::new(Stats::new());
+        let syncs = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (gc, failure, stats, syncs) =
+                    (gc.clone(), failure.clone(), stats.clone(), syncs.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let t = gc.issue();
+                        let r = gc.wait_durable(
+                            t,
+                            || {
+                                syncs.fetch_add(1, Ordering::Relaxed);
+                                std::thread::sleep(std::time::Duration::from_micros(200));
+                                Ok(())
+                            },
+                            &failure,
+                            &stats,
+                        );
+                        assert!(r.is_ok());
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().is_ok());
+        }
+        assert!(syncs.load(Ordering::Relaxed) < 400, "no sharing happened");
+        assert!(gc.is_clean());
+    }
+
+    #[test]
+    fn eio_is_sticky_enospc_is_not() {
+        let gc = GroupCommit::default();
+        let failure = Failure::default();
+        let stats = Stats::new();
+        let t1 = gc.issue();
+        let r = gc.wait_durable(
+            t1,
+            || Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            &failure,
+            &stats,
+        );
+        assert!(matches!(r, Err(Error::NoSpace)));
+        let t2 = gc.issue();
+        assert!(gc.wait_durable(t2, || Ok(()), &failure, &stats).is_ok());
+        // t1 stays failed even though a later sync succeeded.
+        assert!(matches!(
+            gc.wait_durable(t1, || Ok(()), &failure, &stats),
+            Err(Error::NoSpace)
+        ));
+        let t3 = gc.issue();
+        let r = gc.wait_durable(
+            t3,
+            || Err(io::Error::from_raw_os_error(libc::EIO)),
+            &failure,
+            &stats,
+        );
+        assert!(matches!(r, Err(Error::ReadOnly(_))));
+        let t4 = gc.issue();
+        let called = AtomicBool::new(false);
+        let r = gc.wait_durable(
+            t4,
+            || {
+                called.store(true, Ordering::Relaxed);
+                Ok(())
+            },
+            &failure,
+            &stats,
+        );
+        assert!(matches!(r, Err(Error::ReadOnly(_))));
+        assert!(
+            !called.load(Ordering::Relaxed),
+            "a sync was retried after a sticky failure"
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! Options of an object and of the loader. Every bound is a named constant here.
+
+use crate::budget::RamBudget;
+use crate::loader::{LoadGate, Loader};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default chunk size, chosen from the sweep recorded in `bench/results/` and
+/// `docs/design.md` (load rate flat from 1 MiB up, write blocking on a loading chunk grows
+/// with chunk size).
+pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
+/// Default number of loader threads (each has one bulk read outstanding).
+pub const LOADER_THREADS_DEFAULT: usize = 2;
+pub const LOADER_THREADS_MAX: usize = 64;
+/// Retry back-off for chunks that failed to load (SPEC I9): base, doubling, capped.
+pub const LOAD_RETRY_BASE: Duration = Duration::from_millis(100);
+pub const LOAD_RETRY_MAX: Duration = Duration::from_secs(30);
+pub const LOAD_RETRY_ATTEMPTS_MAX: u32 = 10;
+/// Largest object the RAM tier can map (virtual address space is 128 TiB on x86-64).
+pub const OBJECT_BYTES_MAX: u64 = 1 << 46;
+/// Demand-priority queue bound per object (SPEC I10); more demands are dropped, the
+/// sequential pass still reaches those chunks.
+pub const DEMAND_QUEUE_MAX: usize = 256;
+
+/// When writes become durable (SPEC section 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every write and metadata change is durable before the call returns.
+    #[default]
+    Sync,
+    /// Durable at `flush` (fsync, NBD FLUSH/FUA, unmount).
+    Fsync,
+    /// `Fsync` plus a flush every period.
+    Periodic(Duration),
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Durability::Sync => f.write_str("sync"),
+            Durability::Fsync => f.write_str("fsync"),
+            Durability::Periodic(d) => write!(f, "periodic:{}", d.as_secs()),
+        }
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "fsync" => Ok(Durability::Fsync),
+            _ => {
+                let secs = s
+                    .strip_prefix("periodic:")
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        format!("bad durability {s:?}: use sync, fsync or periodic:N")
+                    })?;
+                Ok(Durability::Periodic(Duration::from_secs(secs)))
+            }
+        }
+    }
+}
+
+/// How the RAM tier's memory is held.
+#[derive(Debug, Clone, Default)]
+pub struct RamOptions {
+    /// Lock pages in memory as they are first touched (mlock2 MLOCK_ONFAULT).
+    pub mlock: bool,
+    /// Ask for transparent huge pages (effective when shmem THP is `advise` or `always`).
+    pub huge_pages: bool,
+}
+
+/// Background loader options (SPEC I8, I9).
+#[derive(Debug, Clone)]
+pub struct LoaderConfig {
+    pub threads: usize,
+    /// Optional cap on the load rate.
+    pub rate_bytes_per_s: Option<u64>,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub retry_attempts_max: u32,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        Self {
+            threads: LOADER_THREADS_DEFAULT,
+            rate_bytes_per_s: None,
+            retry_base: LOAD_RETRY_BASE,
+            retry_max: LOAD_RETRY_MAX,
+            retry_attempts_max: LOAD_RETRY_ATTEMPTS_MAX,
+        }
+    }
+}
+
+/// Options of one hybrid object.
+#[derive(Clone)]
+pub struct ObjectConfig {
+    pub chunk_bytes: u64,
+    pub durability: Durability,
+    pub ram: RamOptions,
+    /// Shared RAM budget; `None` is unlimited.
+    pub budget: Option<Arc<RamBudget>>,
+    /// Shared loader; `None` starts a private one with `loader_config`.
+    pub loader: Option<Loader>,
+    pub loader_config: LoaderConfig,
+    /// Do not load at all (cache-mode experiments, tests).
+    pub load_disabled: bool,
+    /// Chunks read while unloaded are loaded ahead of the sequential order (SPEC I10).
+    pub demand_priority: bool,
+    /// The size never changes (block devices, NBD exports).
+    pub fixed_len: bool,
+    pub read_only: bool,
+    /// Name of the memfd, visible in /proc/PID/fd.
+    pub name: String,
+    /// Test hook: lets a test pause the loader at a chosen chunk.
+    pub gate: Option<Arc<LoadGate>>,
+}
+
+impl Default for ObjectConfig {
+    fn default() -> Self {
+        Self {
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            durability: Durability::Sync,
+            ram: RamOptions::default(),
+            budget: None,
+            loader: None,
+            loader_config: LoaderConfig::default(),
+            load_disabled: false,
+            demand_priority: true,
+            fixed_len: false,
+            read_only: false,
+            name: String::from("dhrd"),
+            gate: None,
+        }
+    }
+}
+
+impl fmt::Debug for ObjectConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectConfig")
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("durability", &self.durability)
+            .field("fixed_len", &self.fixed_len)
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durability_parses() {
+        assert_eq!("sync".parse(), Ok(Durability::Sync));
+        assert_eq!(
+            "periodic:5".parse(),
+            Ok(Durability::Periodic(Duration::from_secs(5)))
+        );
+        assert!("periodic:0".parse::<Durability>().is_err());
+        assert!("often".parse::<Durability>().is_err());
+        assert_eq!(
+            Durability::Periodic(Duration::from_secs(7)).to_string(),
+            "periodic:7"
+        );
+    }
+}

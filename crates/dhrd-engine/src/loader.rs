@@ -1,0 +1,265 @@
+//! The background loader (SPEC I7-I11): a pool of threads that copies chunks from the
+//! backing into RAM while foreground I/O is already served.
+//!
+//! One [`Loader`] can serve many objects (a file system has one per mount). Targets are kept
+//! in a queue; a worker asks the front target for its next chunk (demanded chunks first,
+//! then the sequential cursor, then retries that are due), so objects load one after
+//! another in order, which keeps backing reads sequential. A target that has nothing left
+//! leaves the queue and re-registers itself when new work appears (growth, invalidation,
+//! demand).
+//!
+//! Lock order: loader queue -> object load queue. The loader never holds its queue lock
+//! while loading, and objects never call into the loader while holding their layout lock.
+//!
+//! Crash semantics: the loader only reads the backing; a crash during a load loses nothing.
+
+use crate::config::LoaderConfig;
+use crate::units::ChunkIndex;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// What a target wants the loader to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextJob {
+    Load(ChunkIndex),
+    /// Nothing now; a retry becomes due at this instant.
+    RetryAt(Instant),
+    /// Nothing left to load.
+    Idle,
+}
+
+/// Outcome of one chunk load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoadResult {
+    Loaded {
+        bytes: u64,
+    },
+    /// Already Loaded, past the end, or the object is closed.
+    Skipped,
+    /// The RAM budget is exhausted; the chunk stays Unloaded (SPEC I11).
+    OverBudget,
+    /// The backing read failed; the chunk stays Unloaded and is retried (SPEC I9).
+    Failed,
+}
+
+pub(crate) trait LoadTarget: Send + Sync {
+    fn target_id(&self) -> u64;
+    fn next_job(&self, now: Instant) -> NextJob;
+    fn load(&self, c: ChunkIndex) -> LoadResult;
+    fn chunk_bytes(&self) -> u64;
+}
+
+struct Queue {
+    targets: VecDeque<Weak<dyn LoadTarget>>,
+    ids: HashSet<u64>,
+}
+
+struct Shared {
+    q: Mutex<Queue>,
+    cv: Condvar,
+    cfg: LoaderConfig,
+    rate_next_free: Mutex<Instant>,
+    shutdown: AtomicBool,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // Threads exit on their own; joining here could join the current thread when the
+        // last object is dropped on a loader thread.
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.cv.notify_all();
+    }
+}
+
+/// A pool of loader threads, shareable by many objects. Dropping the last clone stops it.
+#[derive(Clone)]
+pub struct Loader {
+    h: Arc<Handle>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("threads", &self.h.shared.cfg.threads)
+            .finish()
+    }
+}
+
+impl Loader {
+    pub fn new(cfg: LoaderConfig) -> std::io::Result<Self> {
+        let threads = cfg.threads.clamp(1, crate::config::LOADER_THREADS_MAX);
+        let shared = Arc::new(Shared {
+            q: Mutex::new(Queue {
+                targets: VecDeque::new(),
+                ids: HashSet::new(),
+            }),
+            cv: Condvar::new(),
+            cfg,
+            rate_next_free: Mutex::new(Instant::now()),
+            shutdown: AtomicBool::new(false),
+        });
+        for i in 0..threads {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("dhrd-load-{i}"))
+                .spawn(move || worker(&s))?;
+        }
+        Ok(Self {
+            h: Arc::new(Handle { shared }),
+        })
+    }
+
+    pub fn config(&self) -> &LoaderConfig {
+        &self.h.shared.cfg
+    }
+
+    /// Adds a target at the back of the queue (no-op if queued already).
+    pub(crate) fn register(&self, t: Weak<dyn LoadTarget>, id: u64) {
+        let mut q = self.h.shared.q.lock();
+        if q.ids.insert(id) {
+            q.targets.push_back(t);
+        }
+        drop(q);
+        self.h.shared.cv.notify_all();
+    }
+
+    /// Moves a target to the front (a foreground request is waiting on its data).
+    pub(crate) fn prioritize(&self, t: Weak<dyn LoadTarget>, id: u64) {
+        let mut q = self.h.shared.q.lock();
+        if q.ids.contains(&id) {
+            if let Some(pos) = q
+                .targets
+                .iter()
+                .position(|w| w.upgrade().is_some_and(|a| a.target_id() == id))
+            {
+                if pos != 0 {
+                    if let Some(w) = q.targets.remove(pos) {
+                        q.targets.push_front(w);
+                    }
+                }
+            }
+        } else {
+            q.ids.insert(id);
+            q.targets.push_front(t);
+        }
+        drop(q);
+        self.h.shared.cv.notify_all();
+    }
+}
+
+fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, ChunkIndex)> {
+    let mut q = s.q.lock();
+    loop {
+        if s.shutdown.load(Ordering::Acquire) {
+            return None;
+        }
+        let now = Instant::now();
+        let mut wake_at: Option<Instant> = None;
+        let mut i = 0;
+        while i < q.targets.len() {
+            let Some(t) = q.targets.get(i).and_then(Weak::upgrade) else {
+                q.targets.remove(i);
+                continue;
+            };
+            match t.next_job(now) {
+                NextJob::Load(c) => return Some((t, c)),
+                NextJob::RetryAt(at) => {
+                    wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                    i += 1;
+                }
+                NextJob::Idle => {
+                    q.ids.remove(&t.target_id());
+                    q.targets.remove(i);
+                }
+            }
+        }
+        match wake_at {
+            Some(at) => {
+                s.cv.wait_until(&mut q, at);
+            }
+            None => s.cv.wait(&mut q),
+        }
+    }
+}
+
+fn rate_limit(s: &Shared, bytes: u64) {
+    let Some(rate) = s.cfg.rate_bytes_per_s.filter(|r| *r > 0) else {
+        return;
+    };
+    let start = {
+        let mut next = s.rate_next_free.lock();
+        let now = Instant::now();
+        let start = (*next).max(now);
+        *next = start + Duration::from_nanos(bytes.saturating_mul(1_000_000_000) / rate);
+        start
+    };
+    let now = Instant::now();
+    if start > now {
+        std::thread::sleep(start - now);
+    }
+}
+
+fn worker(s: &Shared) {
+    while let Some((t, c)) = next_job(s) {
+        rate_limit(s, t.chunk_bytes());
+        let _ = t.load(c);
+    }
+}
+
+/// Test hook: pauses the loader on chosen chunks while they are in state Loading (the
+/// chunk lock is held), so tests can drive the paper's cases deterministically.
+#[derive(Default)]
+pub struct LoadGate {
+    m: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    paused: BTreeSet<u64>,
+    reached: BTreeSet<u64>,
+}
+
+impl LoadGate {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The loader will stop on chunk `c` once it has marked it Loading.
+    pub fn pause(&self, c: ChunkIndex) {
+        self.m.lock().paused.insert(c.0);
+    }
+
+    pub fn release(&self, c: ChunkIndex) {
+        self.m.lock().paused.remove(&c.0);
+        self.cv.notify_all();
+    }
+
+    /// Waits until the loader is stopped on chunk `c` (or has passed it).
+    pub fn wait_reached(&self, c: ChunkIndex, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.m.lock();
+        while !g.reached.contains(&c.0) {
+            if self.cv.wait_until(&mut g, deadline).timed_out() {
+                return false;
+            }
+        }
+        true
+    }
+
+    pub(crate) fn at_loading(&self, c: ChunkIndex) {
+        let mut g = self.m.lock();
+        g.reached.insert(c.0);
+        self.cv.notify_all();
+        while g.paused.contains(&c.0) {
+            self.cv.wait(&mut g);
+        }
+    }
+}

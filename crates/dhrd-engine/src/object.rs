@@ -1,0 +1,1294 @@
+//! The durable hybrid object (SPEC sections 1, 2, 4; D5, D6).
+//!
+//! A byte-addressed extent held twice: in a RAM tier ([`RamRegion`], a memfd) and on a
+//! durable backing ([`Durable`]). It is divided into fixed-size chunks, each in one of three
+//! states: Unloaded, Loading, Loaded.
+//!
+//! Invariants (checked by `verify_mirror` in tests):
+//! - C1: a Loaded chunk's RAM bytes equal the backing's bytes;
+//! - an Unloaded chunk's RAM bytes are zero (so a hole needs no read to load), and so are
+//!   the RAM bytes past the length;
+//! - a chunk lying wholly past the length is Unloaded, and the backing holds only zeros
+//!   there (a failed extending write truncates the backing back);
+//! - a chunk is Loading only while the loader holds its lock.
+//!
+//! Locks, in acquisition order: the layout lock (shared by every request; exclusive only
+//! to truncate or to grow the mapping), then chunk locks in ascending index order (writers
+//! and the loader), then the group-commit and load-queue mutexes. Readers take no chunk
+//! lock: they read the chunk state word (state plus a generation bumped whenever a chunk
+//! leaves Loaded), copy, and check the word again, so a read never waits on a writer of
+//! another chunk and never returns RAM bytes of a chunk that was not Loaded throughout.
+//!
+//! Write ordering (C3): the backing first, then (in `sync` mode) a group-committed sync,
+//! then RAM, then the reply. A request that fails after reaching the backing takes the
+//! chunks it touched out of Loaded (their RAM copy can no longer be trusted to match), so
+//! RAM and backing never diverge; a non-ENOSPC failure also makes the object read-only for
+//! good (C4), ENOSPC fails only that request (C5).
+
+use crate::budget::RamBudget;
+use crate::commit::{Failure, GroupCommit};
+use crate::config::{Durability, ObjectConfig, DEMAND_QUEUE_MAX, OBJECT_BYTES_MAX};
+use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
+use crate::loader::{LoadResult, LoadTarget, Loader, NextJob};
+use crate::ram::RamRegion;
+use crate::stats::{sample_read, Lat, Stats, StatsSnapshot};
+use crate::units::{ChunkGeometry, ChunkIndex};
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use dhrd_io::{read_full, Durable};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Chunks zeroed per lock round in `zero_range`, so a whole-device TRIM does not hold
+/// every chunk lock at once.
+const ZERO_BATCH_CHUNKS: u64 = 64;
+/// Page size used to round bulk loads (O_DIRECT needs whole pages).
+const PAGE_BYTES: u64 = 4096;
+
+/// State of one chunk (SPEC section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkState {
+    Unloaded,
+    Loading,
+    Loaded,
+}
+
+const STATE_MASK: u32 = 0b11;
+const GEN_ONE: u32 = 0b100;
+
+fn state_of(word: u32) -> ChunkState {
+    match word & STATE_MASK {
+        1 => ChunkState::Loading,
+        2 => ChunkState::Loaded,
+        _ => ChunkState::Unloaded,
+    }
+}
+
+struct Slot {
+    /// `generation << 2 | state`.
+    word: AtomicU32,
+    lock: Mutex<()>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            word: AtomicU32::new(0),
+            lock: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    fn state(&self) -> ChunkState {
+        state_of(self.word.load(Ordering::Acquire))
+    }
+
+    /// Sets the state; leaving Loaded bumps the generation so in-flight readers retry.
+    fn set_state(&self, s: ChunkState) {
+        let w = self.word.load(Ordering::Relaxed);
+        let gen = if state_of(w) == ChunkState::Loaded && s != ChunkState::Loaded {
+            (w & !STATE_MASK).wrapping_add(GEN_ONE)
+        } else {
+            w & !STATE_MASK
+        };
+        let bits = match s {
+            ChunkState::Unloaded => 0,
+            ChunkState::Loading => 1,
+            ChunkState::Loaded => 2,
+        };
+        self.word.store(gen | bits, Ordering::Release);
+    }
+}
+
+struct Layout {
+    ram: RamRegion,
+    slots: Vec<Slot>,
+}
+
+impl Layout {
+    #[inline]
+    fn slot(&self, c: ChunkIndex) -> &Slot {
+        let s = self.slots.get(c.0 as usize);
+        assert!(
+            s.is_some(),
+            "{c} outside the chunk table of {}",
+            self.slots.len()
+        );
+        s.unwrap_or_else(|| unreachable!())
+    }
+}
+
+/// Where a read was served from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    Ram,
+    Backing,
+    /// Some pieces from RAM, some from the backing.
+    Mixed,
+    /// At or past the end: nothing read.
+    Eof,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOutcome {
+    pub bytes: usize,
+    pub served: Served,
+}
+
+/// What a write does with one chunk, decided under its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WritePlan {
+    /// Loaded: backing then RAM (I2).
+    Mirror,
+    /// Unloaded inside the data: backing only; the loader will pick the bytes up (I3).
+    BackingOnly,
+    /// Unloaded and wholly past the end: RAM is zero and the backing holds nothing there,
+    /// so after the write the chunk can become Loaded without reading it.
+    Fresh,
+}
+
+/// A zero-copy view of Loaded RAM (D5).
+pub enum View<'a> {
+    Ram(RamView<'a>),
+    /// Some chunk of the range is not Loaded; read it with `read_at` instead.
+    NotLoaded(ChunkIndex),
+    Eof,
+}
+
+/// Borrowed bytes of the RAM tier. Holds the layout lock shared, so the mapping cannot move
+/// while the view lives (a truncate or a growth of the mapping waits for it). Like a shared
+/// mmap, concurrent writes to the range are visible through it.
+pub struct RamView<'a> {
+    _guard: ShardedLockReadGuard<'a, Layout>,
+    ptr: *const u8,
+    len: usize,
+}
+
+impl std::ops::Deref for RamView<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the range was checked below the length while the guard was taken; the
+        // guard keeps the mapping and memfd size from shrinking or moving.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Load progress (SPEC I8).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadProgress {
+    pub chunk_bytes: u64,
+    pub chunks_total: u64,
+    pub chunks_loaded: u64,
+    /// Chunks whose load failed and that are waiting for a retry.
+    pub chunks_retrying: u64,
+    /// Chunks that failed every attempt and are served from the backing.
+    pub chunks_failed: u64,
+    /// Chunks left Unloaded because the RAM budget is exhausted (I11).
+    pub chunks_over_budget: u64,
+    pub bytes_total: u64,
+    /// Bytes the loader copied since open.
+    pub bytes_loaded: u64,
+    pub elapsed: Duration,
+    pub rate_bytes_per_s: f64,
+    pub eta: Option<Duration>,
+    /// RAM the memfd really holds.
+    pub ram_resident_bytes: u64,
+}
+
+impl LoadProgress {
+    pub fn fraction(&self) -> f64 {
+        if self.chunks_total == 0 {
+            1.0
+        } else {
+            self.chunks_loaded as f64 / self.chunks_total as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    attempts: u32,
+    due: Instant,
+}
+
+struct LoadQueue {
+    cursor: u64,
+    demand: VecDeque<ChunkIndex>,
+    retries: BTreeMap<u64, Retry>,
+    failed: BTreeSet<u64>,
+    over_budget: BTreeSet<u64>,
+    started: Instant,
+    finished: Option<Instant>,
+    bytes_loaded: u64,
+}
+
+static NEXT_OBJECT_ID: AtomicU64 = AtomicU64::new(1);
+
+struct Inner<D: Durable> {
+    id: u64,
+    backing: D,
+    cfg: ObjectConfig,
+    geo: ChunkGeometry,
+    layout: ShardedLock<Layout>,
+    ram_fd: RawFd,
+    len: AtomicU64,
+    commit: GroupCommit,
+    failure: Failure,
+    stats: Stats,
+    lq: Mutex<LoadQueue>,
+    load_cv: Condvar,
+    loaded_chunks: AtomicU64,
+    budget: Arc<RamBudget>,
+    loader: Option<Loader>,
+    me: Weak<Inner<D>>,
+    closed: AtomicBool,
+    /// fsync modes: some write reached the backing's page cache since the last flush.
+    dirty: AtomicBool,
+    flusher_stop: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// The durable hybrid object. Cheap to clone; all methods take `&self` and may be called
+/// from many threads at once.
+pub struct HybridObject<D: Durable> {
+    inner: Arc<Inner<D>>,
+}
+
+impl<D: Durable> Clone for HybridObject<D> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+fn read_guard<T>(l: &ShardedLock<T>) -> ShardedLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_guard<T>(l: &ShardedLock<T>) -> ShardedLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn backing_err(op: BackingOp, source: io::Error) -> Error {
+    Error::Backing { op, source }
+}
+
+impl<D: Durable> HybridObject<D> {
+    /// Opens an object over `backing`. Returns at once: every chunk starts Unloaded and is
+    /// served from the backing until the loader has copied it (I7).
+    pub fn open(backing: D, cfg: ObjectConfig) -> Result<Self> {
+        let geo = ChunkGeometry::new(cfg.chunk_bytes).ok_or_else(|| {
+            Error::Config(format!(
+                "chunk size {} is not a power of two in range",
+                cfg.chunk_bytes
+            ))
+        })?;
+        let len = backing.len().map_err(|e| backing_err(BackingOp::Len, e))?;
+        if len > OBJECT_BYTES_MAX {
+            return Err(Error::TooLarge {
+                requested: len,
+                max: OBJECT_BYTES_MAX,
+            });
+        }
+        let map_bytes = geo.chunks_for(len).max(1) * geo.chunk_bytes();
+        let ram = RamRegion::new(&cfg.name, len, map_bytes, &cfg.ram)?;
+        let ram_fd = ram.fd().as_raw_fd();
+        let slots = (0..geo.chunks_for(map_bytes))
+            .map(|_| Slot::new())
+            .collect();
+        let loader = match (&cfg.loader, cfg.load_disabled) {
+            (_, true) => None,
+            (Some(l), false) => Some(l.clone()),
+            (None, false) => Some(Loader::new(cfg.loader_config.clone()).map_err(Error::Ram)?),
+        };
+        let budget = cfg.budget.clone().unwrap_or_else(RamBudget::unlimited);
+        let inner = Arc::new_cyclic(|me| Inner {
+            id: NEXT_OBJECT_ID.fetch_add(1, Ordering::Relaxed),
+            backing,
+            geo,
+            layout: ShardedLock::new(Layout { ram, slots }),
+            ram_fd,
+            len: AtomicU64::new(len),
+            commit: GroupCommit::default(),
+            failure: Failure::default(),
+            stats: Stats::new(),
+            lq: Mutex::new(LoadQueue {
+                cursor: 0,
+                demand: VecDeque::new(),
+                retries: BTreeMap::new(),
+                failed: BTreeSet::new(),
+                over_budget: BTreeSet::new(),
+                started: Instant::now(),
+                finished: None,
+                bytes_loaded: 0,
+            }),
+            load_cv: Condvar::new(),
+            loaded_chunks: AtomicU64::new(0),
+            budget,
+            loader,
+            me: me.clone(),
+            closed: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
+            cfg,
+        });
+        if let Durability::Periodic(period) = inner.cfg.durability {
+            spawn_flusher(&inner, period).map_err(Error::Ram)?;
+        }
+        inner.kick_loader();
+        Ok(Self { inner })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.inner.len.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn chunk_bytes(&self) -> u64 {
+        self.inner.geo.chunk_bytes()
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.inner.cfg.durability
+    }
+
+    pub fn backing(&self) -> &D {
+        &self.inner.backing
+    }
+
+    /// The memfd holding the RAM copy; its size always equals `len()`. Only chunks that are
+    /// Loaded hold real data, so hand it to the kernel only when `is_fully_loaded()`.
+    pub fn ram_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the memfd lives inside `Inner` (RamRegion never closes or replaces it)
+        // for at least as long as `&self`.
+        unsafe { BorrowedFd::borrow_raw(self.inner.ram_fd) }
+    }
+
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<ReadOutcome> {
+        self.inner.read_at(buf, offset)
+    }
+
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+
+    /// Zeroes `[offset, offset+len)` (clipped to the length, which never changes): RAM is
+    /// zeroed and the backing range punched (TRIM, WRITE_ZEROES, FALLOC_FL_PUNCH_HOLE).
+    pub fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.zero_range(offset, len)
+    }
+
+    /// Makes every completed write durable (fsync, NBD FLUSH).
+    pub fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    pub fn set_len(&self, len: u64) -> Result<()> {
+        self.inner.set_len(len)
+    }
+
+    /// A borrowed zero-copy view of `[offset, offset+len)` if every chunk in it is Loaded.
+    pub fn view(&self, offset: u64, len: usize) -> Result<View<'_>> {
+        self.inner.view(offset, len)
+    }
+
+    pub fn is_fully_loaded(&self) -> bool {
+        self.inner.is_fully_loaded()
+    }
+
+    /// Waits until every chunk is Loaded; `false` on timeout or when the load cannot
+    /// complete (failed chunks, budget exhausted, loading disabled).
+    pub fn wait_loaded(&self, timeout: Option<Duration>) -> bool {
+        self.inner.wait_loaded(timeout)
+    }
+
+    pub fn progress(&self) -> LoadProgress {
+        self.inner.progress()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    pub fn failure(&self) -> Option<FailureCause> {
+        self.inner.failure.cause()
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.inner.cfg.read_only || self.inner.failure.is_failed()
+    }
+
+    /// State of one chunk (tests, status output).
+    pub fn chunk_state(&self, c: ChunkIndex) -> Option<ChunkState> {
+        let l = read_guard(&self.inner.layout);
+        l.slots.get(c.0 as usize).map(Slot::state)
+    }
+
+    /// Flushes (non-`sync` modes), stops the periodic flusher and further loading.
+    pub fn close(&self) -> Result<()> {
+        let r = if self.inner.cfg.read_only {
+            Ok(())
+        } else {
+            self.inner.flush()
+        };
+        self.inner.closed.store(true, Ordering::Release);
+        let (m, cv) = &*self.inner.flusher_stop;
+        *m.lock() = true;
+        cv.notify_all();
+        r
+    }
+
+    /// Checks the mirror invariants against the backing: every Loaded chunk equals the
+    /// backing, every other chunk's RAM is zero. For tests and `dhrd check`; it reads the
+    /// whole backing.
+    pub fn verify_mirror(&self) -> std::result::Result<(), String> {
+        self.inner.verify_mirror()
+    }
+}
+
+impl<D: Durable> Inner<D> {
+    fn weak_target(&self) -> Weak<dyn LoadTarget> {
+        self.me.clone()
+    }
+
+    fn kick_loader(&self) {
+        if let Some(l) = &self.loader {
+            l.register(self.weak_target(), self.id);
+        }
+    }
+
+    fn is_fully_loaded(&self) -> bool {
+        self.loaded_chunks.load(Ordering::Acquire)
+            >= self.geo.chunks_for(self.len.load(Ordering::Acquire))
+    }
+
+    /// Takes the layout lock shared, growing the mapping first if `end` is past it.
+    fn layout_for(&self, end: u64) -> Result<ShardedLockReadGuard<'_, Layout>> {
+        loop {
+            let g = read_guard(&self.layout);
+            if end <= g.ram.map_bytes() {
+                return Ok(g);
+            }
+            drop(g);
+            let mut w = write_guard(&self.layout);
+            self.grow_layout(&mut w, end)?;
+        }
+    }
+
+    fn grow_layout(&self, w: &mut Layout, end: u64) -> Result<()> {
+        if end <= w.ram.map_bytes() {
+            return Ok(());
+        }
+        let cb = self.geo.chunk_bytes();
+        let want = end
+            .max(w.ram.map_bytes().saturating_mul(2))
+            .min(OBJECT_BYTES_MAX);
+        let want = want.div_ceil(cb) * cb;
+        w.ram.grow_map(want)?;
+        let n = self.geo.chunks_for(want) as usize;
+        w.slots.resize_with(n, Slot::new);
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<ReadOutcome> {
+        let len = self.len.load(Ordering::Acquire);
+        if offset >= len || buf.is_empty() {
+            return Ok(ReadOutcome {
+                bytes: 0,
+                served: Served::Eof,
+            });
+        }
+        let n = (len - offset).min(buf.len() as u64);
+        let end = offset + n;
+        let timed = sample_read().then(Instant::now);
+        let layout = read_guard(&self.layout);
+        let (mut ram_bytes, mut backing_bytes) = (0u64, 0u64);
+        let mut demanded: Option<ChunkIndex> = None;
+        let mut pos = offset;
+        while pos < end {
+            let c = self.geo.index_of(pos);
+            let piece_end = self.geo.end_of(c).min(end);
+            let slot = layout.slot(c);
+            let w = slot.word.load(Ordering::Acquire);
+            if state_of(w) == ChunkState::Loaded {
+                let dst = buf.get_mut((pos - offset) as usize..(piece_end - offset) as usize);
+                if let Some(dst) = dst {
+                    layout.ram.copy_out(pos, dst);
+                }
+                fence(Ordering::Acquire);
+                if slot.word.load(Ordering::Relaxed) == w {
+                    ram_bytes += piece_end - pos;
+                    pos = piece_end;
+                    continue;
+                }
+            }
+            // I5: not Loaded (or left Loaded while we copied): the backing answers. Batch
+            // the run of consecutive non-Loaded chunks into one backing read.
+            let mut run_end = piece_end;
+            while run_end < end {
+                let c2 = self.geo.index_of(run_end);
+                if layout.slot(c2).state() == ChunkState::Loaded {
+                    break;
+                }
+                run_end = self.geo.end_of(c2).min(end);
+            }
+            let t = Instant::now();
+            let dst = buf
+                .get_mut((pos - offset) as usize..(run_end - offset) as usize)
+                .unwrap_or(&mut []);
+            let got =
+                read_full(&self.backing, dst, pos).map_err(|e| backing_err(BackingOp::Read, e))?;
+            // The backing is shorter than we think only if it was truncated behind our back;
+            // what is not there reads as zeros.
+            if let Some(rest) = dst.get_mut(got..) {
+                rest.fill(0);
+            }
+            self.stats.record(Lat::ReadBacking, t.elapsed());
+            if demanded.is_none() && self.cfg.demand_priority {
+                demanded = Some(c);
+            }
+            backing_bytes += run_end - pos;
+            pos = run_end;
+        }
+        drop(layout);
+        if ram_bytes > 0 {
+            self.stats.reads_ram.add(1);
+            self.stats.bytes_read_ram.add(ram_bytes);
+        }
+        if backing_bytes > 0 {
+            self.stats.reads_backing.add(1);
+            self.stats.bytes_read_backing.add(backing_bytes);
+        }
+        if let Some(c) = demanded {
+            self.demand(c);
+        }
+        if let Some(t) = timed {
+            if backing_bytes == 0 {
+                self.stats.record(Lat::ReadRam, t.elapsed());
+            }
+        }
+        let served = match (ram_bytes > 0, backing_bytes > 0) {
+            (true, false) => Served::Ram,
+            (false, true) => Served::Backing,
+            _ => Served::Mixed,
+        };
+        Ok(ReadOutcome {
+            bytes: n as usize,
+            served,
+        })
+    }
+
+    /// I10: a foreground read hit an unloaded chunk; load it ahead of the sequence.
+    fn demand(&self, c: ChunkIndex) {
+        {
+            let mut q = self.lq.lock();
+            if q.demand.len() >= DEMAND_QUEUE_MAX || q.demand.contains(&c) {
+                return;
+            }
+            q.demand.push_back(c);
+        }
+        if let Some(l) = &self.loader {
+            l.prioritize(self.weak_target(), self.id);
+        }
+    }
+
+    fn view(&self, offset: u64, len: usize) -> Result<View<'_>> {
+        let size = self.len.load(Ordering::Acquire);
+        if offset >= size || len == 0 {
+            return Ok(View::Eof);
+        }
+        let n = (size - offset).min(len as u64);
+        let g = read_guard(&self.layout);
+        for p in self.geo.pieces(offset, n) {
+            if g.slot(p.chunk).state() != ChunkState::Loaded {
+                return Ok(View::NotLoaded(p.chunk));
+            }
+        }
+        // SAFETY: below the length, hence below the memfd size; the guard moves into the
+        // view and pins the mapping.
+        let ptr = unsafe { g.ram.slice(offset, n as usize) }.as_ptr();
+        Ok(View::Ram(RamView {
+            _guard: g,
+            ptr,
+            len: n as usize,
+        }))
+    }
+
+    // ---------------------------------------------------------------- writes
+
+    fn check_writable(&self) -> Result<()> {
+        if self.cfg.read_only {
+            return Err(Error::ReadOnlyOpen);
+        }
+        self.failure.check()
+    }
+
+    /// Locks the chunks of `[offset, end)` in ascending order and decides each one's plan.
+    fn lock_range<'a>(
+        &self,
+        layout: &'a Layout,
+        offset: u64,
+        end: u64,
+    ) -> (Vec<MutexGuard<'a, ()>>, Vec<(ChunkIndex, WritePlan)>) {
+        let first = self.geo.index_of(offset).0;
+        let last = self.geo.index_of(end - 1).0;
+        let mut guards = Vec::with_capacity((last - first + 1) as usize);
+        let mut plan = Vec::with_capacity(guards.capacity());
+        for i in first..=last {
+            let c = ChunkIndex(i);
+            let slot = layout.slot(c);
+            let g = match slot.lock.try_lock() {
+                Some(g) => g,
+                None => {
+                    if slot.state() == ChunkState::Loading {
+                        self.stats.write_waits_on_load.add(1); // I1
+                    }
+                    slot.lock.lock()
+                }
+            };
+            let st = slot.state();
+            assert_ne!(
+                st,
+                ChunkState::Loading,
+                "{c} Loading while its lock is free"
+            );
+            let p = match st {
+                ChunkState::Loaded => WritePlan::Mirror,
+                _ if self.geo.start_of(c) >= self.len.load(Ordering::Acquire) => WritePlan::Fresh,
+                _ => WritePlan::BackingOnly,
+            };
+            guards.push(g);
+            plan.push((c, p));
+        }
+        (guards, plan)
+    }
+
+    /// A chunk leaves Loaded because its RAM copy may no longer match the backing.
+    /// The caller holds the chunk lock.
+    fn invalidate(&self, layout: &Layout, c: ChunkIndex) {
+        let slot = layout.slot(c);
+        if slot.state() != ChunkState::Loaded {
+            return;
+        }
+        slot.set_state(ChunkState::Unloaded);
+        let start = self.geo.start_of(c);
+        let end = self.geo.end_of(c).min(layout.ram.file_bytes());
+        if end > start {
+            // Unloaded chunks hold zeros; a failure here only costs memory.
+            let _ = layout.ram.zero(start, end - start);
+        }
+        self.budget.release(self.geo.chunk_bytes());
+        self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+        self.stats.chunks_invalidated.add(1);
+        let mut q = self.lq.lock();
+        if q.demand.len() < DEMAND_QUEUE_MAX {
+            q.demand.push_back(c);
+        }
+    }
+
+    /// Handles a backing failure of a request that may have reached the backing.
+    fn fail_request(
+        &self,
+        layout: &Layout,
+        plan: &[(ChunkIndex, WritePlan)],
+        op: BackingOp,
+        err: Error,
+        len_before: u64,
+    ) -> Error {
+        self.stats.writes_failed.add(1);
+        for (c, p) in plan {
+            if *p == WritePlan::Mirror {
+                self.invalidate(layout, *c);
+            }
+        }
+        // A torn extending write may have grown the backing: cut it back so that the
+        // bytes past our length stay zeros (chunks past the end are assumed empty).
+        if let Ok(blen) = self.backing.len() {
+            if blen > len_before && !self.cfg.fixed_len {
+                if let Err(e) = self.backing.set_len(len_before) {
+                    self.failure.fail(BackingOp::SetLen, &e);
+                }
+            }
+        }
+        match err {
+            Error::Backing { source, .. } if is_enospc(&source) => Error::NoSpace,
+            Error::Backing { source, .. } => {
+                self.failure.fail(op, &source);
+                Error::Backing { op, source }
+            }
+            other => other,
+        }
+    }
+
+    fn sync_through(&self, t: crate::commit::Ticket) -> Result<()> {
+        self.commit
+            .wait_durable(t, || self.backing.sync(), &self.failure, &self.stats)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.check_writable()?;
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|e| *e <= OBJECT_BYTES_MAX)
+            .ok_or(Error::TooLarge {
+                requested: offset.saturating_add(buf.len() as u64),
+                max: OBJECT_BYTES_MAX,
+            })?;
+        let started = Instant::now();
+        let layout = self.layout_for(end)?;
+        let len_before = self.len.load(Ordering::Acquire);
+        if self.cfg.fixed_len && end > len_before {
+            return Err(Error::OutOfRange {
+                offset,
+                len: buf.len() as u64,
+                size: len_before,
+            });
+        }
+        let (guards, plan) = self.lock_range(&layout, offset, end);
+        let len_locked = self.len.load(Ordering::Acquire);
+
+        // 1. Backing first (C3).
+        if let Err(e) = self.backing.write_at(buf, offset) {
+            let err = self.fail_request(
+                &layout,
+                &plan,
+                BackingOp::Write,
+                backing_err(BackingOp::Write, e),
+                len_locked,
+            );
+            return Err(err);
+        }
+        // 2. Durable before RAM and before the reply in sync mode; shared sync.
+        let ticket = self.commit.issue();
+        if self.cfg.durability == Durability::Sync {
+            if let Err(e) = self.sync_through(ticket) {
+                let op = BackingOp::Sync;
+                let err = match e {
+                    Error::NoSpace => backing_err(op, io::Error::from_raw_os_error(libc::ENOSPC)),
+                    other => other,
+                };
+                return Err(self.fail_request(&layout, &plan, op, err, len_locked));
+            }
+        } else {
+            self.dirty.store(true, Ordering::Release);
+        }
+        // 3. RAM.
+        if end > len_locked {
+            if let Err(e) = layout.ram.ensure_file_bytes(end) {
+                return Err(self.fail_request(&layout, &plan, BackingOp::Write, e, len_locked));
+            }
+        }
+        for p in self.geo.pieces(offset, end - offset) {
+            let src = buf
+                .get((p.offset - offset) as usize..(p.offset - offset + p.len) as usize)
+                .unwrap_or(&[]);
+            let idx = (p.chunk.0 - self.geo.index_of(offset).0) as usize;
+            match plan.get(idx).map(|x| x.1) {
+                Some(WritePlan::Mirror) => layout.ram.copy_in(p.offset, src),
+                Some(WritePlan::Fresh) => {
+                    if self.budget.try_reserve(self.geo.chunk_bytes()) {
+                        layout.ram.copy_in(p.offset, src);
+                        layout.slot(p.chunk).set_state(ChunkState::Loaded);
+                        self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
+                    } else {
+                        self.stats.write_pieces_backing_only.add(1);
+                    }
+                }
+                _ => self.stats.write_pieces_backing_only.add(1),
+            }
+        }
+        // 4. The new length becomes visible only after the bytes are in place.
+        let grew = end > len_locked;
+        if grew {
+            self.len.fetch_max(end, Ordering::AcqRel);
+        }
+        if self.cfg.durability == Durability::Sync {
+            self.backing.drop_cache(offset, buf.len() as u64);
+        }
+        drop(guards);
+        drop(layout);
+        if grew {
+            // Chunks between the old end and this write are Unloaded and now in range.
+            self.kick_loader();
+        }
+        self.stats.writes.add(1);
+        self.stats.bytes_written.add(buf.len() as u64);
+        self.stats.record(Lat::Write, started.elapsed());
+        Ok(())
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        let size = self.len.load(Ordering::Acquire);
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        self.stats.zero_ranges.add(1);
+        let batch_bytes = ZERO_BATCH_CHUNKS * self.geo.chunk_bytes();
+        let mut pos = offset;
+        while pos < end {
+            let stop = ((pos / batch_bytes + 1) * batch_bytes).min(end);
+            self.zero_batch(pos, stop)?;
+            pos = stop;
+        }
+        Ok(())
+    }
+
+    fn zero_batch(&self, offset: u64, end: u64) -> Result<()> {
+        let layout = read_guard(&self.layout);
+        let (guards, plan) = self.lock_range(&layout, offset, end);
+        let len_locked = self.len.load(Ordering::Acquire);
+        let end = end.min(len_locked);
+        if offset >= end {
+            return Ok(());
+        }
+        if let Err(e) = self.backing.zero_range(offset, end - offset) {
+            return Err(self.fail_request(
+                &layout,
+                &plan,
+                BackingOp::Zero,
+                backing_err(BackingOp::Zero, e),
+                len_locked,
+            ));
+        }
+        let ticket = self.commit.issue();
+        if self.cfg.durability == Durability::Sync {
+            if let Err(e) = self.sync_through(ticket) {
+                let err = match e {
+                    Error::NoSpace => {
+                        backing_err(BackingOp::Sync, io::Error::from_raw_os_error(libc::ENOSPC))
+                    }
+                    other => other,
+                };
+                return Err(self.fail_request(&layout, &plan, BackingOp::Sync, err, len_locked));
+            }
+        } else {
+            self.dirty.store(true, Ordering::Release);
+        }
+        for p in self.geo.pieces(offset, end - offset) {
+            let idx = (p.chunk.0 - self.geo.index_of(offset).0) as usize;
+            if plan.get(idx).map(|x| x.1) == Some(WritePlan::Mirror) {
+                if let Err(e) = layout.ram.zero(p.offset, p.len) {
+                    return Err(self.fail_request(&layout, &plan, BackingOp::Zero, e, len_locked));
+                }
+            }
+        }
+        drop(guards);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        if self.cfg.read_only {
+            return Ok(());
+        }
+        self.failure.check()?;
+        self.stats.flushes.add(1);
+        let t = self.commit.current();
+        self.sync_through(t)?;
+        if self.dirty.swap(false, Ordering::AcqRel) {
+            // The written pages are clean now; drop the backing's cached copy (RAM has it).
+            self.backing.drop_cache(0, 0);
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, new_len: u64) -> Result<()> {
+        self.check_writable()?;
+        if new_len > OBJECT_BYTES_MAX {
+            return Err(Error::TooLarge {
+                requested: new_len,
+                max: OBJECT_BYTES_MAX,
+            });
+        }
+        let old = self.len.load(Ordering::Acquire);
+        if new_len == old {
+            return Ok(());
+        }
+        if self.cfg.fixed_len {
+            return Err(Error::OutOfRange {
+                offset: new_len,
+                len: 0,
+                size: old,
+            });
+        }
+        self.stats.set_lens.add(1);
+        let mut layout = write_guard(&self.layout);
+        if let Err(e) = self.backing.set_len(new_len) {
+            // The size may or may not have changed: everything the change touches leaves
+            // Loaded and is reloaded from what the backing says.
+            let boundary = self.geo.index_of(old.min(new_len));
+            if (boundary.0 as usize) < layout.slots.len() {
+                let _g = layout.slot(boundary).lock.lock();
+                self.invalidate(&layout, boundary);
+            }
+            return Err(if is_enospc(&e) {
+                Error::NoSpace
+            } else {
+                self.failure.fail(BackingOp::SetLen, &e);
+                backing_err(BackingOp::SetLen, e)
+            });
+        }
+        let ticket = self.commit.issue();
+        let durable = if self.cfg.durability == Durability::Sync {
+            self.sync_through(ticket)
+        } else {
+            self.dirty.store(true, Ordering::Release);
+            Ok(())
+        };
+        // The backing now has the new size (at least in its cache): mirror it in RAM.
+        if new_len < old {
+            layout.ram.set_file_bytes_exclusive(new_len)?;
+            let first_gone = self.geo.chunks_for(new_len);
+            for i in first_gone..self.geo.chunks_for(old) {
+                let slot = layout.slot(ChunkIndex(i));
+                if slot.state() == ChunkState::Loaded {
+                    slot.set_state(ChunkState::Unloaded);
+                    self.budget.release(self.geo.chunk_bytes());
+                    self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        } else {
+            self.grow_layout(&mut layout, new_len)?;
+            layout.ram.set_file_bytes_exclusive(new_len)?;
+            let mut q = self.lq.lock();
+            q.cursor = q.cursor.min(self.geo.index_of(old).0);
+            q.finished = None;
+        }
+        self.len.store(new_len, Ordering::Release);
+        if let Err(e) = durable {
+            let boundary = self.geo.index_of(old.min(new_len));
+            if (boundary.0 as usize) < layout.slots.len() {
+                let _g = layout.slot(boundary).lock.lock();
+                self.invalidate(&layout, boundary);
+            }
+            return Err(e);
+        }
+        drop(layout);
+        self.kick_loader();
+        self.load_cv.notify_all();
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- loading
+
+    fn load_chunk(&self, c: ChunkIndex) -> LoadResult {
+        if self.closed.load(Ordering::Acquire) {
+            return LoadResult::Skipped;
+        }
+        let layout = read_guard(&self.layout);
+        if self.geo.start_of(c) >= self.len.load(Ordering::Acquire)
+            || c.0 as usize >= layout.slots.len()
+        {
+            return LoadResult::Skipped;
+        }
+        let slot = layout.slot(c);
+        // I3: a writer holding the lock makes us wait, so the copy includes its write.
+        let _g = slot.lock.lock();
+        if slot.state() != ChunkState::Unloaded {
+            return LoadResult::Skipped;
+        }
+        let cb = self.geo.chunk_bytes();
+        if !self.budget.try_reserve(cb) {
+            self.lq.lock().over_budget.insert(c.0);
+            return LoadResult::OverBudget;
+        }
+        slot.set_state(ChunkState::Loading);
+        if let Some(g) = &self.cfg.gate {
+            g.at_loading(c);
+        }
+        let start = self.geo.start_of(c);
+        let end = self.geo.end_of(c).min(self.len.load(Ordering::Acquire));
+        let want = end - start;
+        let result = if self.backing.is_zero_range(start, want) {
+            Ok(want as usize) // RAM of an Unloaded chunk is already zero
+        } else {
+            // Round up to whole pages for O_DIRECT; the page holding the last byte is
+            // mapped and past-end bytes of the backing read as nothing (zeros stay).
+            let file_pages_end = layout.ram.file_bytes().div_ceil(PAGE_BYTES) * PAGE_BYTES;
+            let read_len = (want.div_ceil(PAGE_BYTES) * PAGE_BYTES).min(file_pages_end - start);
+            // SAFETY: we hold the chunk lock and the chunk is Loading, so no reader or
+            // writer touches this RAM range; it lies within the memfd's last page.
+            let dst = unsafe { layout.ram.slice_mut_pages(start, read_len as usize) };
+            let r = self.backing.read_bulk_at(dst, start);
+            if let Ok(n) = r {
+                if let Some(tail) = dst.get_mut(n.min(dst.len())..) {
+                    tail.fill(0);
+                }
+                // Bytes past the length must stay zero in RAM.
+                if let Some(past) = dst.get_mut(want as usize..) {
+                    past.fill(0);
+                }
+            }
+            r
+        };
+        match result {
+            Ok(_) => {
+                slot.set_state(ChunkState::Loaded);
+                self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
+                let mut q = self.lq.lock();
+                q.retries.remove(&c.0);
+                q.bytes_loaded += want;
+                drop(q);
+                self.load_cv.notify_all();
+                LoadResult::Loaded { bytes: want }
+            }
+            Err(_) => {
+                let _ = layout.ram.zero(start, want);
+                slot.set_state(ChunkState::Unloaded);
+                self.budget.release(cb);
+                let lc = self.cfg.loader_config.clone();
+                let mut q = self.lq.lock();
+                let attempts = q.retries.get(&c.0).map_or(0, |r| r.attempts) + 1;
+                if attempts >= lc.retry_attempts_max {
+                    q.retries.remove(&c.0);
+                    q.failed.insert(c.0);
+                } else {
+                    let backoff = lc
+                        .retry_base
+                        .saturating_mul(1 << (attempts - 1).min(16))
+                        .min(lc.retry_max);
+                    q.retries.insert(
+                        c.0,
+                        Retry {
+                            attempts,
+                            due: Instant::now() + backoff,
+                        },
+                    );
+                }
+                drop(q);
+                self.load_cv.notify_all();
+                LoadResult::Failed
+            }
+        }
+    }
+
+    fn next_job(&self, now: Instant) -> NextJob {
+        if self.closed.load(Ordering::Acquire) {
+            return NextJob::Idle;
+        }
+        let nchunks = self.geo.chunks_for(self.len.load(Ordering::Acquire));
+        let mut q = self.lq.lock();
+        let blocked = |q: &LoadQueue, i: u64| {
+            q.retries.contains_key(&i) || q.failed.contains(&i) || q.over_budget.contains(&i)
+        };
+        while let Some(c) = q.demand.pop_front() {
+            if c.0 < nchunks && !blocked(&q, c.0) {
+                return NextJob::Load(c);
+            }
+        }
+        while q.cursor < nchunks {
+            let c = q.cursor;
+            q.cursor += 1;
+            if !blocked(&q, c) {
+                return NextJob::Load(ChunkIndex(c));
+            }
+        }
+        let due = q
+            .retries
+            .iter()
+            .find(|(_, r)| r.due <= now)
+            .map(|(c, _)| *c);
+        if let Some(c) = due {
+            // Parked far ahead until this attempt reports back.
+            if let Some(r) = q.retries.get_mut(&c) {
+                r.due = now + Duration::from_secs(3600);
+            }
+            return NextJob::Load(ChunkIndex(c));
+        }
+        if let Some(at) = q.retries.values().map(|r| r.due).min() {
+            return NextJob::RetryAt(at);
+        }
+        if q.finished.is_none() {
+            q.finished = Some(Instant::now());
+        }
+        NextJob::Idle
+    }
+
+    fn progress(&self) -> LoadProgress {
+        let len = self.len.load(Ordering::Acquire);
+        let total = self.geo.chunks_for(len);
+        let loaded = self.loaded_chunks.load(Ordering::Acquire).min(total);
+        let resident = read_guard(&self.layout).ram.resident_bytes();
+        let q = self.lq.lock();
+        let elapsed = q
+            .finished
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(q.started);
+        let rate = if elapsed.as_secs_f64() > 0.0 {
+            q.bytes_loaded as f64 / elapsed.as_secs_f64()
+        } else {
+            0.0
+        };
+        let remaining = (total - loaded) * self.geo.chunk_bytes();
+        let eta = (rate > 0.0 && self.loader.is_some())
+            .then(|| Duration::from_secs_f64(remaining as f64 / rate));
+        LoadProgress {
+            chunk_bytes: self.geo.chunk_bytes(),
+            chunks_total: total,
+            chunks_loaded: loaded,
+            chunks_retrying: q.retries.len() as u64,
+            chunks_failed: q.failed.len() as u64,
+            chunks_over_budget: q.over_budget.len() as u64,
+            bytes_total: len,
+            bytes_loaded: q.bytes_loaded,
+            elapsed,
+            rate_bytes_per_s: rate,
+            eta,
+            ram_resident_bytes: resident,
+        }
+    }
+
+    fn wait_loaded(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut q = self.lq.lock();
+        loop {
+            if self.is_fully_loaded() {
+                return true;
+            }
+            let stuck = self.loader.is_none() || !q.failed.is_empty() || !q.over_budget.is_empty();
+            if stuck && q.retries.is_empty() && q.demand.is_empty() {
+                return false;
+            }
+            match deadline {
+                Some(d) => {
+                    if self.load_cv.wait_until(&mut q, d).timed_out() {
+                        return self.is_fully_loaded();
+                    }
+                }
+                None => {
+                    self.load_cv.wait_for(&mut q, Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn verify_mirror(&self) -> std::result::Result<(), String> {
+        let layout = read_guard(&self.layout);
+        let len = self.len.load(Ordering::Acquire);
+        let blen = self.backing.len().map_err(|e| e.to_string())?;
+        if blen != len {
+            return Err(format!("backing length {blen} != object length {len}"));
+        }
+        if layout.ram.file_bytes() != len {
+            return Err(format!(
+                "memfd size {} != object length {len}",
+                layout.ram.file_bytes()
+            ));
+        }
+        let cb = self.geo.chunk_bytes();
+        let mut ram = vec![0u8; cb as usize];
+        let mut disk = vec![0u8; cb as usize];
+        let mut loaded = 0u64;
+        for i in 0..self.geo.chunks_for(len) {
+            let c = ChunkIndex(i);
+            let slot = layout.slot(c);
+            let _g = slot.lock.lock();
+            let start = self.geo.start_of(c);
+            let n = (self.geo.end_of(c).min(len) - start) as usize;
+            let (r, d) = (
+                ram.get_mut(..n).unwrap_or(&mut []),
+                disk.get_mut(..n).unwrap_or(&mut []),
+            );
+            layout.ram.copy_out(start, r);
+            match slot.state() {
+                ChunkState::Loaded => {
+                    loaded += 1;
+                    let got = read_full(&self.backing, d, start).map_err(|e| e.to_string())?;
+                    if got != n || r != d {
+                        let at = r
+                            .iter()
+                            .zip(d.iter())
+                            .position(|(a, b)| a != b)
+                            .unwrap_or(got);
+                        return Err(format!(
+                            "{c}: RAM differs from backing at byte {}",
+                            start + at as u64
+                        ));
+                    }
+                }
+                ChunkState::Unloaded => {
+                    if let Some(at) = r.iter().position(|b| *b != 0) {
+                        return Err(format!(
+                            "{c} is Unloaded but RAM byte {} is not zero",
+                            start + at as u64
+                        ));
+                    }
+                }
+                ChunkState::Loading => return Err(format!("{c} is Loading with its lock free")),
+            }
+        }
+        if loaded != self.loaded_chunks.load(Ordering::Acquire) {
+            return Err(format!(
+                "{loaded} chunks Loaded but counter says {}",
+                self.loaded_chunks.load(Ordering::Acquire)
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<D: Durable> LoadTarget for Inner<D> {
+    fn target_id(&self) -> u64 {
+        self.id
+    }
+    fn next_job(&self, now: Instant) -> NextJob {
+        Inner::next_job(self, now)
+    }
+    fn load(&self, c: ChunkIndex) -> LoadResult {
+        self.load_chunk(c)
+    }
+    fn chunk_bytes(&self) -> u64 {
+        self.geo.chunk_bytes()
+    }
+}
+
+impl<D: Durable> Drop for Inner<D> {
+    fn drop(&mut self) {
+        // Best effort for fsync modes when the owner forgot `close`: the data is in the
+        // backing's page cache either way; this only shortens the loss window.
+        if self.cfg.durability != Durability::Sync
+            && !self.failure.is_failed()
+            && !self.commit.is_clean()
+        {
+            let _ = self.backing.sync();
+        }
+        let loaded = self.loaded_chunks.load(Ordering::Acquire);
+        self.budget.release(loaded * self.geo.chunk_bytes());
+    }
+}
+
+fn spawn_flusher<D: Durable>(inner: &Arc<Inner<D>>, period: Duration) -> io::Result<()> {
+    let weak = Arc::downgrade(inner);
+    let stop = inner.flusher_stop.clone();
+    std::thread::Builder::new()
+        .name(String::from("dhrd-flush"))
+        .spawn(move || loop {
+            {
+                let (m, cv) = &*stop;
+                let mut s = m.lock();
+                if !*s {
+                    cv.wait_for(&mut s, period);
+                }
+                if *s {
+                    return;
+                }
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            // A failure is recorded as the object's sticky cause and shown by status.
+            let _ = inner.flush();
+        })?;
+    Ok(())
+}

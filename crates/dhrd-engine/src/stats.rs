@@ -1,0 +1,257 @@
+//! Statistics: sharded counters (no shared cache line on the read hot path) and latency
+//! histograms. RAM-hit read latency is sampled (1 in `READ_RAM_SAMPLE_EVERY` per thread)
+//! because timing a 4 KiB memcpy would cost a visible fraction of it.
+
+use crossbeam_utils::CachePadded;
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+const COUNTER_SHARDS: usize = 16;
+pub(crate) const READ_RAM_SAMPLE_EVERY: u64 = 64;
+/// Histogram range: 1 ns .. 100 s, 3 significant digits.
+const HIST_MAX_NS: u64 = 100_000_000_000;
+
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static SLOT: usize = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % COUNTER_SHARDS;
+    static READ_TICK: Cell<u64> = const { Cell::new(0) };
+}
+
+/// True once every `READ_RAM_SAMPLE_EVERY` calls on this thread.
+pub(crate) fn sample_read() -> bool {
+    READ_TICK.with(|t| {
+        let v = t.get().wrapping_add(1);
+        t.set(v);
+        v % READ_RAM_SAMPLE_EVERY == 0
+    })
+}
+
+#[derive(Default)]
+pub(crate) struct Counter {
+    shards: [CachePadded<AtomicU64>; COUNTER_SHARDS],
+}
+
+impl Counter {
+    #[inline]
+    pub(crate) fn add(&self, v: u64) {
+        let i = SLOT.with(|s| *s);
+        if let Some(s) = self.shards.get(i) {
+            s.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+    pub(crate) fn get(&self) -> u64 {
+        self.shards.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+    }
+}
+
+struct Hists {
+    read_ram_ns: Histogram<u64>,
+    read_backing_ns: Histogram<u64>,
+    write_ns: Histogram<u64>,
+    sync_ns: Histogram<u64>,
+    commit_batch: Histogram<u64>,
+}
+
+fn hist() -> Histogram<u64> {
+    // Bounds are constants that hdrhistogram accepts; fall back to an auto-resizing one.
+    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).unwrap_or_else(|_| {
+        let mut h = Histogram::new(3).unwrap_or_else(|_| unreachable!("3 sigfig is valid"));
+        h.auto(true);
+        h
+    })
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub reads_ram: Counter,
+    pub reads_backing: Counter,
+    pub bytes_read_ram: Counter,
+    pub bytes_read_backing: Counter,
+    pub writes: Counter,
+    pub write_pieces_backing_only: Counter,
+    pub bytes_written: Counter,
+    pub writes_failed: Counter,
+    pub syncs: Counter,
+    pub sync_failures: Counter,
+    pub zero_ranges: Counter,
+    pub set_lens: Counter,
+    pub flushes: Counter,
+    pub chunks_invalidated: Counter,
+    pub write_waits_on_load: Counter,
+    hists: Mutex<Option<Hists>>,
+}
+
+pub(crate) enum Lat {
+    ReadRam,
+    ReadBacking,
+    Write,
+    Sync,
+}
+
+impl Stats {
+    pub(crate) fn new() -> Self {
+        let s = Self::default();
+        *s.hists.lock() = Some(Hists {
+            read_ram_ns: hist(),
+            read_backing_ns: hist(),
+            write_ns: hist(),
+            sync_ns: hist(),
+            commit_batch: hist(),
+        });
+        s
+    }
+
+    pub(crate) fn record(&self, which: Lat, d: Duration) {
+        let ns = (d.as_nanos() as u64).clamp(1, HIST_MAX_NS);
+        if let Some(h) = self.hists.lock().as_mut() {
+            let hist = match which {
+                Lat::ReadRam => &mut h.read_ram_ns,
+                Lat::ReadBacking => &mut h.read_backing_ns,
+                Lat::Write => &mut h.write_ns,
+                Lat::Sync => &mut h.sync_ns,
+            };
+            hist.saturating_record(ns);
+        }
+    }
+
+    pub(crate) fn record_batch(&self, writes: u64) {
+        if let Some(h) = self.hists.lock().as_mut() {
+            h.commit_batch.saturating_record(writes.max(1));
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let g = self.hists.lock();
+        let lat = |f: fn(&Hists) -> &Histogram<u64>| {
+            g.as_ref().map(|h| Latency::of(f(h))).unwrap_or_default()
+        };
+        StatsSnapshot {
+            reads_ram: self.reads_ram.get(),
+            reads_backing: self.reads_backing.get(),
+            bytes_read_ram: self.bytes_read_ram.get(),
+            bytes_read_backing: self.bytes_read_backing.get(),
+            writes: self.writes.get(),
+            write_pieces_backing_only: self.write_pieces_backing_only.get(),
+            bytes_written: self.bytes_written.get(),
+            writes_failed: self.writes_failed.get(),
+            syncs: self.syncs.get(),
+            sync_failures: self.sync_failures.get(),
+            zero_ranges: self.zero_ranges.get(),
+            set_lens: self.set_lens.get(),
+            flushes: self.flushes.get(),
+            chunks_invalidated: self.chunks_invalidated.get(),
+            write_waits_on_load: self.write_waits_on_load.get(),
+            read_ram: lat(|h| &h.read_ram_ns),
+            read_backing: lat(|h| &h.read_backing_ns),
+            write: lat(|h| &h.write_ns),
+            sync: lat(|h| &h.sync_ns),
+            commit_batch_writes_mean: g.as_ref().map(|h| h.commit_batch.mean()).unwrap_or(0.0),
+            commit_batch_writes_max: g.as_ref().map(|h| h.commit_batch.max()).unwrap_or(0),
+        }
+    }
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Latency {
+    pub count: u64,
+    pub latency_us_p50: f64,
+    pub latency_us_p99: f64,
+    pub latency_us_p999: f64,
+    pub latency_us_max: f64,
+}
+
+impl Latency {
+    fn of(h: &Histogram<u64>) -> Self {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Self {
+            count: h.len(),
+            latency_us_p50: us(h.value_at_quantile(0.5)),
+            latency_us_p99: us(h.value_at_quantile(0.99)),
+            latency_us_p999: us(h.value_at_quantile(0.999)),
+            latency_us_max: us(h.max()),
+        }
+    }
+}
+
+/// A point-in-time copy of an object's statistics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatsSnapshot {
+    pub reads_ram: u64,
+    pub reads_backing: u64,
+    pub bytes_read_ram: u64,
+    pub bytes_read_backing: u64,
+    pub writes: u64,
+    /// Write pieces that went to the backing only (chunk not yet loaded, SPEC I3).
+    pub write_pieces_backing_only: u64,
+    pub bytes_written: u64,
+    pub writes_failed: u64,
+    pub syncs: u64,
+    pub sync_failures: u64,
+    pub zero_ranges: u64,
+    pub set_lens: u64,
+    pub flushes: u64,
+    /// Chunks that left Loaded because a request failed after reaching the backing.
+    pub chunks_invalidated: u64,
+    /// Writes that waited for a chunk being loaded (SPEC I1).
+    pub write_waits_on_load: u64,
+    /// RAM-hit reads, sampled.
+    pub read_ram: Latency,
+    pub read_backing: Latency,
+    pub write: Latency,
+    pub sync: Latency,
+    pub commit_batch_writes_mean: f64,
+    pub commit_batch_writes_max: u64,
+}
+
+impl fmt::Display for StatsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "reads from RAM      {:>12}  ({} bytes)",
+            self.reads_ram, self.bytes_read_ram
+        )?;
+        writeln!(
+            f,
+            "reads from backing  {:>12}  ({} bytes)",
+            self.reads_backing, self.bytes_read_backing
+        )?;
+        writeln!(f, "writes              {:>12}  ({} bytes, {} failed, {} backing-only pieces, {} waited for a load)",
+            self.writes, self.bytes_written, self.writes_failed, self.write_pieces_backing_only, self.write_waits_on_load)?;
+        writeln!(
+            f,
+            "backing syncs       {:>12}  ({} failed; group commit mean {:.2} max {} writes/sync)",
+            self.syncs,
+            self.sync_failures,
+            self.commit_batch_writes_mean,
+            self.commit_batch_writes_max
+        )?;
+        writeln!(
+            f,
+            "flushes {}  zero ranges {}  set_len {}  chunks invalidated {}",
+            self.flushes, self.zero_ranges, self.set_lens, self.chunks_invalidated
+        )?;
+        writeln!(
+            f,
+            "latency (us)        {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "count", "p50", "p99", "p99.9", "max"
+        )?;
+        for (name, l) in [
+            ("read RAM (sampled)", &self.read_ram),
+            ("read backing", &self.read_backing),
+            ("write", &self.write),
+            ("backing sync", &self.sync),
+        ] {
+            writeln!(
+                f,
+                "  {name:<18}{:>10} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+                l.count, l.latency_us_p50, l.latency_us_p99, l.latency_us_p999, l.latency_us_max
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! The paper's request cases during initialization (SPEC I1-I6), driven deterministically
+//! with the loader gate, plus basic behaviour on a real file.
+
+use dhrd_engine::{
+    ChunkIndex, ChunkState, HybridObject, LoadGate, LoaderConfig, ObjectConfig, Served, View,
+};
+use dhrd_io::{Durable, FileBacking, FileOptions, SimBacking};
+use parking_lot::{Condvar, Mutex};
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+const CB: u64 = 4096;
+const WAIT: Duration = Duration::from_secs(10);
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// One loader thread, so a paused chunk stops the whole sequential pass.
+fn cfg(gate: Option<Arc<LoadGate>>) -> ObjectConfig {
+    let loader_config = LoaderConfig {
+        threads: 1,
+        ..Default::default()
+    };
+    ObjectConfig {
+        chunk_bytes: CB,
+        gate,
+        loader_config,
+        name: "test".into(),
+        ..Default::default()
+    }
+}
+
+type Obj = HybridObject<Arc<SimBacking>>;
+
+fn sim_with(data: Vec<u8>) -> Arc<SimBacking> {
+    Arc::new(SimBacking::from_bytes(data, 42))
+}
+
+#[test]
+fn loads_in_background_and_serves_from_ram() -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(10 * CB as usize + 100, 1);
+    let sim = sim_with(data.clone());
+    let o: Obj = HybridObject::open(sim.clone(), cfg(None))?;
+    assert!(o.wait_loaded(Some(WAIT)));
+    assert_eq!(o.progress().chunks_loaded, 11);
+    let reads_before = sim.stats().reads;
+    let mut buf = vec![0u8; 5000];
+    let r = o.read_at(&mut buf, 123)?;
+    assert_eq!(r.served, Served::Ram);
+    assert_eq!(&buf[..], &data[123..5123]);
+    assert_eq!(
+        sim.stats().reads,
+        reads_before,
+        "C2: a Loaded read touched the backing"
+    );
+    // Reads past the end are short, at the end empty.
+    let r = o.read_at(&mut buf, data.len() as u64 - 10)?;
+    assert_eq!(r.bytes, 10);
+    assert_eq!(o.read_at(&mut buf, data.len() as u64)?.served, Served::Eof);
+    o.verify_mirror()?;
+    Ok(())
+}
+
+/// I5 and the Linux md 2024 case: while a chunk is Loading (and before), reads of it come
+/// from the backing, never from RAM; once Loaded, from RAM.
+#[test]
+fn reads_of_loading_and_unloaded_chunks_come_from_backing() -> Result<(), Box<dyn std::error::Error>>
+{
+    let data = pattern(4 * CB as usize, 2);
+    let sim = sim_with(data.clone());
+    let gate = LoadGate::new();
+    gate.pause(ChunkIndex(1));
+    let o: Obj = HybridObject::open(sim.clone(), cfg(Some(gate.clone())))?;
+    assert!(gate.wait_reached(ChunkIndex(1), WAIT));
+    assert_eq!(o.chunk_state(ChunkIndex(1)), Some(ChunkState::Loading));
+    assert_eq!(o.chunk_state(ChunkIndex(0)), Some(ChunkState::Loaded));
+    let mut buf = vec![0u8; CB as usize];
+    let before = sim.stats().reads;
+    let r = o.read_at(&mut buf, CB)?;
+    assert_eq!(
+        r.served,
+        Served::Backing,
+        "I5: Loading chunk answered from RAM"
+    );
+    assert_eq!(&buf[..], &data[CB as usize..2 * CB as usize]);
+    assert!(sim.stats().reads > before);
+    // Chunks 2 and 3 are still Unloaded (the loader is stopped at 1): backing too.
+    assert_eq!(o.read_at(&mut buf, 3 * CB)?.served, Served::Backing);
+    // A read spanning Loaded chunk 0 and Loading chunk 1 is split (I6).
+    let mut two = vec![0u8; 2 * CB as usize];
+    assert_eq!(o.read_at(&mut two, 100)?.served, Served::Mixed);
+    assert_eq!(&two[..], &data[100..100 + 2 * CB as usize]);
+    assert!(matches!(o.view(CB, 10)?, View::NotLoaded(ChunkIndex(1))));
+    gate.release(ChunkIndex(1));
+    assert!(o.wait_loaded(Some(WAIT)));
+    assert_eq!(o.read_at(&mut buf, CB)?.served, Served::Ram);
+    match o.view(CB, 16)? {
+        View::Ram(v) => assert_eq!(&v[..], &data[CB as usize..CB as usize + 16]),
+        _ => return Err("view of a loaded range failed".into()),
+    }
+    o.verify_mirror()?;
+    Ok(())
+}
+
+/// I1: a write to a chunk being loaded blocks until the load completes, then goes to both.
+#[test]
+fn write_to_loading_chunk_waits_for_the_load() -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(3 * CB as usize, 3);
+    let sim = sim_with(data.clone());
+    let gate = LoadGate::new();
+    gate.pause(ChunkIndex(1));
+    let o: Obj = HybridObject::open(sim.clone(), cfg(Some(gate.clone())))?;
+    assert!(gate.wait_reached(ChunkIndex(1), WAIT));
+    let o2 = o.clone();
+    let writer = std::thread::spawn(move || o2.write_at(b"NEWDATA", CB + 10));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !writer.is_finished(),
+        "I1: write to a Loading chunk did not wait"
+    );
+    assert_eq!(
+        sim.stats().writes,
+        0,
+        "the blocked write reached the backing early"
+    );
+    gate.release(ChunkIndex(1));
+    writer.join().map_err(|_| "writer panicked")??;
+    assert_eq!(o.chunk_state(ChunkIndex(1)), Some(ChunkState::Loaded));
+    assert!(o.stats().write_waits_on_load >= 1);
+    let mut buf = [0u8; 7];
+    assert_eq!(o.read_at(&mut buf, CB + 10)?.served, Served::Ram);
+    assert_eq!(&buf, b"NEWDATA");
+    assert!(o.wait_loaded(Some(WAIT)));
+    o.verify_mirror()?;
+    Ok(())
+}
+
+/// A backing whose writes block until released, to hold a writer inside its chunk lock.
+struct HoldWrites {
+    inner: SimBacking,
+    held: Mutex<bool>,
+    cv: Condvar,
+    inside: Mutex<bool>,
+}
+
+impl HoldWrites {
+    fn release(&self) {
+        *self.held.lock() = false;
+        self.cv.notify_all();
+    }
+    fn wait_inside(&self) {
+        let mut g = self.inside.lock();
+        while !*g {
+            self.cv.wait_for(&mut g, Duration::from_millis(10));
+        }
+    }
+}
+
+impl Durable for HoldWrites {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        *self.inside.lock() = true;
+        self.cv.notify_all();
+        let mut g = self.held.lock();
+        while *g {
+            self.cv.wait(&mut g);
+        }
+        drop(g);
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+/// I3: a write to an Unloaded chunk goes to the backing only while holding the chunk lock;
+/// the loader reaching that chunk waits, and the loaded copy includes the write.
+#[test]
+fn write_to_unloaded_chunk_goes_to_backing_and_loader_waits(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(3 * CB as usize, 4);
+    let back = Arc::new(HoldWrites {
+        inner: SimBacking::from_bytes(data.clone(), 5),
+        held: Mutex::new(true),
+        cv: Condvar::new(),
+        inside: Mutex::new(false),
+    });
+    // Load nothing until the writer is inside: pause chunk 0 so the loader waits there.
+    let gate = LoadGate::new();
+    gate.pause(ChunkIndex(0));
+    let o = HybridObject::open(back.clone(), cfg(Some(gate.clone())))?;
+    assert!(gate.wait_reached(ChunkIndex(0), WAIT));
+    assert_eq!(o.chunk_state(ChunkIndex(2)), Some(ChunkState::Unloaded));
+    let o2 = o.clone();
+    let writer = std::thread::spawn(move || o2.write_at(b"I3-WRITE", 2 * CB + 5));
+    back.wait_inside(); // the writer holds chunk 2's lock inside the backing write
+    gate.release(ChunkIndex(0)); // the loader proceeds to 1, then blocks on chunk 2's lock
+    std::thread::sleep(Duration::from_millis(100));
+    assert_ne!(
+        o.chunk_state(ChunkIndex(2)),
+        Some(ChunkState::Loaded),
+        "loader did not wait for the writer"
+    );
+    back.release();
+    writer.join().map_err(|_| "writer panicked")??;
+    assert!(o.wait_loaded(Some(WAIT)));
+    assert_eq!(o.stats().write_pieces_backing_only, 1);
+    let mut buf = [0u8; 8];
+    assert_eq!(o.read_at(&mut buf, 2 * CB + 5)?.served, Served::Ram);
+    assert_eq!(&buf, b"I3-WRITE", "the loaded copy lost the write");
+    o.verify_mirror()?;
+    Ok(())
+}
+
+/// I2 and I6: a write spanning a Loaded and an Unloaded chunk is split by case.
+#[test]
+fn spanning_write_follows_each_chunks_case() -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(4 * CB as usize, 6);
+    let sim = sim_with(data.clone());
+    let gate = LoadGate::new();
+    gate.pause(ChunkIndex(2));
+    let o: Obj = HybridObject::open(sim.clone(), cfg(Some(gate.clone())))?;
+    assert!(gate.wait_reached(ChunkIndex(2), WAIT));
+    // Chunk 0 and 1 Loaded, 2 Loading (skip), 3 Unloaded. Write across 0|1.
+    let w = pattern(CB as usize, 99);
+    o.write_at(&w, CB / 2)?;
+    let mut buf = vec![0u8; CB as usize];
+    assert_eq!(o.read_at(&mut buf, CB / 2)?.served, Served::Ram);
+    assert_eq!(buf, w);
+    assert_eq!(
+        &sim.durable()[CB as usize / 2..CB as usize * 3 / 2],
+        &w[..],
+        "write not durable in sync mode"
+    );
+    gate.release(ChunkIndex(2));
+    assert!(o.wait_loaded(Some(WAIT)));
+    o.verify_mirror()?;
+    Ok(())
+}
+
+#[test]
+fn file_backing_roundtrip_extend_truncate() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("obj");
+    std::fs::write(&path, pattern(100_000, 7))?;
+    let f = FileBacking::open(&path, &FileOptions::default())?;
+    let o = HybridObject::open(f, cfg(None))?;
+    assert!(o.wait_loaded(Some(WAIT)));
+    o.write_at(b"tail", 200_000)?; // extends with a hole
+    assert_eq!(o.len(), 200_004);
+    let mut buf = [1u8; 8];
+    o.read_at(&mut buf, 150_000)?;
+    assert_eq!(buf, [0u8; 8]);
+    o.set_len(50_000)?;
+    assert_eq!(o.len(), 50_000);
+    assert_eq!(std::fs::metadata(&path)?.len(), 50_000);
+    o.set_len(60_000)?;
+    o.read_at(&mut buf, 50_000)?;
+    assert_eq!(
+        buf, [0u8; 8],
+        "bytes past a truncate must read as zeros after extending"
+    );
+    o.zero_range(10, 100)?;
+    o.read_at(&mut buf, 20)?;
+    assert_eq!(buf, [0u8; 8]);
+    assert!(o.wait_loaded(Some(WAIT)));
+    o.verify_mirror()?;
+    // The RAM tier's memfd mirrors the file exactly (size and bytes).
+    let mut from_fd = vec![0u8; 60_000];
+    let n = nix_pread(o.ram_fd(), &mut from_fd, 0)?;
+    assert_eq!(n, 60_000);
+    assert_eq!(from_fd, std::fs::read(&path)?);
+    o.close()?;
+    Ok(())
+}
+
+fn nix_pread(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], off: i64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pread into our own buffer from a valid descriptor.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
