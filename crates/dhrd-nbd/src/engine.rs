@@ -23,11 +23,12 @@ pub struct EngineTarget<D: Durable> {
 }
 
 impl<D: Durable> EngineTarget<D> {
-    /// `durability` must be the mode the object was opened with.
-    pub fn new(obj: HybridObject<D>, durability: &Durability, read_only: bool) -> Self {
+    /// Serves `obj`; `read_only` refuses writes at the protocol level (advertised as
+    /// NBD_FLAG_READ_ONLY) in addition to whatever the object itself refuses.
+    pub fn new(obj: HybridObject<D>, read_only: bool) -> Self {
         Self {
+            writes_are_durable: matches!(obj.durability(), Durability::Sync),
             obj,
-            writes_are_durable: matches!(durability, Durability::Sync),
             read_only,
         }
     }

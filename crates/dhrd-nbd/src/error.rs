@@ -16,8 +16,8 @@ pub enum NbdError {
     BadMagic { expected: u64, found: u64 },
     #[error("payload of {len} bytes exceeds the maximum of {max}")]
     PayloadTooLarge { len: u64, max: u64 },
-    // ENGINE: #[error("engine: {0}")]
-    // ENGINE: Engine(#[from] dhrd_engine::Error),
+    #[error("engine: {0}")]
+    Engine(#[from] dhrd_engine::Error),
     #[error("operation failed with errno {0}")]
     Errno(i32),
     #[error("configuration: {0}")]
@@ -29,7 +29,7 @@ impl NbdError {
     pub fn errno(&self) -> i32 {
         match self {
             NbdError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
-            // ENGINE: NbdError::Engine(e) => e.errno(),
+            NbdError::Engine(e) => e.errno(),
             NbdError::Errno(n) => *n,
             NbdError::PayloadTooLarge { .. } => libc::EINVAL,
             NbdError::Protocol(_) | NbdError::BadMagic { .. } | NbdError::Config(_) => libc::EINVAL,

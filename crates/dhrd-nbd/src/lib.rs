@@ -20,17 +20,17 @@
 //!   against [`limits::MAX_PAYLOAD_BYTES`] and the per-connection in-flight budget.
 
 mod conn;
-// ENGINE: mod engine;
+mod engine;
 mod error;
 pub mod handshake;
 pub mod proto;
 pub mod server;
 pub mod target;
 
+pub use engine::EngineTarget;
 pub use error::NbdError;
 pub use server::{ListenAddr, Server, ServerConfig, ShutdownHandle};
 pub use target::Target;
-// ENGINE: pub use engine::EngineTarget;
 
 /// Every bound the server enforces, in one place.
 pub mod limits {

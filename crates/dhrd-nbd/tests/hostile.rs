@@ -292,7 +292,9 @@ fn graceful_shutdown_answers_in_flight_requests() {
     let summary = srv.stop();
     assert_eq!(summary.abandoned, 0);
     for _ in 1..N {
-        let (err, _) = c.simple_reply().unwrap_or_else(|e| panic!("reply lost: {e}"));
+        let (err, _) = c
+            .simple_reply()
+            .unwrap_or_else(|e| panic!("reply lost: {e}"));
         assert_eq!(err, 0);
     }
     assert!(c.closed_by_server());
@@ -305,13 +307,13 @@ fn graceful_shutdown_answers_in_flight_requests() {
 
 #[test]
 fn remote_tcp_needs_explicit_permission() {
-    let cfg = ServerConfig::new(ListenAddr::Tcp("0.0.0.0:0".parse().unwrap_or_else(|_| {
-        unreachable!()
-    })));
+    let cfg = ServerConfig::new(ListenAddr::Tcp(
+        "0.0.0.0:0".parse().unwrap_or_else(|_| unreachable!()),
+    ));
     assert!(Server::bind(mem(), cfg).is_err());
-    let cfg = ServerConfig::new(ListenAddr::Tcp("127.0.0.1:0".parse().unwrap_or_else(|_| {
-        unreachable!()
-    })));
+    let cfg = ServerConfig::new(ListenAddr::Tcp(
+        "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+    ));
     let s = Server::bind(mem(), cfg).unwrap_or_else(|e| panic!("loopback bind: {e}"));
     assert!(matches!(s.local_addr(), ListenAddr::Tcp(a) if a.port() != 0));
 }

@@ -231,11 +231,16 @@ impl RawClient {
         let h = self
             .read_n(OPTION_REPLY_HEADER_BYTES)
             .unwrap_or_else(|e| panic!("option reply: {e}"));
-        assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap_or_default()), REPLY_MAGIC);
+        assert_eq!(
+            u64::from_be_bytes(h[..8].try_into().unwrap_or_default()),
+            REPLY_MAGIC
+        );
         let o = u32::from_be_bytes(h[8..12].try_into().unwrap_or_default());
         let t = u32::from_be_bytes(h[12..16].try_into().unwrap_or_default());
         let l = u32::from_be_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
-        let p = self.read_n(l).unwrap_or_else(|e| panic!("option payload: {e}"));
+        let p = self
+            .read_n(l)
+            .unwrap_or_else(|e| panic!("option payload: {e}"));
         (o, t, p)
     }
 
