@@ -45,6 +45,25 @@ pub fn tool(name: &str) -> PathBuf {
     );
 }
 
+/// `nbdsh` as a command. nbdsh runs `python3 -m nbd`; when the first python3 in PATH
+/// lacks the module (a pyenv or venv interpreter), the distribution's python3 is used.
+pub fn nbdsh() -> Command {
+    let _ = tool("nbdsh");
+    for py in ["python3", "/usr/bin/python3"] {
+        let ok = Command::new(py)
+            .args(["-c", "import nbd"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            let mut c = Command::new(py);
+            c.args(["-m", "nbd"]);
+            return c;
+        }
+    }
+    panic!("`nbdsh` is installed but no python3 can import the `nbd` module (install `python3-libnbd`)");
+}
+
 /// Runs a command, panicking with its output if it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd
@@ -127,6 +146,48 @@ impl Drop for TestServer {
             let _ = self.stop_inner();
         }
     }
+}
+
+/// A real engine export: a hybrid object over a backing file in the server's directory.
+pub struct EngineExport {
+    pub srv: TestServer,
+    pub backing: PathBuf,
+    pub obj: dhrd_engine::HybridObject<dhrd_io::FileBacking>,
+}
+
+pub fn engine_export(
+    size: u64,
+    durability: dhrd_engine::Durability,
+    read_only: bool,
+) -> EngineExport {
+    engine_export_with(size, |c| c.durability = durability, read_only)
+}
+
+pub fn engine_export_with(
+    size: u64,
+    tweak: impl FnOnce(&mut dhrd_engine::ObjectConfig),
+    read_only: bool,
+) -> EngineExport {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let backing = dir.path().join("backing.img");
+    let fb = dhrd_io::FileBacking::open(
+        &backing,
+        &dhrd_io::FileOptions {
+            min_len: Some(size),
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("backing: {e}"));
+    let mut cfg = dhrd_engine::ObjectConfig {
+        fixed_len: true,
+        read_only,
+        ..Default::default()
+    };
+    tweak(&mut cfg);
+    let obj = dhrd_engine::HybridObject::open(fb, cfg).unwrap_or_else(|e| panic!("open: {e}"));
+    let target = dhrd_nbd::EngineTarget::new(obj.clone(), read_only);
+    let srv = TestServer::start_in(dir, target, |_| {});
+    EngineExport { srv, backing, obj }
 }
 
 /// An in-memory target with error injection, to test the protocol layer on its own.
