@@ -11,7 +11,9 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use dhrd_engine::{Durability, HybridObject, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES};
+use dhrd_engine::{
+    Durability, HybridObject, LoaderConfig, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES,
+};
 use dhrd_io::{Durable, FileBacking, FileOptions};
 use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
 use std::io::Write;
@@ -55,6 +57,9 @@ pub struct NbdArgs {
     /// Chunk size of the RAM tier's loader (power of two, e.g. 1M).
     #[arg(long, value_parser = parse_size)]
     pub chunk: Option<u64>,
+    /// Cap the background load rate (bytes per second, e.g. 200M); default unlimited.
+    #[arg(long, value_parser = parse_size)]
+    pub load_rate: Option<u64>,
     /// Serve every read through the worker pool, even when the export is fully loaded
     /// (for benchmarking the inline fast path).
     #[arg(long, hide = true)]
@@ -168,6 +173,10 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         fixed_len: true,
         read_only: a.read_only,
         name: String::from("dhrd-nbd"),
+        loader_config: LoaderConfig {
+            rate_bytes_per_s: a.load_rate,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let started = Instant::now();

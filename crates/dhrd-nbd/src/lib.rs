@@ -7,6 +7,7 @@
 //! - `conn`: the transmission phase of one connection (reader thread, worker threads,
 //!   replies matched by handle under one writer lock);
 //! - [`server`]: listening sockets, accepting, graceful shutdown;
+//! - [`client`]: a minimal blocking client for tests and tools;
 //! - [`target`]: the narrow interface the server calls, implemented for the engine's
 //!   `HybridObject<D>` for every `D: dhrd_io::Durable`.
 //!
@@ -19,6 +20,7 @@
 //! - no buffer is allocated from a client-supplied length before that length is checked
 //!   against [`limits::MAX_PAYLOAD_BYTES`] and the per-connection in-flight budget.
 
+pub mod client;
 mod conn;
 mod engine;
 mod error;
