@@ -60,10 +60,6 @@ pub struct NbdArgs {
     /// Cap the background load rate (bytes per second, e.g. 200M); default unlimited.
     #[arg(long, value_parser = parse_size)]
     pub load_rate: Option<u64>,
-    /// Serve every read through the worker pool, even when the export is fully loaded
-    /// (for benchmarking the inline fast path).
-    #[arg(long, hide = true)]
-    pub no_inline_reads: bool,
     /// Log connection events to stderr.
     #[arg(long, short)]
     pub verbose: bool,
@@ -187,7 +183,6 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let mut scfg = ServerConfig::new(listen);
     scfg.name = a.name.clone();
     scfg.allow_remote = a.allow_remote;
-    scfg.inline_reads = !a.no_inline_reads;
     scfg.verbose = a.verbose;
     let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
     spawn_signal_thread(sigset, server.shutdown_handle())?;

@@ -1,21 +1,23 @@
 //! Transmission phase of one connection.
 //!
-//! Shape: the connection thread reads requests in order (one buffered reader); each valid
-//! request is handed to a per-connection pool of worker threads (spawned on demand up to
-//! [`MAX_WORKERS_PER_CONNECTION`]); workers call the target and write the reply under the
-//! connection's single writer lock, so replies leave in completion order and the client
-//! matches them by handle. Small reads of a fully loaded export may be served inline by the
-//! reader (a RAM copy is cheaper than a thread hand-off).
+//! Shape (leader/followers, like nbdkit's parallel thread model): up to
+//! [`MAX_WORKERS_PER_CONNECTION`] threads serve one connection. A thread takes the reader
+//! lock, reads one request (header and write payload), releases the lock, executes the
+//! request against the target and writes the reply under the connection's writer lock.
+//! There is no hand-off between a reader and a worker, so a request costs no extra thread
+//! wake-up; while one thread executes, the next one is already waiting for the next
+//! request. Threads are spawned on demand: when the last idle thread takes a request.
 //!
 //! Invariants:
 //! - a reply is written only after the target call it reports on returned;
 //! - each reply is written with one `write_all` under the writer lock, so replies never
-//!   interleave on the wire;
-//! - the in-flight budget ([`MAX_IN_FLIGHT_REQUESTS`], [`MAX_IN_FLIGHT_BYTES`]) is taken
-//!   before a payload or read buffer is allocated and given back after the reply is
-//!   written (or dropped); a single maximal request always fits, so it cannot deadlock;
-//! - when the reader stops (disconnect, NBD_CMD_DISC, bad magic, shutdown) every request
-//!   already accepted is still executed and answered (if the socket allows) before the
+//!   interleave on the wire; the client matches them by handle;
+//! - the in-flight budget ([`MAX_IN_FLIGHT_BYTES`]) is taken before a payload or read
+//!   buffer is allocated and given back after the reply is written (or dropped); a single
+//!   maximal request always fits, so it cannot deadlock; requests in flight are bounded by
+//!   the thread count;
+//! - when reading stops (disconnect, NBD_CMD_DISC, bad magic, shutdown) every request
+//!   already read is still executed and answered (if the socket allows) before the
 //!   connection closes; nothing is leaked when the client vanishes mid-request: a
 //!   partially received write is dropped without touching the target.
 
@@ -31,13 +33,9 @@ use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// Largest read served inline by the reader thread when the export is fully loaded.
-pub(crate) const INLINE_READ_MAX_BYTES: u32 = 128 << 10;
 
 /// A connected socket of either family.
 #[derive(Debug)]
@@ -120,7 +118,7 @@ impl Replier {
     }
 }
 
-/// Per-connection bound on requests and bytes in flight.
+/// Per-connection bound on bytes (and, as a second guard, requests) in flight.
 struct Budget {
     state: Mutex<(usize, u64)>,
     freed: Condvar,
@@ -156,7 +154,7 @@ enum Op {
     Zero { fua: bool, may_punch: bool },
 }
 
-/// A request accepted for execution, with its write payload if any.
+/// A request read from the wire and accepted for execution.
 struct Job {
     op: Op,
     handle: u64,
@@ -167,13 +165,22 @@ struct Job {
     charged: u64,
 }
 
+/// The reading side of a connection, owned by whichever thread holds the lock.
+struct ReadSide {
+    reader: BufReader<Stream>,
+    /// Set once reading has stopped; every thread then finishes its job and exits.
+    end: Option<End>,
+}
+
 struct Shared<T: Target> {
     target: Arc<T>,
-    framing: Framing,
+    params: ConnParams,
+    read_side: Mutex<ReadSide>,
     replier: Replier,
     budget: Budget,
-    jobs: Mutex<Receiver<Job>>,
-    idle_workers: AtomicUsize,
+    /// Threads not executing a request (waiting for or holding the reader lock).
+    idle: AtomicUsize,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// Checks a request header against the export; `Err(wire errno)` means reply with that
@@ -276,22 +283,6 @@ fn execute<T: Target>(target: &T, framing: Framing, job: Job) -> Vec<u8> {
     error_reply(framing, matches!(op, Op::Read), handle, error)
 }
 
-fn worker<T: Target>(sh: Arc<Shared<T>>) {
-    loop {
-        // Counted as idle while waiting for the queue lock too, so the reader does not
-        // spawn a worker while another one is about to take the job.
-        sh.idle_workers.fetch_add(1, Ordering::SeqCst);
-        let job = sh.jobs.lock().recv();
-        sh.idle_workers.fetch_sub(1, Ordering::SeqCst);
-        let Ok(job) = job else { return };
-        let charged = job.charged;
-        let reply = execute(&*sh.target, sh.framing, job);
-        sh.replier.send(&reply);
-        drop(reply);
-        sh.budget.release(charged);
-    }
-}
-
 /// Reads exactly `buf.len()` bytes. `Ok(false)`: clean end of stream before the first
 /// byte. A stream ending part-way is an error (truncated request).
 fn read_msg<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
@@ -322,21 +313,20 @@ pub(crate) struct ConnParams {
     pub framing: Framing,
     pub read_only: bool,
     pub size: u64,
-    pub inline_reads: bool,
 }
 
 /// Serves requests until the client disconnects or the stream fails, then finishes every
-/// accepted request and returns. `writer` is a second handle of the same socket.
+/// request already read and returns. `writer` is a second handle of the same socket.
 pub(crate) fn serve<T: Target>(
-    reader: &mut BufReader<Stream>,
+    reader: BufReader<Stream>,
     writer: Stream,
     target: Arc<T>,
-    p: &ConnParams,
+    params: ConnParams,
 ) -> End {
-    let (tx, rx) = sync_channel::<Job>(MAX_IN_FLIGHT_REQUESTS);
     let sh = Arc::new(Shared {
         target,
-        framing: p.framing,
+        params,
+        read_side: Mutex::new(ReadSide { reader, end: None }),
         replier: Replier {
             stream: Mutex::new(writer),
             broken: AtomicBool::new(false),
@@ -345,126 +335,151 @@ pub(crate) fn serve<T: Target>(
             state: Mutex::new((0, 0)),
             freed: Condvar::new(),
         },
-        jobs: Mutex::new(rx),
-        idle_workers: AtomicUsize::new(0),
+        idle: AtomicUsize::new(1),
+        threads: Mutex::new(Vec::new()),
     });
-    let mut workers: Vec<JoinHandle<()>> = Vec::new();
-    let end = read_loop(reader, &sh, &tx, &mut workers, p);
-    // Closing the queue lets workers drain what was accepted and exit.
-    drop(tx);
-    for w in workers {
-        let _ = w.join();
-    }
-    end
-}
-
-fn dispatch<T: Target>(
-    sh: &Arc<Shared<T>>,
-    tx: &SyncSender<Job>,
-    workers: &mut Vec<JoinHandle<()>>,
-    job: Job,
-) -> Result<(), NbdError> {
-    if sh.idle_workers.load(Ordering::SeqCst) == 0 && workers.len() < MAX_WORKERS_PER_CONNECTION {
-        let sh2 = Arc::clone(sh);
-        let h = std::thread::Builder::new()
-            .name("dhrd-nbd-worker".into())
-            .stack_size(THREAD_STACK_BYTES)
-            .spawn(move || worker(sh2))?;
-        workers.push(h);
-    }
-    // The budget already bounds queued jobs to the channel capacity, so this never blocks
-    // for long; it fails only if every worker died, which `worker` never does by itself.
-    tx.send(job)
-        .map_err(|_| NbdError::Protocol("worker pool gone".into()))
-}
-
-fn read_loop<T: Target>(
-    reader: &mut BufReader<Stream>,
-    sh: &Arc<Shared<T>>,
-    tx: &SyncSender<Job>,
-    workers: &mut Vec<JoinHandle<()>>,
-    p: &ConnParams,
-) -> End {
-    let framing = p.framing;
+    // The connection thread is the first server thread.
+    serve_thread(&sh);
+    // Threads are only spawned by threads holding a job, and every thread exits once
+    // `end` is set, so this loop terminates.
     loop {
-        if sh.replier.broken.load(Ordering::Relaxed) {
-            return End::Error(NbdError::Protocol("reply could not be sent".into()));
+        let t = sh.threads.lock().pop();
+        match t {
+            Some(t) => {
+                let _ = t.join();
+            }
+            None => break,
         }
-        let mut hb = [0u8; REQUEST_HEADER_BYTES];
-        match read_msg(reader, &mut hb) {
-            Ok(true) => {}
-            Ok(false) => return End::Clean,
-            Err(e) => return End::Error(NbdError::Io(e)),
+    }
+    let end = sh.read_side.lock().end.take();
+    end.unwrap_or(End::Clean)
+}
+
+/// Adds a server thread when the caller took the last idle one.
+fn maybe_spawn<T: Target>(sh: &Arc<Shared<T>>) {
+    if sh.idle.load(Ordering::SeqCst) > 0 {
+        return;
+    }
+    let mut threads = sh.threads.lock();
+    // +1: the connection thread itself is not in the list.
+    if threads.len() + 1 >= MAX_WORKERS_PER_CONNECTION {
+        return;
+    }
+    sh.idle.fetch_add(1, Ordering::SeqCst);
+    let sh2 = Arc::clone(sh);
+    match std::thread::Builder::new()
+        .name("dhrd-nbd-worker".into())
+        .stack_size(THREAD_STACK_BYTES)
+        .spawn(move || serve_thread(&sh2))
+    {
+        Ok(h) => threads.push(h),
+        // Out of threads: the existing ones keep serving, just with less parallelism.
+        Err(_) => {
+            sh.idle.fetch_sub(1, Ordering::SeqCst);
         }
-        let h = decode_request(&hb);
-        if h.magic != REQUEST_MAGIC {
-            return End::Error(NbdError::BadMagic {
-                expected: REQUEST_MAGIC.into(),
-                found: h.magic.into(),
-            });
-        }
-        if h.cmd == CMD_DISC {
-            return End::Clean;
-        }
-        let is_read = h.cmd == CMD_READ;
-        if h.cmd == CMD_WRITE && h.length > MAX_PAYLOAD_BYTES {
-            // The payload cannot be skipped without reading it: refuse and close.
-            sh.replier
-                .send(&error_reply(framing, false, h.handle, EINVAL));
-            return End::Error(NbdError::PayloadTooLarge {
-                len: h.length.into(),
-                max: MAX_PAYLOAD_BYTES.into(),
-            });
-        }
-        let verdict = validate(&h, p.size, p.read_only, framing);
-        let charged: u64 = match (h.cmd, &verdict) {
-            (CMD_WRITE, _) | (CMD_READ, Ok(_)) => h.length.into(),
-            _ => 0,
-        };
-        sh.budget.acquire(charged);
-        let mut payload = Vec::new();
-        if h.cmd == CMD_WRITE {
-            payload = vec![0u8; h.length as usize];
-            match read_msg(reader, &mut payload) {
-                Ok(true) => {}
-                // The client vanished mid-payload: drop the partial write untouched.
-                Ok(false) | Err(_) => {
-                    sh.budget.release(charged);
-                    return End::Error(NbdError::Protocol("truncated write payload".into()));
+    }
+}
+
+fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
+    loop {
+        let job = {
+            let mut rs = sh.read_side.lock();
+            if rs.end.is_some() {
+                sh.idle.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            match next_job(&mut rs.reader, sh) {
+                Ok(Some(job)) => job,
+                Ok(None) => continue,
+                Err(end) => {
+                    rs.end = Some(end);
+                    sh.idle.fetch_sub(1, Ordering::SeqCst);
+                    return;
                 }
             }
-        }
-        let op = match verdict {
-            Ok(op) => op,
-            Err(errno) => {
-                drop(payload);
-                sh.replier
-                    .send(&error_reply(framing, is_read, h.handle, errno));
-                sh.budget.release(charged);
-                continue;
-            }
         };
-        let job = Job {
+        sh.idle.fetch_sub(1, Ordering::SeqCst);
+        maybe_spawn(sh);
+        let charged = job.charged;
+        let reply = execute(&*sh.target, sh.params.framing, job);
+        sh.replier.send(&reply);
+        drop(reply);
+        sh.budget.release(charged);
+        sh.idle.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Reads the next request. `Ok(Some)`: a job to execute; `Ok(None)`: the request was
+/// answered with an error already; `Err`: reading stops.
+fn next_job<T: Target>(reader: &mut BufReader<Stream>, sh: &Shared<T>) -> Result<Option<Job>, End> {
+    let p = &sh.params;
+    let framing = p.framing;
+    if sh.replier.broken.load(Ordering::Relaxed) {
+        return Err(End::Error(NbdError::Protocol(
+            "reply could not be sent".into(),
+        )));
+    }
+    let mut hb = [0u8; REQUEST_HEADER_BYTES];
+    match read_msg(reader, &mut hb) {
+        Ok(true) => {}
+        Ok(false) => return Err(End::Clean),
+        Err(e) => return Err(End::Error(NbdError::Io(e))),
+    }
+    let h = decode_request(&hb);
+    if h.magic != REQUEST_MAGIC {
+        return Err(End::Error(NbdError::BadMagic {
+            expected: REQUEST_MAGIC.into(),
+            found: h.magic.into(),
+        }));
+    }
+    if h.cmd == CMD_DISC {
+        return Err(End::Clean);
+    }
+    let is_read = h.cmd == CMD_READ;
+    if h.cmd == CMD_WRITE && h.length > MAX_PAYLOAD_BYTES {
+        // The payload cannot be skipped without reading it: refuse and close.
+        sh.replier
+            .send(&error_reply(framing, false, h.handle, EINVAL));
+        return Err(End::Error(NbdError::PayloadTooLarge {
+            len: h.length.into(),
+            max: MAX_PAYLOAD_BYTES.into(),
+        }));
+    }
+    let verdict = validate(&h, p.size, p.read_only, framing);
+    let charged: u64 = match (h.cmd, &verdict) {
+        (CMD_WRITE, _) | (CMD_READ, Ok(_)) => h.length.into(),
+        _ => 0,
+    };
+    sh.budget.acquire(charged);
+    let mut payload = Vec::new();
+    if h.cmd == CMD_WRITE {
+        payload = vec![0u8; h.length as usize];
+        match read_msg(reader, &mut payload) {
+            Ok(true) => {}
+            // The client vanished mid-payload: drop the partial write untouched.
+            Ok(false) | Err(_) => {
+                sh.budget.release(charged);
+                return Err(End::Error(NbdError::Protocol(
+                    "truncated write payload".into(),
+                )));
+            }
+        }
+    }
+    match verdict {
+        Ok(op) => Ok(Some(Job {
             op,
             handle: h.handle,
             offset: h.offset,
             length: h.length,
             payload,
             charged,
-        };
-        if op == Op::Read
-            && p.inline_reads
-            && h.length <= INLINE_READ_MAX_BYTES
-            && sh.target.reads_are_fast()
-        {
-            let reply = execute(&*sh.target, framing, job);
-            sh.replier.send(&reply);
+        })),
+        Err(errno) => {
+            drop(payload);
+            sh.replier
+                .send(&error_reply(framing, is_read, h.handle, errno));
             sh.budget.release(charged);
-            continue;
-        }
-        if let Err(e) = dispatch(sh, tx, workers, job) {
-            sh.budget.release(charged);
-            return End::Error(e);
+            Ok(None)
         }
     }
 }

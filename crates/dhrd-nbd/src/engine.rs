@@ -90,8 +90,4 @@ impl<D: Durable> Target for EngineTarget<D> {
     fn flush(&self) -> Result<(), NbdError> {
         Ok(self.obj.flush()?)
     }
-
-    fn reads_are_fast(&self) -> bool {
-        self.obj.is_fully_loaded()
-    }
 }

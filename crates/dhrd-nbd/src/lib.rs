@@ -4,8 +4,9 @@
 //! Layering (each module states its own invariants):
 //! - [`proto`]: wire constants and codec, no I/O;
 //! - [`handshake`]: option haggling up to NBD_OPT_GO / NBD_OPT_EXPORT_NAME;
-//! - `conn`: the transmission phase of one connection (reader thread, worker threads,
-//!   replies matched by handle under one writer lock);
+//! - `conn`: the transmission phase of one connection (a few threads taking turns to
+//!   read requests, executing them in parallel, replies matched by handle under one
+//!   writer lock);
 //! - [`server`]: listening sockets, accepting, graceful shutdown;
 //! - [`client`]: a minimal blocking client for tests and tools;
 //! - [`target`]: the narrow interface the server calls, implemented for the engine's
@@ -57,13 +58,15 @@ pub mod limits {
     /// A reply that cannot be written within this time (client stopped reading) ends the
     /// connection, releasing the memory its replies hold.
     pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
-    /// Requests of one connection being served at once (queued or executing).
+    /// Requests of one connection being served at once (a second guard; the thread count
+    /// below is the first).
     pub const MAX_IN_FLIGHT_REQUESTS: usize = 128;
     /// Payload bytes (write data and read buffers) one connection may hold at once. One
     /// maximal request always fits, so the budget can never deadlock a connection.
     pub const MAX_IN_FLIGHT_BYTES: u64 = 128 << 20;
-    /// Worker threads per connection; spawned on demand. Blocking engine calls (a `sync`
-    /// write waits for fdatasync) need several in parallel so they share backing syncs.
+    /// Threads serving one connection, spawned on demand; also the bound on its requests
+    /// executing at once. Blocking engine calls (a `sync` write waits for fdatasync) need
+    /// several in parallel so they share backing syncs.
     pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
     /// Connections served at once; further connections are closed at accept.
     pub const MAX_CONNECTIONS: usize = 64;

@@ -57,8 +57,6 @@ pub struct ServerConfig {
     pub description: String,
     /// Permit a TCP address that is not loopback.
     pub allow_remote: bool,
-    /// Serve small reads of a fully loaded export on the request reader thread.
-    pub inline_reads: bool,
     /// Log connection open/close to stderr.
     pub verbose: bool,
 }
@@ -70,7 +68,6 @@ impl ServerConfig {
             name: String::new(),
             description: String::from("dhrd durable hybrid RAM disk"),
             allow_remote: false,
-            inline_reads: true,
             verbose: false,
         }
     }
@@ -388,13 +385,12 @@ impl<T: Target> Server<T> {
             size: self.target.size(),
             tflags: self.tflags(),
         };
-        let inline_reads = self.cfg.inline_reads;
         let verbose = self.cfg.verbose;
         let r = std::thread::Builder::new()
             .name(format!("dhrd-nbd-conn{id}"))
             .stack_size(THREAD_STACK_BYTES)
             .spawn(move || {
-                let res = connection(stream, target, &view, inline_reads);
+                let res = connection(stream, target, &view);
                 match &res {
                     Ok(()) if verbose => eprintln!("dhrd nbd: connection {id} closed"),
                     Ok(()) => {}
@@ -435,7 +431,6 @@ fn connection<T: Target>(
     stream: Stream,
     target: Arc<T>,
     view: &ExportView,
-    inline_reads: bool,
 ) -> Result<(), NbdError> {
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     stream.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
@@ -451,9 +446,8 @@ fn connection<T: Target>(
         framing,
         read_only: view.tflags & TFLAG_READ_ONLY != 0,
         size: view.size,
-        inline_reads,
     };
-    match conn::serve(&mut reader, writer, target, &params) {
+    match conn::serve(reader, writer, target, params) {
         End::Clean => Ok(()),
         End::Error(e) => Err(e),
     }

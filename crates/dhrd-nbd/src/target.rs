@@ -26,11 +26,6 @@ pub trait Target: Send + Sync + 'static {
     fn zero(&self, offset: u64, len: u64, may_punch: bool, fua: bool) -> Result<(), NbdError>;
     /// Makes every completed write (from any connection) durable.
     fn flush(&self) -> Result<(), NbdError>;
-    /// True when reads are answered from RAM without blocking on the backing, so the
-    /// request reader may serve them inline instead of handing them to a worker.
-    fn reads_are_fast(&self) -> bool {
-        false
-    }
 }
 
 /// A shared target is a target, so callers can keep a handle (tests, status reporting).
@@ -52,8 +47,5 @@ impl<T: Target> Target for std::sync::Arc<T> {
     }
     fn flush(&self) -> Result<(), NbdError> {
         (**self).flush()
-    }
-    fn reads_are_fast(&self) -> bool {
-        (**self).reads_are_fast()
     }
 }

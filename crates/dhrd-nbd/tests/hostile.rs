@@ -189,6 +189,7 @@ fn pipelined_requests_are_all_answered_by_handle() {
     let srv = TestServer::start(Arc::clone(&t));
     let (mut c, _, _) = RawClient::handshake(&srv.sock);
     const N: u64 = 48;
+    let t0 = std::time::Instant::now();
     for h in 0..N {
         c.request(0, CMD_WRITE, 1000 + h, h * 4096, 4096);
         c.send(&pattern(4096, h));
@@ -200,6 +201,13 @@ fn pipelined_requests_are_all_answered_by_handle() {
         assert!(seen.insert(h), "duplicate reply for handle {h}");
     }
     assert_eq!(seen, (1000..1000 + N).collect());
+    // Each write sleeps 20 ms; served one at a time they would take ~1 s. Concurrent
+    // execution makes it a fraction of that (loose bound for slow CI machines).
+    let took = t0.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(600),
+        "requests were not served concurrently: {took:?}"
+    );
     let d = t.data.lock();
     for h in 0..N as usize {
         assert_eq!(&d[h * 4096..(h + 1) * 4096], &pattern(4096, h as u64)[..]);
