@@ -226,6 +226,22 @@ impl Waker {
     }
 }
 
+/// A live connection's entry in the registry; removing it closes the socket.
+struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut conns = self.shared.conns.lock();
+        if let Some(s) = conns.remove(&self.id) {
+            s.shutdown(Shutdown::Both);
+        }
+        self.shared.drained.notify_all();
+    }
+}
+
 struct Shared {
     stop: AtomicBool,
     waker: Waker,
@@ -243,6 +259,11 @@ impl ShutdownHandle {
     pub fn shutdown(&self) {
         self.0.stop.store(true, Ordering::SeqCst);
         self.0.waker.wake();
+    }
+
+    /// Connections currently open (negotiating or transmitting); for status and tests.
+    pub fn active_connections(&self) -> usize {
+        self.0.conns.lock().len()
     }
 }
 
@@ -390,17 +411,15 @@ impl<T: Target> Server<T> {
             .name(format!("dhrd-nbd-conn{id}"))
             .stack_size(THREAD_STACK_BYTES)
             .spawn(move || {
+                // Deregisters even if the connection panics, so a drain never waits for
+                // a connection that no longer exists.
+                let _reg = Registration { shared, id };
                 let res = connection(stream, target, &view);
                 match &res {
                     Ok(()) if verbose => eprintln!("dhrd nbd: connection {id} closed"),
                     Ok(()) => {}
                     Err(e) => eprintln!("dhrd nbd: connection {id} closed: {e}"),
                 }
-                let mut conns = shared.conns.lock();
-                if let Some(s) = conns.remove(&id) {
-                    s.shutdown(Shutdown::Both);
-                }
-                shared.drained.notify_all();
             });
         if let Err(e) = r {
             self.shared.conns.lock().remove(&id);

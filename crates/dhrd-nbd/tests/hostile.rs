@@ -178,6 +178,11 @@ fn truncated_request_and_vanishing_client_leave_no_trace() {
     drop(c);
     still_serving(&srv.sock);
     assert!(t.data.lock()[..1000].iter().all(|&b| b == 0));
+    // Every one of those connections ended: no thread or socket left behind.
+    assert!(
+        srv.wait_idle(std::time::Duration::from_secs(10)),
+        "connections still open after their clients vanished"
+    );
     let s = srv.stop();
     assert_eq!(s.abandoned, 0);
 }

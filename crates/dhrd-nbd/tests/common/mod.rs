@@ -124,6 +124,19 @@ impl TestServer {
         nbd_uri(&self.sock)
     }
 
+    /// Waits until the server has no open connection (every connection thread ended and
+    /// its socket closed); false on timeout.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.handle.active_connections() > 0 {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
     /// Graceful shutdown; returns the server's summary.
     pub fn stop(mut self) -> dhrd_nbd::server::ServeSummary {
         self.stop_inner()
