@@ -29,7 +29,7 @@ use crate::proto::*;
 use crate::target::Target;
 use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -91,6 +91,12 @@ impl Write for Stream {
             Stream::Tcp(s) => s.write(buf),
         }
     }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => s.write_vectored(bufs),
+        }
+    }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -105,17 +111,52 @@ struct Replier {
 
 impl Replier {
     fn send(&self, bytes: &[u8]) {
+        self.send_parts(&[bytes]);
+    }
+
+    /// Writes the parts as one reply (one `writev` in the common case).
+    fn send_parts(&self, parts: &[&[u8]]) {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
         let mut s = self.stream.lock();
-        if s.write_all(bytes).is_err() {
+        if write_all_parts(&mut *s, parts).is_err() {
             // The client is gone or stopped reading past the write timeout. Closing both
             // directions wakes the reader so the connection winds down.
             self.broken.store(true, Ordering::Relaxed);
             s.shutdown(Shutdown::Both);
         }
     }
+}
+
+/// `write_all` over several buffers with vectored writes.
+fn write_all_parts<W: Write>(w: &mut W, parts: &[&[u8]]) -> io::Result<()> {
+    let (mut idx, mut off) = (0usize, 0usize);
+    while idx < parts.len() {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() - idx);
+        slices.push(IoSlice::new(
+            parts.get(idx).and_then(|p| p.get(off..)).unwrap_or(&[]),
+        ));
+        slices.extend(parts.iter().skip(idx + 1).map(|p| IoSlice::new(p)));
+        let mut n = match w.write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while idx < parts.len() {
+            let rest = parts.get(idx).map_or(0, |p| p.len()) - off;
+            if n >= rest {
+                n -= rest;
+                idx += 1;
+                off = 0;
+            } else {
+                off += n;
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Per-connection bound on bytes (and, as a second guard, requests) in flight.
@@ -143,6 +184,11 @@ impl Budget {
         self.freed.notify_one();
     }
 }
+
+/// Reads at least this large are sent straight from the target's memory when it can
+/// (no copy into a reply buffer); smaller ones are copied, which keeps header and data
+/// in one contiguous buffer and the target's memory pinned for less time.
+const ZERO_COPY_MIN_BYTES: u32 = 64 << 10;
 
 /// A validated request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,8 +284,8 @@ fn report(op: &str, offset: u64, length: u32, e: &NbdError) -> u32 {
     wire_errno(e.errno())
 }
 
-/// Executes one job and returns the complete reply (header and any read data).
-fn execute<T: Target>(target: &T, framing: Framing, job: Job) -> Vec<u8> {
+/// Executes one job and sends its reply.
+fn execute<T: Target>(target: &T, framing: Framing, job: Job, replier: &Replier) {
     let Job {
         op,
         handle,
@@ -248,7 +294,24 @@ fn execute<T: Target>(target: &T, framing: Framing, job: Job) -> Vec<u8> {
         payload,
         ..
     } = job;
-    let result = match op {
+    if op == Op::Read && length >= ZERO_COPY_MIN_BYTES {
+        let mut hdr = [0u8; MAX_REPLY_HEADER_BYTES];
+        let hl = reply_header_len(framing, true, 0);
+        encode_reply_header(&mut hdr, framing, true, handle, 0, offset, length);
+        let head = hdr.get(..hl).unwrap_or(&[]);
+        match target.read_borrowed(offset, length as usize, &mut |data| {
+            replier.send_parts(&[head, data])
+        }) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                let errno = report("read", offset, length, &e);
+                replier.send(&error_reply(framing, true, handle, errno));
+                return;
+            }
+        }
+    }
+    let reply = match op {
         Op::Read => {
             let hdr = reply_header_len(framing, true, 0);
             let mut buf = vec![0u8; hdr + length as usize];
@@ -263,7 +326,8 @@ fn execute<T: Target>(target: &T, framing: Framing, job: Job) -> Vec<u8> {
                         offset,
                         length,
                     );
-                    return buf;
+                    replier.send(&buf);
+                    return;
                 }
                 Err(e) => Err(report("read", offset, length, &e)),
             }
@@ -279,8 +343,8 @@ fn execute<T: Target>(target: &T, framing: Framing, job: Job) -> Vec<u8> {
             .zero(offset, length.into(), may_punch, fua)
             .map_err(|e| report("write_zeroes", offset, length, &e)),
     };
-    let error = result.err().unwrap_or(0);
-    error_reply(framing, matches!(op, Op::Read), handle, error)
+    let error = reply.err().unwrap_or(0);
+    replier.send(&error_reply(framing, matches!(op, Op::Read), handle, error));
 }
 
 /// Reads exactly `buf.len()` bytes. `Ok(false)`: clean end of stream before the first
@@ -401,9 +465,7 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
         sh.idle.fetch_sub(1, Ordering::SeqCst);
         maybe_spawn(sh);
         let charged = job.charged;
-        let reply = execute(&*sh.target, sh.params.framing, job);
-        sh.replier.send(&reply);
-        drop(reply);
+        execute(&*sh.target, sh.params.framing, job, &sh.replier);
         sh.budget.release(charged);
         sh.idle.fetch_add(1, Ordering::SeqCst);
     }
@@ -569,6 +631,42 @@ mod tests {
         );
         assert_eq!(validate(&hdr(5, 0, 0, 8), size, false, s), Err(EINVAL));
         assert_eq!(validate(&hdr(0x1234, 0, 0, 8), size, false, s), Err(EINVAL));
+    }
+
+    /// Accepts at most 3 bytes per call, to exercise partial vectored writes.
+    struct Dribble(Vec<u8>);
+
+    impl Write for Dribble {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(3);
+            self.0.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let mut budget = 3;
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(budget);
+                self.0.extend_from_slice(&b[..k]);
+                n += k;
+                budget -= k;
+                if budget == 0 {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn vectored_reply_writes_survive_partial_writes() {
+        let mut d = Dribble(Vec::new());
+        let parts: [&[u8]; 4] = [b"head", b"", b"da", b"ta-tail"];
+        assert!(write_all_parts(&mut d, &parts).is_ok());
+        assert_eq!(d.0, b"headdata-tail");
     }
 
     #[test]

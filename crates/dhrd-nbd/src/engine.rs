@@ -4,13 +4,15 @@
 //! - the object is opened with `fixed_len`, so the export size never changes;
 //! - in `sync` durability every engine write is durable on return, so FUA costs nothing;
 //!   in `fsync`/`periodic` a FUA request is followed by `flush` before the reply;
+//! - reads of Loaded ranges may be sent straight from the RAM tier (a borrowed view, no
+//!   copy); the view pins the RAM mapping only while the reply is written;
 //! - WRITE_ZEROES with NO_HOLE writes real zeros in bounded pieces
 //!   ([`ZERO_WRITE_CHUNK_BYTES`]) instead of a buffer of the client's length.
 
 use crate::limits::ZERO_WRITE_CHUNK_BYTES;
 use crate::target::Target;
 use crate::NbdError;
-use dhrd_engine::{Durability, HybridObject};
+use dhrd_engine::{Durability, HybridObject, View};
 use dhrd_io::Durable;
 
 /// The engine's hybrid object as an NBD target.
@@ -89,5 +91,22 @@ impl<D: Durable> Target for EngineTarget<D> {
 
     fn flush(&self) -> Result<(), NbdError> {
         Ok(self.obj.flush()?)
+    }
+
+    fn read_borrowed(
+        &self,
+        offset: u64,
+        len: usize,
+        send: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, NbdError> {
+        // Only Loaded chunks have a view (C2: served from RAM); anything else falls back
+        // to read_at, which follows I5 (Unloaded/Loading ranges come from the backing).
+        match self.obj.view(offset, len)? {
+            View::Ram(v) if v.len() == len => {
+                send(&v);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 }

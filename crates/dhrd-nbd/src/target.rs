@@ -26,6 +26,18 @@ pub trait Target: Send + Sync + 'static {
     fn zero(&self, offset: u64, len: u64, may_punch: bool, fua: bool) -> Result<(), NbdError>;
     /// Makes every completed write (from any connection) durable.
     fn flush(&self) -> Result<(), NbdError>;
+    /// Hands the bytes of `[offset, offset + len)` to `send` without copying them, when
+    /// the target holds them in memory. Returns `Ok(false)`, without calling `send`, when
+    /// it cannot; the caller then uses [`Target::read_at`].
+    fn read_borrowed(
+        &self,
+        offset: u64,
+        len: usize,
+        send: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, NbdError> {
+        let _ = (offset, len, send);
+        Ok(false)
+    }
 }
 
 /// A shared target is a target, so callers can keep a handle (tests, status reporting).
@@ -47,5 +59,13 @@ impl<T: Target> Target for std::sync::Arc<T> {
     }
     fn flush(&self) -> Result<(), NbdError> {
         (**self).flush()
+    }
+    fn read_borrowed(
+        &self,
+        offset: u64,
+        len: usize,
+        send: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, NbdError> {
+        (**self).read_borrowed(offset, len, send)
     }
 }
