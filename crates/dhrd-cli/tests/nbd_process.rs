@@ -439,3 +439,37 @@ fn nbd_nbdfuse_loop_mkfs_ext4_mount() {
         Err(e) => eprintln!("note: debugfs unavailable, backing not inspected: {e}"),
     }
 }
+
+#[test]
+fn nbd_block_device_backing_is_exported_at_its_size() {
+    if !Path::new("/dev/loop-control").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED nbd_block_device_backing_is_exported_at_its_size: needs root and /dev/loop-control");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let img = dir.path().join("dev.img");
+    std::fs::write(&img, vec![0u8; 24 << 20]).unwrap_or_else(|e| panic!("{e}"));
+    let lo = match sh(Command::new("losetup").args(["-f", "--show"]).arg(&img)) {
+        Ok(l) => l.trim().to_string(),
+        Err(e) => {
+            eprintln!("SKIPPED nbd_block_device_backing_is_exported_at_its_size: {e}");
+            return;
+        }
+    };
+    let mut st = Stack::default();
+    st.loops.push(lo.clone());
+    let mut d = Dhrd::start(dir.path(), Path::new(&lo), &[]);
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    assert_eq!(c.size, 24 << 20);
+    c.write(5 << 20, &block(3, 4), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let got = c
+        .read(5 << 20, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == block(3, 4));
+    drop(c);
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    drop(st);
+    let disk = std::fs::read(&img).unwrap_or_else(|e| panic!("{e}"));
+    assert!(disk[5 << 20..(5 << 20) + BLOCK] == block(3, 4)[..]);
+}
