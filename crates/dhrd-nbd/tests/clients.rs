@@ -272,3 +272,48 @@ print("nbdsh edge cases ok")
             .all(|&b| b == j as u8 + 1));
     }
 }
+
+#[test]
+fn loopback_tcp_export_serves_qemu_io() {
+    use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig};
+    let e = engine_export(SIZE, Durability::Sync, false);
+    // A second server over the same object, on loopback TCP with an ephemeral port.
+    let cfg = ServerConfig {
+        name: "disk".into(),
+        ..ServerConfig::new(ListenAddr::Tcp(
+            "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+        ))
+    };
+    let srv = Server::bind(EngineTarget::new(e.obj.clone(), false), cfg)
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let ListenAddr::Tcp(addr) = srv.local_addr() else {
+        panic!("not a TCP address")
+    };
+    let h = srv.shutdown_handle();
+    let t = std::thread::spawn(move || srv.run());
+    let uri = format!("nbd://{addr}/disk");
+    let out = text(&run_ok(Command::new(tool("qemu-io")).args([
+        "-f",
+        "raw",
+        &uri,
+        "-c",
+        "write -P 0x42 1M 3M",
+        "-c",
+        "read -P 0x42 1M 3M",
+    ])));
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    // The Unix-socket server over the same object sees the write.
+    run_ok(Command::new(tool("qemu-io")).args([
+        "-f",
+        "raw",
+        &e.srv.uri(),
+        "-c",
+        "read -P 0x42 1M 3M",
+    ]));
+    h.shutdown();
+    let s = t
+        .join()
+        .map_err(|_| "panic")
+        .and_then(|r| r.map_err(|_| "error"));
+    assert!(s.is_ok());
+}
