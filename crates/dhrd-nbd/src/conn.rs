@@ -200,7 +200,11 @@ enum Op {
     Zero { fua: bool, may_punch: bool },
 }
 
-/// A request read from the wire and accepted for execution.
+/// Largest payload buffer a thread keeps between requests (see [`recycle`]).
+const KEEP_PAYLOAD_BUFFER_BYTES: usize = 1 << 20;
+
+/// A request read from the wire and accepted for execution. For writes, `payload` holds
+/// at least `length` bytes; only the first `length` are the request's.
 struct Job {
     op: Op,
     handle: u64,
@@ -209,6 +213,15 @@ struct Job {
     payload: Vec<u8>,
     /// Bytes charged to the budget for this job.
     charged: u64,
+}
+
+/// Keeps a finished write's payload buffer for the thread's next write if it is small
+/// enough: refilling a kept buffer skips the allocation and its zeroing, and the cap
+/// bounds what idle threads hold to MAX_WORKERS_PER_CONNECTION x KEEP_PAYLOAD_BUFFER_BYTES.
+fn recycle(spare: &mut Vec<u8>, payload: Vec<u8>) {
+    if payload.capacity() <= KEEP_PAYLOAD_BUFFER_BYTES && payload.capacity() > spare.capacity() {
+        *spare = payload;
+    }
 }
 
 /// The reading side of a connection, owned by whichever thread holds the lock.
@@ -285,13 +298,13 @@ fn report(op: &str, offset: u64, length: u32, e: &NbdError) -> u32 {
 }
 
 /// Executes one job and sends its reply.
-fn execute<T: Target>(target: &T, framing: Framing, job: Job, replier: &Replier) {
-    let Job {
+fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier) {
+    let &Job {
         op,
         handle,
         offset,
         length,
-        payload,
+        ref payload,
         ..
     } = job;
     if op == Op::Read && length >= ZERO_COPY_MIN_BYTES {
@@ -333,7 +346,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: Job, replier: &Replier)
             }
         }
         Op::Write { fua } => target
-            .write_at(&payload, offset, fua)
+            .write_at(payload.get(..length as usize).unwrap_or(&[]), offset, fua)
             .map_err(|e| report("write", offset, length, &e)),
         Op::Flush => target.flush().map_err(|e| report("flush", 0, 0, &e)),
         Op::Trim { fua } => target
@@ -445,6 +458,7 @@ fn maybe_spawn<T: Target>(sh: &Arc<Shared<T>>) {
 }
 
 fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
+    let mut spare: Vec<u8> = Vec::new();
     loop {
         let job = {
             let mut rs = sh.read_side.lock();
@@ -452,7 +466,7 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
                 sh.idle.fetch_sub(1, Ordering::SeqCst);
                 return;
             }
-            match next_job(&mut rs.reader, sh) {
+            match next_job(&mut rs.reader, sh, &mut spare) {
                 Ok(Some(job)) => job,
                 Ok(None) => continue,
                 Err(end) => {
@@ -465,15 +479,20 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
         sh.idle.fetch_sub(1, Ordering::SeqCst);
         maybe_spawn(sh);
         let charged = job.charged;
-        execute(&*sh.target, sh.params.framing, job, &sh.replier);
+        execute(&*sh.target, sh.params.framing, &job, &sh.replier);
         sh.budget.release(charged);
+        recycle(&mut spare, job.payload);
         sh.idle.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 /// Reads the next request. `Ok(Some)`: a job to execute; `Ok(None)`: the request was
 /// answered with an error already; `Err`: reading stops.
-fn next_job<T: Target>(reader: &mut BufReader<Stream>, sh: &Shared<T>) -> Result<Option<Job>, End> {
+fn next_job<T: Target>(
+    reader: &mut BufReader<Stream>,
+    sh: &Shared<T>,
+    spare: &mut Vec<u8>,
+) -> Result<Option<Job>, End> {
     let p = &sh.params;
     let framing = p.framing;
     if sh.replier.broken.load(Ordering::Relaxed) {
@@ -515,8 +534,12 @@ fn next_job<T: Target>(reader: &mut BufReader<Stream>, sh: &Shared<T>) -> Result
     sh.budget.acquire(charged);
     let mut payload = Vec::new();
     if h.cmd == CMD_WRITE {
-        payload = vec![0u8; h.length as usize];
-        match read_msg(reader, &mut payload) {
+        let n = h.length as usize;
+        payload = std::mem::take(spare);
+        if payload.len() < n {
+            payload.resize(n, 0);
+        }
+        match read_msg(reader, payload.get_mut(..n).unwrap_or(&mut [])) {
             Ok(true) => {}
             // The client vanished mid-payload: drop the partial write untouched.
             Ok(false) | Err(_) => {
@@ -537,7 +560,7 @@ fn next_job<T: Target>(reader: &mut BufReader<Stream>, sh: &Shared<T>) -> Result
             charged,
         })),
         Err(errno) => {
-            drop(payload);
+            recycle(spare, payload);
             sh.replier
                 .send(&error_reply(framing, is_read, h.handle, errno));
             sh.budget.release(charged);
