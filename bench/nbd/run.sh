@@ -14,7 +14,7 @@ SECS=${SECS:-5}
 QD=${QD:-16}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
-for t in nbdkit qemu-nbd nbdcopy python3; do
+for t in nbdkit qemu-nbd nbdcopy python3 fio; do
   command -v "$t" >/dev/null || { echo "missing tool: $t" >&2; exit 1; }
 done
 
@@ -98,7 +98,16 @@ for server in dhrd-sync dhrd-fsync nbdkit-memory nbdkit-file qemu-nbd; do
     echo "$server $line"
     [ $first = 1 ] || echo "," >> "$WORK/results.json.tmp"
     first=0
-    echo "{\"server\":\"$server\",\"result\":$line}" >> "$WORK/results.json.tmp"
+    echo "{\"server\":\"$server\",\"client\":\"nbd_bench\",\"result\":$line}" >> "$WORK/results.json.tmp"
+  done
+  # Cross-check with a second client: fio's nbd engine (libnbd). It cannot send FUA, so
+  # only reads and plain writes (ended by an fsync) are measured with it.
+  for t in "randread" "randwrite"; do
+    line=$(fio --name="$t" --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw="$t" --bs=4k \
+      --iodepth="$QD" --time_based --runtime="$SECS" --size="$SIZE" --end_fsync=1 \
+      --output-format=json 2>/dev/null | python3 "$ROOT/bench/nbd/fio2json.py" "$t" "$QD")
+    echo "$server fio $line"
+    echo ",{\"server\":\"$server\",\"client\":\"fio\",\"result\":$line}" >> "$WORK/results.json.tmp"
   done
   stop_server
   rm -f "$WORK/dhrd.img" "$WORK/nbdkit.img" "$WORK/qemu.img"
@@ -113,7 +122,7 @@ meta = open(out + "/machine.txt").read()
 json.dump({"machine": meta.strip().splitlines(), "results": rows}, open(out + "/results.json", "w"), indent=1)
 def key(r):
     x = r["result"]
-    return (x["workload"], x["bs"], x["qd"], x["fua"])
+    return (r.get("client", "nbd_bench"), x["workload"], x["bs"], x["qd"], x["fua"])
 tests = []
 for r in rows:
     if key(r) not in tests:
@@ -124,20 +133,23 @@ for r in rows:
         servers.append(r["server"])
 val = {(r["server"], key(r)): r["result"] for r in rows}
 lines = ["# NBD benchmark", "", "```", meta.strip(), "```", "",
-         "Same client (nbd_bench, one connection, pipelined) for every server. IOPS (MiB/s) and p99 latency in us.",
-         "Ratios: reads against nbdkit-memory, writes against nbdkit-file at the same queue depth and FUA setting.", ""]
-hdr = "| test | " + " | ".join(servers) + " | dhrd-sync ratio |"
+         "Same client (nbd_bench, one connection, pipelined) for every server; rows starting with fio are the fio nbd engine (libnbd) as a cross-check. IOPS (MiB/s) and p99 latency in us.",
+         "Ratios: reads: dhrd-sync against nbdkit-memory; FUA writes: dhrd-sync against nbdkit-file; plain writes (durable only at flush): dhrd-fsync against nbdkit-file; same queue depth.", ""]
+hdr = "| test | " + " | ".join(servers) + " | ratio |"
 lines += [hdr, "|" + "---|" * (len(servers) + 2)]
 for k in tests:
-    wl, bs, qd, fua = k
-    name = f"{wl} {bs // 1024 if bs < 1 << 20 else bs >> 20}{'K' if bs < 1 << 20 else 'M'} qd{qd}{' FUA' if fua else ''}"
+    client, wl, bs, qd, fua = k
+    name = ("fio " if client == "fio" else "") + f"{wl} {bs // 1024 if bs < 1 << 20 else bs >> 20}{'K' if bs < 1 << 20 else 'M'} qd{qd}{' FUA' if fua else ''}"
     cells = []
     for s in servers:
         x = val.get((s, k))
         cells.append(f"{x['iops']:.0f} ({x['mib_s']:.1f}) p99 {x['lat_us_p99']}" if x else "-")
+    # Like for like: reads against nbdkit's RAM; FUA writes (durable per request) with
+    # dhrd-sync; plain writes (durable only at flush) with dhrd-fsync.
     base = "nbdkit-memory" if "read" in wl else "nbdkit-file"
-    d, b = val.get(("dhrd-sync", k)), val.get((base, k))
-    ratio = f"{d['iops'] / b['iops']:.2f}x {base}" if d and b and b["iops"] else "-"
+    mine = "dhrd-fsync" if ("write" in wl and not fua) else "dhrd-sync"
+    d, b = val.get((mine, k)), val.get((base, k))
+    ratio = f"{mine} {d['iops'] / b['iops']:.2f}x {base}" if d and b and b["iops"] else "-"
     lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
 lines.append("")
 lines.append("dhrd-sync: every write durable before its reply (FUA is free). dhrd-fsync: durable at FLUSH/FUA (FUA = write + flush).")
