@@ -317,3 +317,30 @@ fn loopback_tcp_export_serves_qemu_io() {
         .and_then(|r| r.map_err(|_| "error"));
     assert!(s.is_ok());
 }
+
+#[test]
+fn ram_budget_smaller_than_export_serves_the_rest_from_the_backing() {
+    // I11: 8 MiB of RAM for a 64 MiB export; chunks past the budget stay on the backing.
+    let e = engine_export_with(
+        SIZE,
+        |c| {
+            c.budget = Some(dhrd_engine::RamBudget::new(8 << 20));
+            c.chunk_bytes = 1 << 20;
+        },
+        false,
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let src = dir.path().join("src.img");
+    let back = dir.path().join("back.img");
+    let data = pattern(SIZE as usize, 7);
+    std::fs::write(&src, &data).unwrap_or_else(|e| panic!("{e}"));
+    run_ok(Command::new(tool("nbdcopy")).arg(&src).arg(e.srv.uri()));
+    run_ok(Command::new(tool("nbdcopy")).arg(e.srv.uri()).arg(&back));
+    let got = std::fs::read(&back).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(checksum(&got), checksum(&data));
+    assert!(
+        !e.obj.is_fully_loaded(),
+        "the budget did not limit the RAM tier"
+    );
+    assert!(e.obj.progress().chunks_over_budget > 0);
+}
