@@ -338,3 +338,25 @@ fn second_server_on_same_socket_is_refused() {
     assert!(Server::bind(mem(), cfg).is_err());
     still_serving(&srv.sock);
 }
+
+#[test]
+fn connections_beyond_the_limit_are_closed_at_once() {
+    use dhrd_nbd::limits::MAX_CONNECTIONS;
+    use std::io::Read;
+    let srv = TestServer::start(mem());
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut c = RawClient::connect(&srv.sock);
+        // The greeting proves the server registered the connection.
+        assert!(c.read_n(18).is_ok());
+        held.push(c);
+    }
+    let mut extra = RawClient::connect(&srv.sock);
+    let mut b = [0u8; 18];
+    let n = extra.s.read(&mut b).unwrap_or(0);
+    assert_eq!(n, 0, "connection over the limit was served");
+    // Freeing one slot lets a new client in.
+    drop(held.pop());
+    assert!(srv.wait_idle_below(MAX_CONNECTIONS, std::time::Duration::from_secs(10)));
+    still_serving(&srv.sock);
+}

@@ -127,8 +127,13 @@ impl TestServer {
     /// Waits until the server has no open connection (every connection thread ended and
     /// its socket closed); false on timeout.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
+        self.wait_idle_below(1, timeout)
+    }
+
+    /// Waits until fewer than `n` connections are open; false on timeout.
+    pub fn wait_idle_below(&self, n: usize, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        while self.handle.active_connections() > 0 {
+        while self.handle.active_connections() >= n {
             if std::time::Instant::now() > deadline {
                 return false;
             }
