@@ -40,6 +40,7 @@ trap cleanup EXIT
   echo "kernel: $(uname -srm)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x $(nproc)"
   echo "memory: $(free -h | awk '/^Mem:/{print $2}')"
+  echo "load average at start: $(cut -d" " -f1-3 /proc/loadavg) (other work on the machine adds noise)"
   echo "workdir: $WORK on $(df -h "$WORK" | awk 'NR==2{print $1" ("$2")"}') fs $(stat -f -c %T "$WORK")"
   echo "nbdkit: $(nbdkit --version | head -1)"
   echo "qemu-nbd: $(qemu-nbd --version | head -1)"
