@@ -55,24 +55,18 @@ wait_sock() {
   echo "server socket $1 did not appear" >&2; return 1
 }
 
-start_server() { # name sock -> starts, sets SERVER_PID
+start_server() { # name sock: starts it in the background
   local name=$1 sock=$2
   rm -f "$sock"
   case $name in
-    dhrd-sync)  "$DHRD" nbd --backing "$WORK/dhrd.img" --size "$SIZE" --socket "$sock" --durability sync  >/dev/null 2>"$WORK/$name.log" & ;;
-    dhrd-fsync) "$DHRD" nbd --backing "$WORK/dhrd.img" --size "$SIZE" --socket "$sock" --durability fsync >/dev/null 2>"$WORK/$name.log" & ;;
+    dhrd-sync)  "$DHRD" nbd --backing "$WORK/$name.img" --size "$SIZE" --socket "$sock" --durability sync  >/dev/null 2>"$WORK/$name.log" & ;;
+    dhrd-fsync) "$DHRD" nbd --backing "$WORK/$name.img" --size "$SIZE" --socket "$sock" --durability fsync >/dev/null 2>"$WORK/$name.log" & ;;
     nbdkit-memory) nbdkit -f -U "$sock" memory "$SIZE" 2>"$WORK/$name.log" & ;;
-    nbdkit-file) truncate -s "$SIZE" "$WORK/nbdkit.img"; nbdkit -f -U "$sock" file "$WORK/nbdkit.img" 2>"$WORK/$name.log" & ;;
-    qemu-nbd) truncate -s "$SIZE" "$WORK/qemu.img"; qemu-nbd -f raw -t -e 16 -k "$sock" "$WORK/qemu.img" 2>"$WORK/$name.log" & ;;
+    nbdkit-file) truncate -s "$SIZE" "$WORK/$name.img"; nbdkit -f -U "$sock" file "$WORK/$name.img" 2>"$WORK/$name.log" & ;;
+    qemu-nbd) truncate -s "$SIZE" "$WORK/$name.img"; qemu-nbd -f raw -t -e 16 -k "$sock" "$WORK/$name.img" 2>"$WORK/$name.log" & ;;
   esac
-  SERVER_PID=$!
-  PIDS+=("$SERVER_PID")
+  PIDS+=("$!")
   wait_sock "$sock"
-}
-
-stop_server() {
-  kill -TERM "$SERVER_PID" 2>/dev/null || true
-  wait "$SERVER_PID" 2>/dev/null || true
 }
 
 # workload bs qd fua
@@ -84,36 +78,47 @@ TESTS=(
   "seqread 1048576 4 0"
   "seqwrite 1048576 4 1"
 )
+SERVERS=(dhrd-sync dhrd-fsync nbdkit-memory nbdkit-file qemu-nbd)
+
+# All servers run at once and every test visits them in turn, so a change of load on a
+# shared machine during the run hits every server alike instead of the last ones.
+for server in "${SERVERS[@]}"; do
+  start_server "$server" "$WORK/$server.sock"
+  nbdcopy --flush "$WORK/seed.img" "nbd+unix:///?socket=$WORK/$server.sock"
+done
 
 echo "[" > "$WORK/results.json.tmp"
 first=1
-for server in dhrd-sync dhrd-fsync nbdkit-memory nbdkit-file qemu-nbd; do
-  sock=$WORK/$server.sock
-  start_server "$server" "$sock"
-  nbdcopy --flush "$WORK/seed.img" "nbd+unix:///?socket=$sock"
-  for t in "${TESTS[@]}"; do
-    read -r wl bs qd fua <<<"$t"
-    args=(--socket "$sock" --workload "$wl" --bs "$bs" --qd "$qd" --seconds "$SECS")
+add() { # server client json
+  [ $first = 1 ] || echo "," >> "$WORK/results.json.tmp"
+  first=0
+  echo "{\"server\":\"$1\",\"client\":\"$2\",\"result\":$3}" >> "$WORK/results.json.tmp"
+}
+for t in "${TESTS[@]}"; do
+  read -r wl bs qd fua <<<"$t"
+  for server in "${SERVERS[@]}"; do
+    args=(--socket "$WORK/$server.sock" --workload "$wl" --bs "$bs" --qd "$qd" --seconds "$SECS")
     [ "$fua" = 1 ] && args+=(--fua)
     line=$("$BENCH" "${args[@]}")
     echo "$server $line"
-    [ $first = 1 ] || echo "," >> "$WORK/results.json.tmp"
-    first=0
-    echo "{\"server\":\"$server\",\"client\":\"nbd_bench\",\"result\":$line}" >> "$WORK/results.json.tmp"
+    add "$server" nbd_bench "$line"
   done
-  # Cross-check with a second client: fio's nbd engine (libnbd). It cannot send FUA, so
-  # only reads and plain writes (ended by an fsync) are measured with it.
-  for t in "randread" "randwrite"; do
-    line=$(fio --name="$t" --ioengine=nbd --uri="nbd+unix:///?socket=$sock" --rw="$t" --bs=4k \
-      --iodepth="$QD" --time_based --runtime="$SECS" --size="$SIZE" --end_fsync=1 \
-      --output-format=json 2>/dev/null | python3 "$ROOT/bench/nbd/fio2json.py" "$t" "$QD")
+done
+# Cross-check with a second client: fio's nbd engine (libnbd). It cannot send FUA, so
+# only reads and plain writes (ended by an fsync) are measured with it.
+for t in randread randwrite; do
+  for server in "${SERVERS[@]}"; do
+    line=$(fio --name="$t" --ioengine=nbd --uri="nbd+unix:///?socket=$WORK/$server.sock" \
+      --rw="$t" --bs=4k --iodepth="$QD" --time_based --runtime="$SECS" --size="$SIZE" \
+      --end_fsync=1 --output-format=json 2>/dev/null |
+      python3 "$ROOT/bench/nbd/fio2json.py" "$t" "$QD")
     echo "$server fio $line"
-    echo ",{\"server\":\"$server\",\"client\":\"fio\",\"result\":$line}" >> "$WORK/results.json.tmp"
+    add "$server" fio "$line"
   done
-  stop_server
-  rm -f "$WORK/dhrd.img" "$WORK/nbdkit.img" "$WORK/qemu.img"
 done
 echo "]" >> "$WORK/results.json.tmp"
+for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+PIDS=()
 
 python3 - "$WORK/results.json.tmp" "$OUT" <<'PY'
 import json, sys
