@@ -473,3 +473,32 @@ fn nbd_block_device_backing_is_exported_at_its_size() {
     let disk = std::fs::read(&img).unwrap_or_else(|e| panic!("{e}"));
     assert!(disk[5 << 20..(5 << 20) + BLOCK] == block(3, 4)[..]);
 }
+
+#[test]
+fn nbd_first_request_is_served_at_once_on_a_large_backing() {
+    // I7: time to the first served request does not grow with the data size. A sparse
+    // 16 GiB backing with a slow loader must answer about as fast as a 16 MiB one.
+    let mut times = Vec::new();
+    for size in ["16M", "16G"] {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let backing = dir.path().join("b.img");
+        let t0 = Instant::now();
+        let d = Dhrd::start(
+            dir.path(),
+            &backing,
+            &["--size", size, "--load-rate", "64M", "--mem", "64M"],
+        );
+        let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+        let last = c.size - BLOCK as u64;
+        let got = c.read(last, BLOCK as u32).unwrap_or_else(|e| panic!("{e}"));
+        assert!(got.iter().all(|&b| b == 0));
+        c.write(last, &block(1, 1), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        times.push(t0.elapsed());
+    }
+    eprintln!("first request served after {times:?}");
+    assert!(
+        times[1] < times[0] + Duration::from_secs(2),
+        "a larger backing delayed the first request: {times:?}"
+    );
+}

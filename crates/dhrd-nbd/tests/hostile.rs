@@ -360,3 +360,56 @@ fn connections_beyond_the_limit_are_closed_at_once() {
     assert!(srv.wait_idle_below(MAX_CONNECTIONS, std::time::Duration::from_secs(10)));
     still_serving(&srv.sock);
 }
+
+#[test]
+fn random_requests_and_garbage_never_break_the_server() {
+    let t = mem();
+    let srv = TestServer::start(Arc::clone(&t));
+    let mut x: u64 = 0x1234_5678_9abc_def1;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..200 {
+        let (mut c, _, _) = RawClient::handshake(&srv.sock);
+        for _ in 0..(rnd() % 8) {
+            let r = rnd();
+            // Mostly valid magic with random fields; sometimes pure garbage.
+            let cmd = (r % 9) as u16;
+            let flags = ((r >> 8) % 64) as u16;
+            let offset = match (r >> 16) % 3 {
+                0 => rnd() % (2 * SIZE as u64),
+                1 => rnd(),
+                _ => SIZE as u64 - 1,
+            };
+            let len = match (r >> 24) % 4 {
+                0 => (rnd() % 70_000) as u32,
+                1 => rnd() as u32,
+                2 => 0,
+                _ => 1,
+            };
+            if round % 10 == 9 {
+                let g: Vec<u8> = (0..(r % 100)).map(|_| rnd() as u8).collect();
+                let _ = c.s.write_all(&g);
+                continue;
+            }
+            let _ =
+                c.s.write_all(&encode_request(flags, cmd, rnd(), offset, len));
+            if cmd == CMD_WRITE && len <= 70_000 {
+                // Sometimes the full payload, sometimes a truncated one.
+                let n = if r % 5 == 0 { len / 2 } else { len } as usize;
+                let _ = c.s.write_all(&vec![0x77; n]);
+            }
+        }
+        drop(c);
+    }
+    still_serving(&srv.sock);
+    assert!(
+        srv.wait_idle(std::time::Duration::from_secs(20)),
+        "connections left behind"
+    );
+    let s = srv.stop();
+    assert_eq!(s.abandoned, 0);
+}
