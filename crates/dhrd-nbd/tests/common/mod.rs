@@ -247,7 +247,7 @@ impl Target for MemTarget {
             return Err(NbdError::Errno(e));
         }
         if self.slow_writes.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(50));
         }
         let mut d = self.data.lock();
         let o = offset as usize;
