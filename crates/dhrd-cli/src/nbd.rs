@@ -60,7 +60,7 @@ pub struct NbdArgs {
     /// Cap the background load rate (bytes per second, e.g. 200M); default unlimited.
     #[arg(long, value_parser = parse_size)]
     pub load_rate: Option<u64>,
-    /// Log connection events to stderr.
+    /// Log connection events, and the engine's statistics at exit, to stderr.
     #[arg(long, short)]
     pub verbose: bool,
 }
@@ -213,6 +213,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             Err(e) => format!("final flush FAILED: {e}"),
         }
     );
+    if a.verbose {
+        eprintln!("{}", obj.stats());
+    }
     if let Some(f) = obj.failure() {
         eprintln!("dhrd nbd: the export turned read-only after a backing failure: {f}");
     }
