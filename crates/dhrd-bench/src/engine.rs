@@ -26,8 +26,7 @@ use std::time::{Duration, Instant};
 const IO_BYTES: usize = 4096;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-/// Each measurement is repeated and the best kept: noise on shared machines only slows.
-const REPEATS: usize = 3;
+
 /// Interleaved rounds of the read comparison (each `read_ops / READ_ROUNDS` ops).
 const READ_ROUNDS: usize = 15;
 /// Interleaved rounds of the write comparison.
@@ -578,13 +577,18 @@ fn bench_demand(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()
     let chunk = dhrd_engine::DEFAULT_CHUNK_BYTES;
     let nchunks = s.sweep_bytes / chunk;
     let mut r = SplitMix64::new(3);
-    let hot: Vec<u64> = (0..(nchunks / 10).max(1)).map(|_| r.below(nchunks)).collect();
+    let hot: Vec<u64> = (0..(nchunks / 10).max(1))
+        .map(|_| r.below(nchunks))
+        .collect();
     for demand in [false, true] {
         drop_cache(&path)?;
         let t0 = Instant::now();
         let obj = Arc::new(HybridObject::open(
             FileBacking::open(&path, &FileOptions::default())?,
-            ObjectConfig { demand_priority: demand, ..Default::default() },
+            ObjectConfig {
+                demand_priority: demand,
+                ..Default::default()
+            },
         )?);
         let stop = Arc::new(AtomicBool::new(false));
         let (o2, st2, hot2) = (obj.clone(), stop.clone(), hot.clone());
@@ -608,13 +612,28 @@ fn bench_demand(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()
         let loaded = obj.wait_loaded(Some(Duration::from_secs(900)));
         let e = t0.elapsed();
         stop.store(true, Ordering::Relaxed);
-        let (h, n, ram) = reader.join().map_err(|_| anyhow::anyhow!("reader panicked"))?;
+        let (h, n, ram) = reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("reader panicked"))?;
         anyhow::ensure!(loaded, "load did not finish");
-        let name = if demand { "demand priority on" } else { "demand priority off" };
+        let name = if demand {
+            "demand priority on"
+        } else {
+            "demand priority off"
+        };
         rows.push(
-            Row::new("I10: hot-set reads during the load", name, 1, 100.0 * ram as f64 / n.max(1) as f64, "% from RAM")
-                .lat(h.value_at_quantile(0.5) as f64 / 1000.0, h.value_at_quantile(0.99) as f64 / 1000.0)
-                .note(&format!("{n} reads; full load {:.2} s", e.as_secs_f64())),
+            Row::new(
+                "I10: hot-set reads during the load",
+                name,
+                1,
+                100.0 * ram as f64 / n.max(1) as f64,
+                "% from RAM",
+            )
+            .lat(
+                h.value_at_quantile(0.5) as f64 / 1000.0,
+                h.value_at_quantile(0.99) as f64 / 1000.0,
+            )
+            .note(&format!("{n} reads; full load {:.2} s", e.as_secs_f64())),
         );
     }
     let _ = std::fs::remove_file(&path);
