@@ -48,6 +48,19 @@ use std::time::{Duration, Instant};
 const ZERO_BATCH_CHUNKS: u64 = 64;
 /// Page size used to round bulk loads (O_DIRECT needs whole pages).
 const PAGE_BYTES: u64 = 4096;
+/// In `sync` mode the written pages are clean once synced; they are dropped from the
+/// backing's page cache (RAM holds the data) once this many bytes were written, rather
+/// than after every write, which would cost a system call per write.
+const DROP_BEHIND_BYTES: u64 = 32 << 20;
+
+/// How `zero_range` treats the backing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ZeroMode {
+    /// Deallocate where possible (TRIM, punch hole).
+    Punch,
+    /// Keep the range allocated (NBD WRITE_ZEROES with NO_HOLE).
+    Allocate,
+}
 
 /// State of one chunk (SPEC section 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +277,8 @@ struct Inner<D: Durable> {
     dirty: AtomicBool,
     /// A chunk was invalidated under the layout lock; wake the loader once it is released.
     kick_pending: AtomicBool,
+    /// Bytes written in `sync` mode since the backing's cache was last dropped.
+    written_since_drop: AtomicU64,
     flusher_stop: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -354,6 +369,7 @@ impl<D: Durable> HybridObject<D> {
             closed: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             kick_pending: AtomicBool::new(false),
+            written_since_drop: AtomicU64::new(0),
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
             cfg,
         });
@@ -409,7 +425,15 @@ impl<D: Durable> HybridObject<D> {
     /// Zeroes `[offset, offset+len)` (clipped to the length, which never changes): RAM is
     /// zeroed and the backing range punched (TRIM, WRITE_ZEROES, FALLOC_FL_PUNCH_HOLE).
     pub fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
-        let r = self.inner.zero_range(offset, len);
+        let r = self.inner.zero_range(offset, len, ZeroMode::Punch);
+        self.inner.after_request();
+        r
+    }
+
+    /// Like `zero_range`, but the backing range stays allocated (NBD WRITE_ZEROES with
+    /// NO_HOLE, FALLOC_FL_ZERO_RANGE).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let r = self.inner.zero_range(offset, len, ZeroMode::Allocate);
         self.inner.after_request();
         r
     }
@@ -669,6 +693,8 @@ impl<D: Durable> Inner<D> {
         // SAFETY: below the length, hence below the memfd size; the guard moves into the
         // view and pins the mapping.
         let ptr = unsafe { g.ram.slice(offset, n as usize) }.as_ptr();
+        self.stats.reads_ram.add(1);
+        self.stats.bytes_read_ram.add(n);
         Ok(View::Ram(RamView {
             _guard: g,
             ptr,
@@ -875,11 +901,15 @@ impl<D: Durable> Inner<D> {
         if grew {
             self.len.fetch_max(end, Ordering::AcqRel);
         }
-        if self.cfg.durability == Durability::Sync {
-            self.backing.drop_cache(offset, buf.len() as u64);
-        }
         drop(guards);
         drop(layout);
+        if self.cfg.durability == Durability::Sync {
+            let n = buf.len() as u64;
+            if self.written_since_drop.fetch_add(n, Ordering::Relaxed) + n >= DROP_BEHIND_BYTES {
+                self.written_since_drop.store(0, Ordering::Relaxed);
+                self.backing.drop_cache(0, 0);
+            }
+        }
         if grew {
             // Chunks between the old end and this write are Unloaded and now in range; the
             // cursor may have passed them while the object was shorter.
@@ -896,7 +926,7 @@ impl<D: Durable> Inner<D> {
         Ok(())
     }
 
-    fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+    fn zero_range(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
         self.check_writable()?;
         let size = self.len.load(Ordering::Acquire);
         let end = offset.saturating_add(len).min(size);
@@ -908,13 +938,13 @@ impl<D: Durable> Inner<D> {
         let mut pos = offset;
         while pos < end {
             let stop = ((pos / batch_bytes + 1) * batch_bytes).min(end);
-            self.zero_batch(pos, stop)?;
+            self.zero_batch(pos, stop, mode)?;
             pos = stop;
         }
         Ok(())
     }
 
-    fn zero_batch(&self, offset: u64, end: u64) -> Result<()> {
+    fn zero_batch(&self, offset: u64, end: u64, mode: ZeroMode) -> Result<()> {
         let layout = read_guard(&self.layout);
         let (guards, plan) = self.lock_range(&layout, offset, end);
         let len_locked = self.len.load(Ordering::Acquire);
@@ -922,7 +952,11 @@ impl<D: Durable> Inner<D> {
         if offset >= end {
             return Ok(());
         }
-        if let Err(e) = self.backing.zero_range(offset, end - offset) {
+        let r = match mode {
+            ZeroMode::Punch => self.backing.zero_range(offset, end - offset),
+            ZeroMode::Allocate => self.backing.write_zeroes(offset, end - offset),
+        };
+        if let Err(e) = r {
             return Err(self.fail_request(
                 &layout,
                 &plan,

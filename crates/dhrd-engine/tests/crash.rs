@@ -39,6 +39,7 @@ fn apply(o: &HybridObject<Arc<SimBacking>>, op: &Op) -> dhrd_engine::Result<()> 
     match op {
         Op::Write { offset, data } => o.write_at(data, *offset),
         Op::Zero { offset, len } => o.zero_range(*offset, *len),
+        Op::ZeroAlloc { offset, len } => o.write_zeroes(*offset, *len),
         Op::SetLen(l) => o.set_len(*l),
         Op::Flush => o.flush(),
     }

@@ -33,6 +33,7 @@ fn step(max: u64) -> impl Strategy<Value = Step> {
         }),
         4 => (0..max, 1..3 * 4096usize).prop_map(|(offset, len)| Step::Read { offset, len }),
         1 => (0..max, 1..2 * 4096u64).prop_map(|(offset, len)| Step::Op(Op::Zero { offset, len })),
+        1 => (0..max, 1..2 * 4096u64).prop_map(|(offset, len)| Step::Op(Op::ZeroAlloc { offset, len })),
         1 => (0..max).prop_map(|l| Step::Op(Op::SetLen(l))),
         1 => Just(Step::Op(Op::Flush)),
         1 => Just(Step::Restart),
@@ -58,6 +59,7 @@ fn apply(o: &Obj, op: &Op) -> dhrd_engine::Result<()> {
     match op {
         Op::Write { offset, data } => o.write_at(data, *offset),
         Op::Zero { offset, len } => o.zero_range(*offset, *len),
+        Op::ZeroAlloc { offset, len } => o.write_zeroes(*offset, *len),
         Op::SetLen(l) => o.set_len(*l),
         Op::Flush => o.flush(),
     }

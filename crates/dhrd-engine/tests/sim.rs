@@ -84,10 +84,14 @@ impl World {
                 r.fill(&mut data);
                 Op::Write { offset: off, data }
             }
-            6 => Op::Zero {
-                offset: r.below(len + 1),
-                len: 1 + r.below(2 * self.cb),
-            },
+            6 => {
+                let (offset, len) = (r.below(len + 1), 1 + r.below(2 * self.cb));
+                if r.chance(1, 2) {
+                    Op::Zero { offset, len }
+                } else {
+                    Op::ZeroAlloc { offset, len }
+                }
+            }
             7 => Op::SetLen(r.below(len + 3 * self.cb)),
             _ => Op::Flush,
         }
@@ -101,6 +105,7 @@ impl World {
         let r = match &op {
             Op::Write { offset, data } => self.obj.write_at(data, *offset),
             Op::Zero { offset, len } => self.obj.zero_range(*offset, *len),
+            Op::ZeroAlloc { offset, len } => self.obj.write_zeroes(*offset, *len),
             Op::SetLen(l) => self.obj.set_len(*l),
             Op::Flush => self.obj.flush(),
         };

@@ -6,10 +6,9 @@
 //!   in `fsync`/`periodic` a FUA request is followed by `flush` before the reply;
 //! - reads of Loaded ranges may be sent straight from the RAM tier (a borrowed view, no
 //!   copy); the view pins the RAM mapping only while the reply is written;
-//! - WRITE_ZEROES with NO_HOLE writes real zeros in bounded pieces
-//!   ([`ZERO_WRITE_CHUNK_BYTES`]) instead of a buffer of the client's length.
+//! - WRITE_ZEROES with NO_HOLE keeps the range allocated (`write_zeroes`: the backing
+//!   zeroes it in place), without a buffer of the client's length.
 
-use crate::limits::ZERO_WRITE_CHUNK_BYTES;
 use crate::target::Target;
 use crate::NbdError;
 use dhrd_engine::{Durability, HybridObject, View};
@@ -75,16 +74,8 @@ impl<D: Durable> Target for EngineTarget<D> {
         if may_punch {
             self.obj.zero_range(offset, len)?;
         } else {
-            // NO_HOLE: the client wants the range allocated, so write real zeros in
-            // bounded pieces rather than allocate a buffer of the client's length.
-            let zeros = vec![0u8; ZERO_WRITE_CHUNK_BYTES.min(len) as usize];
-            let mut done = 0u64;
-            while done < len {
-                let n = (len - done).min(zeros.len() as u64) as usize;
-                self.obj
-                    .write_at(zeros.get(..n).unwrap_or(&[]), offset + done)?;
-                done += n as u64;
-            }
+            // NO_HOLE: the range must stay allocated (FALLOC_FL_ZERO_RANGE on the backing).
+            self.obj.write_zeroes(offset, len)?;
         }
         self.after_write(fua)
     }

@@ -72,8 +72,6 @@ pub mod limits {
     pub const MAX_CONNECTIONS: usize = 64;
     /// Buffered reader size for request headers and write payloads.
     pub const READ_BUFFER_BYTES: usize = 256 << 10;
-    /// Zeros written per engine call for WRITE_ZEROES with NO_HOLE.
-    pub const ZERO_WRITE_CHUNK_BYTES: u64 = 1 << 20;
     /// How long a graceful shutdown waits for connections to finish in-flight requests.
     pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
     /// Stack size of connection and worker threads (engine calls are shallow; data lives

@@ -8,8 +8,19 @@ use dhrd_io::SplitMix64;
 /// One operation of a workload.
 #[derive(Clone)]
 pub enum Op {
-    Write { offset: u64, data: Vec<u8> },
-    Zero { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
+    /// Zeroes keeping the backing allocated (`write_zeroes`).
+    ZeroAlloc {
+        offset: u64,
+        len: u64,
+    },
     SetLen(u64),
     Flush,
 }
@@ -19,6 +30,7 @@ impl std::fmt::Debug for Op {
         match self {
             Op::Write { offset, data } => write!(f, "Write({offset}, +{})", data.len()),
             Op::Zero { offset, len } => write!(f, "Zero({offset}, +{len})"),
+            Op::ZeroAlloc { offset, len } => write!(f, "ZeroAlloc({offset}, +{len})"),
             Op::SetLen(l) => write!(f, "SetLen({l})"),
             Op::Flush => write!(f, "Flush"),
         }
@@ -89,7 +101,7 @@ impl Model {
                 }
                 self.data[*offset as usize..end].copy_from_slice(data);
             }
-            Op::Zero { offset, len } => {
+            Op::Zero { offset, len } | Op::ZeroAlloc { offset, len } => {
                 let s = (*offset as usize).min(self.data.len());
                 let e = ((*offset + *len) as usize).min(self.data.len());
                 self.data[s..e].fill(0);
@@ -161,7 +173,7 @@ impl CrashOracle {
                         allowed[*offset as usize + j].insert(*b);
                     }
                 }
-                Op::Zero { offset, len } => {
+                Op::Zero { offset, len } | Op::ZeroAlloc { offset, len } => {
                     let e = ((offset + len) as usize).min(allowed.len());
                     for a in allowed.iter_mut().take(e).skip(*offset as usize) {
                         a.insert(0);
