@@ -1104,7 +1104,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         let cb = v.checked_bytes.load(Ordering::Relaxed);
         let written = lock(&v.map).bytes();
         let mm = lock(&v.mismatches).clone();
-        if count == 0 {
+        if count == 0 && cr == 0 {
+            println!(
+                "verify         OK, but nothing to check: no read touched the {written} bytes \
+                 this run wrote (unwritten ranges are not checked)"
+            );
+        } else if count == 0 {
             println!(
                 "verify         OK: {cr} reads checked {cb} bytes against the shadow of {written} \
                  written bytes (unwritten ranges not checked)"
