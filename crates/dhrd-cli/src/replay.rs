@@ -98,7 +98,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub target: PathBuf,
     /// Size of the target span (e.g. 1G); a regular file is created or extended to it.
-    /// Default: the target's current size.
+    /// Default: the target's current size. Trace offsets are folded into this span: offset
+    /// mod span, aligned down (512, or 4096 with --direct), clipped at the end.
     #[arg(long, value_parser = crate::nbd::parse_size)]
     pub size: Option<u64>,
     /// Open the target with O_DIRECT (offsets aligned, lengths rounded up to 4096).
