@@ -17,7 +17,7 @@
 //!   back, and the bytes could revert once the page cache lets them go.
 
 use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
-use crate::stats::{Lat, Stats};
+use crate::stats::{Lat, Stats, C};
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -169,12 +169,12 @@ impl GroupCommit {
             };
             match r {
                 Ok(()) => {
-                    stats.syncs.add(1);
+                    stats.add(C::Syncs, 1);
                     stats.record_batch(target - prev);
                     g.synced = g.synced.max(target);
                 }
                 Err(e) => {
-                    stats.sync_failures.add(1);
+                    stats.add(C::SyncFailures, 1);
                     if is_enospc(&e) {
                         // The covered requests report ENOSPC itself.
                         if g.failed_batches.len() >= FAILED_BATCHES_KEPT {

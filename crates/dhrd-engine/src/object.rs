@@ -33,7 +33,7 @@ use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
 use crate::loader::{LoadResult, LoadTarget, Loader, NextJob};
 use crate::ram::RamRegion;
 use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, WriteHold};
-use crate::stats::{sample_read, Lat, Stats, StatsSnapshot};
+use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use dhrd_io::{read_full, Durable};
@@ -585,12 +585,12 @@ impl<D: Durable> Inner<D> {
         }
         drop(layout);
         if ram_bytes > 0 {
-            self.stats.reads_ram.add(1);
-            self.stats.bytes_read_ram.add(ram_bytes);
+            self.stats.add(C::ReadsRam, 1);
+            self.stats.add(C::BytesReadRam, ram_bytes);
         }
         if backing_bytes > 0 {
-            self.stats.reads_backing.add(1);
-            self.stats.bytes_read_backing.add(backing_bytes);
+            self.stats.add(C::ReadsBacking, 1);
+            self.stats.add(C::BytesReadBacking, backing_bytes);
         }
         if let Some(c) = demanded {
             self.demand(c);
@@ -640,8 +640,8 @@ impl<D: Durable> Inner<D> {
         // SAFETY: below the length, hence below the memfd size; the guard moves into the
         // view and pins the mapping.
         let ptr = unsafe { g.ram.slice(offset, n as usize) }.as_ptr();
-        self.stats.reads_ram.add(1);
-        self.stats.bytes_read_ram.add(n);
+        self.stats.add(C::ReadsRam, 1);
+        self.stats.add(C::BytesReadRam, n);
         Ok(View::Ram(RamView {
             _guard: g,
             ptr,
@@ -675,7 +675,7 @@ impl<D: Durable> Inner<D> {
                     .slot(c)
                     .acquire_write(p.offset, p.offset + p.len, past_end);
             if waited {
-                self.stats.write_waits_on_load.add(1); // I1
+                self.stats.add(C::WriteWaitsOnLoad, 1); // I1
             }
             let plan = match found {
                 Found::Loaded => WritePlan::Mirror,
@@ -712,10 +712,10 @@ impl<D: Durable> Inner<D> {
                     slot.set_state(ChunkState::Loaded);
                     self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
                 } else {
-                    self.stats.write_pieces_backing_only.add(1);
+                    self.stats.add(C::WritePiecesBackingOnly, 1);
                 }
             }),
-            WritePlan::BackingOnly => self.stats.write_pieces_backing_only.add(1),
+            WritePlan::BackingOnly => self.stats.add(C::WritePiecesBackingOnly, 1),
         }
     }
 
@@ -740,7 +740,7 @@ impl<D: Durable> Inner<D> {
         }
         self.budget.release(self.geo.chunk_bytes());
         self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
-        self.stats.chunks_invalidated.add(1);
+        self.stats.add(C::ChunksInvalidated, 1);
         let mut q = self.lq.lock();
         if q.demand.len() < DEMAND_QUEUE_MAX {
             q.demand.push_back(c);
@@ -760,7 +760,7 @@ impl<D: Durable> Inner<D> {
         err: Error,
         len_before: u64,
     ) -> Error {
-        self.stats.writes_failed.add(1);
+        self.stats.add(C::WritesFailed, 1);
         // Part of the request may sit in the backing's cache where reads see it: the next
         // flush must sync it rather than find nothing to do.
         self.commit.issue();
@@ -881,8 +881,8 @@ impl<D: Durable> Inner<D> {
             }
             self.kick_loader();
         }
-        self.stats.writes.add(1);
-        self.stats.bytes_written.add(buf.len() as u64);
+        self.stats.add(C::Writes, 1);
+        self.stats.add(C::BytesWritten, buf.len() as u64);
         self.stats.record(Lat::Write, started.elapsed());
         Ok(())
     }
@@ -894,7 +894,7 @@ impl<D: Durable> Inner<D> {
         if offset >= end {
             return Ok(());
         }
-        self.stats.zero_ranges.add(1);
+        self.stats.add(C::ZeroRanges, 1);
         let batch_bytes = ZERO_BATCH_CHUNKS * self.geo.chunk_bytes();
         let mut pos = offset;
         while pos < end {
@@ -965,7 +965,7 @@ impl<D: Durable> Inner<D> {
             return Ok(());
         }
         self.failure.check()?;
-        self.stats.flushes.add(1);
+        self.stats.add(C::Flushes, 1);
         let t = self.commit.current();
         self.sync_through(t)?;
         if self.dirty.swap(false, Ordering::AcqRel) {
@@ -994,7 +994,7 @@ impl<D: Durable> Inner<D> {
                 size: old,
             });
         }
-        self.stats.set_lens.add(1);
+        self.stats.add(C::SetLens, 1);
         let mut layout = write_guard(&self.layout);
         if let Err(e) = self.backing.set_len(new_len) {
             // The size may or may not have changed: everything the change touches leaves
@@ -1070,6 +1070,8 @@ impl<D: Durable> Inner<D> {
             Ok(LoadClaim::NotNeeded) => return LoadResult::Skipped,
             Err(()) => {
                 self.lq.lock().over_budget.insert(c.0);
+                // Waiters in wait_loaded learn that the load cannot complete.
+                self.load_cv.notify_all();
                 return LoadResult::OverBudget;
             }
         };

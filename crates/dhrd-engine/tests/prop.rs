@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Model, Op};
+use common::{apply, Model, Op};
 use dhrd_engine::{Durability, HybridObject, LoaderConfig, ObjectConfig};
 use dhrd_io::{Durable, SimBacking, SplitMix64};
 use proptest::prelude::*;
@@ -53,16 +53,6 @@ fn open(sim: &Arc<SimBacking>, cb: u64, durability: Durability, rate: Option<u64
         ..Default::default()
     };
     HybridObject::open(sim.clone(), cfg).unwrap_or_else(|e| panic!("open: {e}"))
-}
-
-fn apply(o: &Obj, op: &Op) -> dhrd_engine::Result<()> {
-    match op {
-        Op::Write { offset, data } => o.write_at(data, *offset),
-        Op::Zero { offset, len } => o.zero_range(*offset, *len),
-        Op::ZeroAlloc { offset, len } => o.write_zeroes(*offset, *len),
-        Op::SetLen(l) => o.set_len(*l),
-        Op::Flush => o.flush(),
-    }
 }
 
 proptest! {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{CrashOracle, Model, Op};
+use common::{apply, CrashOracle, Model, Op};
 use dhrd_engine::{Durability, HybridObject, LoadStep, ObjectConfig, RamBudget};
 use dhrd_io::{Fault, FaultKind, SimBacking, SplitMix64};
 use std::sync::Arc;
@@ -102,13 +102,7 @@ impl World {
         if std::env::var_os("DHRD_TRACE").is_some() {
             eprintln!("{ctx}: {op:?}");
         }
-        let r = match &op {
-            Op::Write { offset, data } => self.obj.write_at(data, *offset),
-            Op::Zero { offset, len } => self.obj.zero_range(*offset, *len),
-            Op::ZeroAlloc { offset, len } => self.obj.write_zeroes(*offset, *len),
-            Op::SetLen(l) => self.obj.set_len(*l),
-            Op::Flush => self.obj.flush(),
-        };
+        let r = apply(&self.obj, &op);
         if std::env::var_os("DHRD_TRACE").is_some() {
             eprintln!("{ctx}:   -> {:?}", r.as_ref().map_err(|e| e.to_string()));
         }

@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use dhrd_io::SplitMix64;
+use dhrd_engine::HybridObject;
+use dhrd_io::{Durable, SplitMix64};
 
 /// One operation of a workload.
 #[derive(Clone)]
@@ -34,6 +35,17 @@ impl std::fmt::Debug for Op {
             Op::SetLen(l) => write!(f, "SetLen({l})"),
             Op::Flush => write!(f, "Flush"),
         }
+    }
+}
+
+/// Performs `op` on the object.
+pub fn apply<D: Durable>(o: &HybridObject<D>, op: &Op) -> dhrd_engine::Result<()> {
+    match op {
+        Op::Write { offset, data } => o.write_at(data, *offset),
+        Op::Zero { offset, len } => o.zero_range(*offset, *len),
+        Op::ZeroAlloc { offset, len } => o.write_zeroes(*offset, *len),
+        Op::SetLen(l) => o.set_len(*l),
+        Op::Flush => o.flush(),
     }
 }
 
