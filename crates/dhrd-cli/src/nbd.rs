@@ -14,7 +14,7 @@ use clap::Args;
 use dhrd_engine::{
     Durability, HybridObject, LoaderConfig, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES,
 };
-use dhrd_io::{Durable, FileBacking, FileOptions};
+use dhrd_io::{Durable, FileBacking, FileOptions, WriteSync};
 use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -51,6 +51,11 @@ pub struct NbdArgs {
     /// periodic:N (fsync plus a flush every N seconds).
     #[arg(long, default_value = "sync")]
     pub durability: Durability,
+    /// How writes reach the backing: fdatasync (one shared sync per batch of concurrent
+    /// writers) or dsync (each write opened O_DSYNC, durable on return; concurrent writers
+    /// reach the device in parallel).
+    #[arg(long, default_value = "fdatasync", value_parser = ["fdatasync", "dsync"])]
+    pub backing_sync: String,
     /// Export read-only.
     #[arg(long)]
     pub read_only: bool,
@@ -144,6 +149,11 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             create: !a.read_only,
             min_len: a.size,
             read_only: a.read_only,
+            write_sync: if a.backing_sync == "dsync" {
+                WriteSync::ODsync
+            } else {
+                WriteSync::Fdatasync
+            },
             ..Default::default()
         },
     )

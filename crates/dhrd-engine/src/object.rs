@@ -830,9 +830,10 @@ impl<D: Durable> Inner<D> {
             );
             return Err(err);
         }
-        // 2. Durable before RAM and before the reply in sync mode; shared sync.
+        // 2. Durable before RAM and before the reply in sync mode; shared sync (unless
+        // the backing's writes are durable on return).
         let ticket = self.commit.issue();
-        if self.cfg.durability == Durability::Sync {
+        if self.cfg.durability == Durability::Sync && !self.backing.writes_are_durable() {
             if let Err(e) = self.sync_through(ticket) {
                 let op = BackingOp::Sync;
                 let err = match e {

@@ -37,6 +37,10 @@ fn initial() -> Vec<u8> {
 
 /// Returns how many crash points were exercised.
 fn enumerate(durability: Durability, seed: u64) -> Result<u64, String> {
+    enumerate_on(durability, seed, false)
+}
+
+fn enumerate_on(durability: Durability, seed: u64, dsync: bool) -> Result<u64, String> {
     let ops = workload(seed, OPS, SIZE, CB);
     for n in 0u64.. {
         let sim = Arc::new(SimBacking::from_bytes(
@@ -44,6 +48,7 @@ fn enumerate(durability: Durability, seed: u64) -> Result<u64, String> {
             seed.wrapping_mul(1000) + n,
         ));
         sim.crash_at_op(n);
+        sim.set_dsync(dsync);
         let o = HybridObject::open(sim.clone(), cfg(durability)).map_err(|e| e.to_string())?;
         let mut durable = Model { data: initial() };
         let mut pending: Vec<Op> = Vec::new();
@@ -108,6 +113,17 @@ fn sync_mode_never_loses_an_acknowledged_write() -> Result<(), String> {
     for seed in 1..=4 {
         let points = enumerate(Durability::Sync, seed)?;
         assert!(points > 40, "workload too small: {points} crash points");
+    }
+    Ok(())
+}
+
+/// With an O_DSYNC backing the engine does not sync after writes; acknowledged writes
+/// must survive all the same.
+#[test]
+fn sync_mode_on_a_dsync_backing_never_loses_an_acknowledged_write() -> Result<(), String> {
+    for seed in 21..=24 {
+        let points = enumerate_on(Durability::Sync, seed, true)?;
+        assert!(points > 20, "workload too small: {points} crash points");
     }
     Ok(())
 }

@@ -112,7 +112,12 @@ const THREADS: u64 = 3;
 /// `THREADS*REGION` and moves the length around inside its area.
 #[test]
 fn concurrent_threads_match_their_models() -> Result<(), String> {
-    for seed in 0..6u64 {
+    let seeds = if std::env::var_os("DHRD_SOAK").is_some() {
+        300
+    } else {
+        6
+    };
+    for seed in 0..seeds {
         let base = THREADS * REGION;
         let sim = Arc::new(SimBacking::from_bytes(vec![0x5A; base as usize], seed));
         let rate = [None, Some(200_000), Some(2_000_000)][seed as usize % 3];

@@ -62,6 +62,7 @@ impl Default for FileOptions {
 pub struct FileBacking {
     path: PathBuf,
     file: File,
+    write_sync: WriteSync,
     direct: Option<File>,
     block_device: bool,
     drop_behind: bool,
@@ -107,6 +108,7 @@ impl FileBacking {
         let me = Self {
             path: path.to_path_buf(),
             file,
+            write_sync: opts.write_sync,
             direct,
             block_device: ft.is_block_device(),
             drop_behind: opts.drop_behind,
@@ -246,6 +248,10 @@ impl Durable for FileBacking {
             return Ok(n);
         }
         Ok(n + self.buffered_read(tail, offset + aligned as u64)?)
+    }
+
+    fn writes_are_durable(&self) -> bool {
+        self.write_sync == WriteSync::ODsync
     }
 
     fn drop_cache(&self, offset: u64, len: u64) {

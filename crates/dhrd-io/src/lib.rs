@@ -75,6 +75,14 @@ pub trait Durable: Send + Sync + 'static {
         write_zero_bytes(self, offset, len)
     }
 
+    /// Whether a successful `write_at` is already durable (the backing writes with O_DSYNC
+    /// or to non-volatile memory). The engine then does not wait for a `sync` after a
+    /// write, so concurrent writers reach the device in parallel; other changes
+    /// (`set_len`, `zero_range`) still need `sync`.
+    fn writes_are_durable(&self) -> bool {
+        false
+    }
+
     /// Zeroes a range and keeps it allocated (NBD WRITE_ZEROES with NO_HOLE, fallocate
     /// FALLOC_FL_ZERO_RANGE). Not durable until `sync`. The default writes zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -130,6 +138,9 @@ impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         (**self).write_zeroes(offset, len)
+    }
+    fn writes_are_durable(&self) -> bool {
+        (**self).writes_are_durable()
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -86,6 +86,9 @@ struct Inner {
     crash_at: Option<u64>,
     crashed: Option<CrashImage>,
     capacity_bytes: Option<u64>,
+    /// Writes are durable on return (an O_DSYNC file); the pending log holds only the
+    /// other operations.
+    dsync: bool,
     stats: SimStats,
 }
 
@@ -169,6 +172,7 @@ impl SimBacking {
                 crash_at: None,
                 crashed: None,
                 capacity_bytes: None,
+                dsync: false,
                 stats: SimStats::default(),
             }),
         }
@@ -184,6 +188,11 @@ impl SimBacking {
 
     pub fn clear_faults(&self) {
         self.inner.lock().faults.clear();
+    }
+
+    /// Makes writes durable on return, like a file opened with O_DSYNC.
+    pub fn set_dsync(&self, dsync: bool) {
+        self.inner.lock().dsync = dsync;
     }
 
     /// Growing the image past this many bytes fails with ENOSPC (a full disk).
@@ -312,7 +321,13 @@ impl Durable for SimBacking {
         g.stats.writes += 1;
         g.stats.bytes_written += buf.len() as u64;
         apply(&mut g.volatile, &op, &mut g.rng, false);
-        g.pending.push(op);
+        if g.dsync {
+            // O_DSYNC makes this write durable on return; it says nothing about earlier
+            // unsynced operations, which stay pending.
+            apply(&mut g.durable, &op, &mut g.rng, false);
+        } else {
+            g.pending.push(op);
+        }
         Ok(())
     }
 
@@ -378,6 +393,10 @@ impl Durable for SimBacking {
             apply(&mut img, op, &mut g.rng, false);
         }
         g.volatile = img;
+    }
+
+    fn writes_are_durable(&self) -> bool {
+        self.inner.lock().dsync
     }
 
     fn describe(&self) -> String {

@@ -176,6 +176,9 @@ impl<D: Durable> Durable for Timed<D> {
         self.delay(t, self.profile.write_latency_ns, 0);
         r
     }
+    fn writes_are_durable(&self) -> bool {
+        self.inner.writes_are_durable()
+    }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         let t = Instant::now();
         let r = self.inner.write_zeroes(offset, len);
