@@ -922,8 +922,7 @@ impl Shared {
             return Err(FsError::Errno(libc::ENODATA));
         };
         if size == 0 {
-            let mut empty: [u8; 0] = [];
-            let n = rustix::fs::fgetxattr(&fd, name, &mut empty[..])?;
+            let n = rustix::fs::fgetxattr_query(&fd, name)?;
             return Ok(vec![0u8; n]);
         }
         let mut buf = vec![0u8; size as usize];
@@ -937,8 +936,7 @@ impl Shared {
             return Ok(Vec::new());
         };
         if size == 0 {
-            let mut empty: [u8; 0] = [];
-            let n = rustix::fs::flistxattr(&fd, &mut empty[..])?;
+            let n = rustix::fs::flistxattr_query(&fd)?;
             return Ok(vec![0u8; n]);
         }
         let mut buf = vec![0u8; size as usize];
