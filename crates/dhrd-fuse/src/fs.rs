@@ -115,6 +115,7 @@ struct Handle {
     key: u64,
     obj: Obj,
     passthrough: bool,
+    writable: bool,
 }
 
 /// Entries of an open directory, read once at opendir (offsets are indexes into it).
@@ -425,12 +426,16 @@ impl Shared {
     }
 
     /// Chooses the read path of one open and registers the handle.
-    fn open_reply(&self, key: u64, obj: Obj, writable: bool, reply: ReplyOpen) {
+    fn open_reply(&self, key: u64, obj: Obj, writable: bool, mode: u32, reply: ReplyOpen) {
         let fh = self.new_fh();
+        // auto: only files nobody is meant to write (no write permission bits), because a
+        // later writable open of an inode with passthrough opens must be refused (see
+        // objects.rs); passthrough: every read-only open of a loaded file.
+        let no_write_bits = mode & 0o222 == 0;
         let want_pt = !writable
             && self.passthrough_negotiated.load(Ordering::Acquire)
             && match self.cfg.read_path {
-                ReadPath::Auto => obj.is_fully_loaded(),
+                ReadPath::Auto => no_write_bits && obj.is_fully_loaded(),
                 ReadPath::Passthrough => {
                     obj.is_fully_loaded() || obj.wait_loaded(Some(PASSTHROUGH_LOAD_WAIT))
                 }
@@ -439,8 +444,9 @@ impl Shared {
         if want_pt {
             match self
                 .objects
-                .passthrough_id(key, |o| reply.open_backing(o.ram_fd()))
-            {
+                .passthrough_id(key, self.cfg.read_path == ReadPath::Auto, |o| {
+                    reply.open_backing(o.ram_fd())
+                }) {
                 Ok(id) => {
                     self.handles.write().insert(
                         fh,
@@ -448,12 +454,14 @@ impl Shared {
                             key,
                             obj,
                             passthrough: true,
+                            writable,
                         },
                     );
                     self.stats.opens_passthrough.fetch_add(1, Ordering::Relaxed);
                     reply.opened_passthrough(FileHandle(fh.0), FopenFlags::empty(), &id);
                     return;
                 }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => {
                     // Fall back to the direct path: correct, only slower.
                     eprintln!("dhrd: passthrough registration failed ({e}); using the direct path");
@@ -467,6 +475,7 @@ impl Shared {
                 key,
                 obj,
                 passthrough: false,
+                writable,
             },
         );
         reply.opened(FileHandle(fh.0), flags);
@@ -805,7 +814,9 @@ impl Shared {
         let attr = self.lookup_in(parent, &pfd, name)?;
         let key = st.st_ino;
         let label = self.display_name(Ino(attr.ino.0));
-        let obj = self.objects.acquire(key, &label, || Ok(File::from(fd)))?;
+        let obj = self
+            .objects
+            .acquire(key, &label, true, || Ok(File::from(fd)))?;
         Ok((attr, key, obj))
     }
 
@@ -1208,10 +1219,18 @@ impl Filesystem for DhrdFs {
         let ino = Ino(ino.0);
         let key = sh.dir.backing_ino(ino.0);
         let name = sh.display_name(ino);
-        match sh.objects.acquire(key, &name, || sh.open_backing_file(ino)) {
+        let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        let mut mode = 0u32;
+        let r = sh.objects.acquire(key, &name, writable, || {
+            let f = sh.open_backing_file(ino)?;
+            Ok(f)
+        });
+        match r {
             Ok(obj) => {
-                let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
-                sh.open_reply(key, obj, writable, reply);
+                if let Ok(st) = sys::fstat(obj.backing().file().as_fd()) {
+                    mode = st.st_mode;
+                }
+                sh.open_reply(key, obj, writable, mode, reply);
             }
             Err(e) => reply.error(sh.count_err(&e)),
         }
@@ -1280,7 +1299,7 @@ impl Filesystem for DhrdFs {
                 self.sh.objects.passthrough_release(h.key);
             }
             drop(h.obj);
-            self.sh.objects.release(h.key);
+            self.sh.objects.release(h.key, h.writable);
         }
         reply.ok();
     }
@@ -1438,6 +1457,7 @@ impl Filesystem for DhrdFs {
                         key,
                         obj,
                         passthrough: false,
+                        writable: true,
                     },
                 );
                 reply.created(&ATTR_TTL, &attr, Generation(0), FileHandle(fh.0), fl);

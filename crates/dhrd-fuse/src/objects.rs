@@ -8,6 +8,11 @@
 //!   (`CLOSED_OBJECTS_MAX`); beyond it the oldest is flushed and dropped, and its data is
 //!   served from the backing again on the next open until it is reloaded.
 //! - An object whose backing file has no links left is dropped at its last close.
+//! - Kernel rule for passthrough (fs/fuse/iomode.c): while an inode has passthrough opens,
+//!   every new open of it must be passthrough too. Passthrough writes would bypass the
+//!   daemon (and durability), so a writable open of an inode with passthrough opens is
+//!   refused with ETXTBSY (like writing a running executable), decided under the map lock
+//!   together with the passthrough registration so the two cannot race.
 //! - A closed object whose backing file changed behind the daemon's back (size or mtime
 //!   differ from what was recorded at close) is dropped at the next open and reloaded.
 //!
@@ -38,6 +43,8 @@ type Signature = (i64, i64, i64);
 struct Entry {
     obj: Obj,
     opens: u32,
+    /// Writable opens among `opens`.
+    writers: u32,
     /// Position in the LRU while closed.
     tick: Option<u64>,
     closed_sig: Option<Signature>,
@@ -74,19 +81,21 @@ impl Objects {
 
     /// Returns the object of backing inode `key`, creating it with the file `open` returns
     /// when there is none. Counts one open; pair with [`release`](Self::release).
+    /// A writable open fails with ETXTBSY while the inode has passthrough opens.
     pub fn acquire(
         &self,
         key: u64,
         name: &str,
+        writable: bool,
         open: impl FnOnce() -> Result<File>,
     ) -> Result<Obj> {
-        self.get_or_create(key, name, open, true)
+        self.get_or_create(key, name, open, Some(writable))
     }
 
     /// Like `acquire` without counting an open (preloader, truncate of a closed file).
     /// The object lands in the closed LRU.
     pub fn touch(&self, key: u64, name: &str, open: impl FnOnce() -> Result<File>) -> Result<Obj> {
-        self.get_or_create(key, name, open, false)
+        self.get_or_create(key, name, open, None)
     }
 
     fn get_or_create(
@@ -94,7 +103,7 @@ impl Objects {
         key: u64,
         name: &str,
         open: impl FnOnce() -> Result<File>,
-        count_open: bool,
+        count_open: Option<bool>,
     ) -> Result<Obj> {
         let mut dropped = Vec::new();
         let obj = {
@@ -131,6 +140,7 @@ impl Objects {
                     Entry {
                         obj,
                         opens: 0,
+                        writers: 0,
                         tick: Some(tick),
                         closed_sig: None,
                         passthrough: None,
@@ -141,8 +151,14 @@ impl Objects {
             let Some(e) = inner.map.get_mut(&key) else {
                 return Err(crate::error::FsError::Stale);
             };
-            if count_open {
+            if let Some(writable) = count_open {
+                if writable && e.passthrough_opens > 0 {
+                    return Err(crate::error::FsError::Errno(libc::ETXTBSY));
+                }
                 e.opens += 1;
+                if writable {
+                    e.writers += 1;
+                }
                 if let Some(t) = e.tick.take() {
                     inner.lru.remove(&t);
                 }
@@ -157,7 +173,7 @@ impl Objects {
 
     /// Counts one close. At the last close the object goes to the LRU, or is dropped when
     /// its file has no links left.
-    pub fn release(&self, key: u64) {
+    pub fn release(&self, key: u64, writable: bool) {
         let mut dropped = Vec::new();
         {
             let mut g = self.inner.lock();
@@ -165,6 +181,9 @@ impl Objects {
             let mut unlinked = false;
             if let Some(e) = inner.map.get_mut(&key) {
                 e.opens = e.opens.saturating_sub(1);
+                if writable {
+                    e.writers = e.writers.saturating_sub(1);
+                }
                 if e.opens == 0 {
                     let st = sys::fstat(e.obj.backing().file().as_fd()).ok();
                     unlinked = st.map(|s| s.st_nlink == 0).unwrap_or(false);
@@ -225,15 +244,20 @@ impl Objects {
     }
 
     /// Registers (or reuses) the passthrough backing id of `key` for one more open.
+    /// With `only_if_no_writers`, refuses (EBUSY) while the inode has writable opens.
     pub fn passthrough_id(
         &self,
         key: u64,
+        only_if_no_writers: bool,
         make: impl FnOnce(&Obj) -> std::io::Result<fuser::BackingId>,
     ) -> std::io::Result<Arc<fuser::BackingId>> {
         let mut g = self.inner.lock();
         let Some(e) = g.map.get_mut(&key) else {
             return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
         };
+        if only_if_no_writers && e.writers > 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EBUSY));
+        }
         let id = match &e.passthrough {
             Some(id) => id.clone(),
             None => {
