@@ -36,6 +36,9 @@ pub struct MountArgs {
     /// Background loader threads shared by all files.
     #[arg(long, default_value_t = 2)]
     pub loader_threads: usize,
+    /// Cap on the background load rate in bytes per second, e.g. 200M (default: none).
+    #[arg(long)]
+    pub load_rate: Option<String>,
     /// FUSE worker threads.
     #[arg(long, default_value_t = dhrd_fuse::daemon::FUSE_THREADS_DEFAULT)]
     pub threads: usize,
@@ -105,6 +108,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
             mem_bytes,
             chunk_bytes,
             loader_threads: a.loader_threads.max(1),
+            load_rate: a.load_rate.as_deref().map(parse_size).transpose()?,
             preload: !a.no_preload,
         },
         allow_other: a.allow_other,

@@ -106,6 +106,8 @@ pub struct FsConfig {
     /// Chunk size of each object; None = the engine's default.
     pub chunk_bytes: Option<u64>,
     pub loader_threads: usize,
+    /// Cap on the background load rate (bytes/s), shared by all files.
+    pub load_rate: Option<u64>,
     /// Walk the tree after mounting and load files in the background.
     pub preload: bool,
 }
@@ -216,6 +218,7 @@ impl Shared {
         let budget = RamBudget::new(cfg.mem_bytes);
         let loader = dhrd_engine::Loader::new(dhrd_engine::LoaderConfig {
             threads: cfg.loader_threads,
+            rate_bytes_per_s: cfg.load_rate,
             ..Default::default()
         })?;
         let mut base = dhrd_engine::ObjectConfig {
