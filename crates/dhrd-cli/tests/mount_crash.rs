@@ -3,6 +3,7 @@
 //! still loading); the daemon is SIGKILLed at random moments, also right after the mount
 //! while the initial load runs; after a remount every acknowledged record must be intact.
 //! 20 rounds by default, 100 with DHRD_SOAK=1.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod common;
 use common::*;

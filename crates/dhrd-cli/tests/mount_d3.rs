@@ -1,6 +1,7 @@
 //! SPEC D3 across processes for every read path: a read that starts after a write returned
 //! sees it, whether the write came from another process, another descriptor, or a shared
 //! mapping; the reader may be a passthrough open, a direct open, a cached open or a mapping.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod common;
 use common::*;
@@ -160,8 +161,7 @@ fn d3_for(read_path: &str) {
                 "{read_path}: writable mmap failed: {}",
                 std::io::Error::last_os_error()
             );
-            rw.write_all_at(&[b'D'], (5 * PAGE) as u64)
-                .expect("pwrite D");
+            rw.write_all_at(b"D", (5 * PAGE) as u64).expect("pwrite D");
         }
     }
 

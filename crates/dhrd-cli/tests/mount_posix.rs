@@ -1,5 +1,6 @@
 //! POSIX operations on a dhrd mount compared with the same operations on a plain directory
 //! (real FUSE mount; needs root and /dev/fuse).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod common;
 use common::*;
@@ -7,7 +8,7 @@ use std::ffi::{CString, OsStr};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 fn cpath(p: &Path) -> CString {
@@ -111,6 +112,7 @@ fn exercise(root: &Path) -> Vec<String> {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .open(p("b"))
             .expect("b");
         f.write_all_at(&[7u8; 10_000], 3).expect("pw");
@@ -148,6 +150,7 @@ fn exercise(root: &Path) -> Vec<String> {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .open(p("big"))
             .expect("big");
         f.write_all_at(b"past4g", (5u64 << 30) + 123)
@@ -168,6 +171,7 @@ fn exercise(root: &Path) -> Vec<String> {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .open(p("fa"))
             .expect("fa");
         f.write_all_at(&[9u8; 8192], 0).expect("fa w");

@@ -1,6 +1,6 @@
 //! Shared helpers of the FUSE integration tests: scratch directories and a mount guard that
 //! always cleans up (unmount on Drop, even when the test panics).
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
