@@ -14,7 +14,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Log records: unaligned, so they take the buffered write + fdatasync path.
 const REC: usize = 512;
+/// Big-file records: block-aligned, so they take the O_DIRECT|O_DSYNC path.
+const BIG_REC: usize = 4096;
 const MAGIC: u64 = 0x4448_5244_5245_4331; // "DHRDREC1"
 const BIG_BYTES: u64 = 64 << 20;
 const WRITERS: u64 = 2;
@@ -33,20 +36,24 @@ fn mix(mut z: u64) -> u64 {
 }
 
 fn record(id: Id) -> Vec<u8> {
-    let mut r = vec![0u8; REC];
+    record_len(id, REC)
+}
+
+fn record_len(id: Id, len: usize) -> Vec<u8> {
+    let mut r = vec![0u8; len];
     let words = [MAGIC, id.round, id.thread, id.seq];
     for (i, w) in words.iter().enumerate() {
         r[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
     }
     let mut h = mix(id.round ^ (id.thread << 20) ^ (id.seq << 32));
-    for chunk in r[32..REC - 8].chunks_mut(8) {
+    for chunk in r[32..len - 8].chunks_mut(8) {
         h = mix(h);
         chunk.copy_from_slice(&h.to_le_bytes()[..chunk.len()]);
     }
-    let sum = r[..REC - 8]
+    let sum = r[..len - 8]
         .iter()
         .fold(0u64, |a, b| mix(a ^ u64::from(*b)));
-    r[REC - 8..].copy_from_slice(&sum.to_le_bytes());
+    r[len - 8..].copy_from_slice(&sum.to_le_bytes());
     r
 }
 
@@ -83,8 +90,8 @@ fn writer(mnt: &Path, round: u64, thread: u64, acked: Arc<Mutex<Acked>>) {
     let mut rng = Rng(mix(round * 1000 + thread + 1));
     for seq in 0.. {
         let id = Id { round, thread, seq };
-        let rec = record(id);
         if seq % 2 == 0 {
+            let rec = record(id);
             if log.write_all_at(&rec, seq / 2 * REC as u64).is_err() {
                 return;
             }
@@ -94,13 +101,14 @@ fn writer(mnt: &Path, round: u64, thread: u64, acked: Arc<Mutex<Acked>>) {
                 .logs
                 .insert((round, thread), seq / 2 + 1);
         } else {
-            let slot = rng.below(BIG_BYTES / REC as u64);
+            let rec = record_len(id, BIG_REC);
+            let slot = rng.below(BIG_BYTES / BIG_REC as u64);
             {
                 let mut a = acked.lock().unwrap();
                 let e = a.slots.entry(slot).or_insert_with(|| vec![None]);
                 e.push(Some(id));
             }
-            let ok = big.write_all_at(&rec, slot * REC as u64).is_ok();
+            let ok = big.write_all_at(&rec, slot * BIG_REC as u64).is_ok();
             let mut a = acked.lock().unwrap();
             if ok {
                 // Acknowledged: from now on only this record is allowed in the slot.
@@ -140,13 +148,13 @@ fn verify(mnt: &Path, acked: &Acked) -> usize {
         .read(true)
         .open(mnt.join("big"))
         .expect("big");
-    let mut buf = vec![0u8; REC];
+    let mut buf = vec![0u8; BIG_REC];
     for (&slot, allowed) in &acked.slots {
-        big.read_exact_at(&mut buf, slot * REC as u64)
+        big.read_exact_at(&mut buf, slot * BIG_REC as u64)
             .expect("read slot");
         let ok = allowed.iter().any(|a| match a {
             None => buf.iter().all(|b| *b == 0),
-            Some(id) => buf == record(*id),
+            Some(id) => buf == record_len(*id, BIG_REC),
         });
         assert!(ok, "big slot {slot}: content matches none of {allowed:?}");
         checked += 1;

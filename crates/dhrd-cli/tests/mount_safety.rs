@@ -175,3 +175,57 @@ fn status_reports_load_ram_and_durability() {
     }
     drop(m);
 }
+
+#[test]
+fn backing_full_fails_that_write_with_enospc_and_keeps_the_file_writable() {
+    let s = Scratch::new("enospc");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let (ok, out) = sh(&format!(
+        "mount -t tmpfs -o size=2M tmpfs {}",
+        backing.display()
+    ));
+    assert!(ok, "tmpfs: {out}");
+    struct Umount(std::path::PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _t = Umount(backing.clone());
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mnt.join("fill"))
+        .expect("create");
+    use std::os::unix::fs::FileExt;
+    let chunk = vec![7u8; 64 << 10];
+    let mut written = 0u64;
+    let err = loop {
+        match f.write_all_at(&chunk, written) {
+            Ok(()) => written += chunk.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(written < (8 << 20), "tmpfs of 2 MiB never filled up");
+    };
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "expected ENOSPC, got {err}"
+    );
+    // Everything acknowledged reads back; nothing of the failed write is visible past it.
+    let mut buf = vec![0u8; written as usize];
+    f.read_exact_at(&mut buf, 0).expect("read back");
+    assert!(buf.iter().all(|b| *b == 7));
+    // Free space: the same file is writable again (no sticky failure for ENOSPC).
+    f.set_len(0).expect("truncate");
+    f.write_all_at(b"again", 0)
+        .expect("write after freeing space");
+    let st = m.status();
+    assert!(st.contains("read-only:       no"), "{st}");
+    drop(f);
+    drop(m);
+}
