@@ -17,6 +17,7 @@
 //!   second copy of the data in the page cache (drop-behind, SPEC I8).
 //! - `pending` is cleared before the `fdatasync` starts and restored if it fails, so a
 //!   buffered write that completed before any `sync` call began is covered by that sync.
+//!
 //! Crash semantics are the kernel's: what `fdatasync` returned `Ok` for is on the device.
 
 use dhrd_io::Durable;
@@ -108,8 +109,9 @@ impl ConfinedFile {
 
     /// Writes an aligned block durably through O_DIRECT|O_DSYNC; false if not applicable.
     fn write_direct(&self, buf: &[u8], offset: u64) -> io::Result<bool> {
-        let aligned =
-            !buf.is_empty() && offset % DIRECT_ALIGN as u64 == 0 && buf.len() % DIRECT_ALIGN == 0;
+        let aligned = !buf.is_empty()
+            && offset & (DIRECT_ALIGN as u64 - 1) == 0
+            && buf.len() & (DIRECT_ALIGN - 1) == 0;
         if !aligned {
             return Ok(false);
         }
