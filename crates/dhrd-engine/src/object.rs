@@ -248,6 +248,8 @@ struct Inner<D: Durable> {
     closed: AtomicBool,
     /// fsync modes: some write reached the backing's page cache since the last flush.
     dirty: AtomicBool,
+    /// A chunk was invalidated under the layout lock; wake the loader once it is released.
+    kick_pending: AtomicBool,
     flusher_stop: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -333,6 +335,7 @@ impl<D: Durable> HybridObject<D> {
             me: me.clone(),
             closed: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            kick_pending: AtomicBool::new(false),
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
             cfg,
         });
@@ -376,13 +379,17 @@ impl<D: Durable> HybridObject<D> {
     }
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.inner.write_at(buf, offset)
+        let r = self.inner.write_at(buf, offset);
+        self.inner.after_request();
+        r
     }
 
     /// Zeroes `[offset, offset+len)` (clipped to the length, which never changes): RAM is
     /// zeroed and the backing range punched (TRIM, WRITE_ZEROES, FALLOC_FL_PUNCH_HOLE).
     pub fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.zero_range(offset, len)
+        let r = self.inner.zero_range(offset, len);
+        self.inner.after_request();
+        r
     }
 
     /// Makes every completed write durable (fsync, NBD FLUSH).
@@ -391,7 +398,9 @@ impl<D: Durable> HybridObject<D> {
     }
 
     pub fn set_len(&self, len: u64) -> Result<()> {
-        self.inner.set_len(len)
+        let r = self.inner.set_len(len);
+        self.inner.after_request();
+        r
     }
 
     /// A borrowed zero-copy view of `[offset, offset+len)` if every chunk in it is Loaded.
@@ -456,6 +465,13 @@ impl<D: Durable> HybridObject<D> {
 impl<D: Durable> Inner<D> {
     fn weak_target(&self) -> Weak<dyn LoadTarget> {
         self.me.clone()
+    }
+
+    /// Runs after a mutating request has released every lock.
+    fn after_request(&self) {
+        if self.kick_pending.swap(false, Ordering::AcqRel) {
+            self.kick_loader();
+        }
     }
 
     fn kick_loader(&self) {
@@ -692,7 +708,11 @@ impl<D: Durable> Inner<D> {
         let mut q = self.lq.lock();
         if q.demand.len() < DEMAND_QUEUE_MAX {
             q.demand.push_back(c);
+        } else {
+            q.cursor = q.cursor.min(c.0);
         }
+        drop(q);
+        self.kick_pending.store(true, Ordering::Release);
     }
 
     /// Handles a backing failure of a request that may have reached the backing.
@@ -1158,6 +1178,9 @@ impl<D: Durable> Inner<D> {
             if self.is_fully_loaded() {
                 return true;
             }
+            if self.closed.load(Ordering::Acquire) {
+                return false;
+            }
             let stuck = self.loader.is_none() || !q.failed.is_empty() || !q.over_budget.is_empty();
             if stuck && q.retries.is_empty() && q.demand.is_empty() {
                 return false;
@@ -1176,7 +1199,8 @@ impl<D: Durable> Inner<D> {
     }
 
     fn verify_mirror(&self) -> std::result::Result<(), String> {
-        let layout = read_guard(&self.layout);
+        // Exclusive: stops the loader and every request, so states and counters hold still.
+        let layout = write_guard(&self.layout);
         let len = self.len.load(Ordering::Acquire);
         let blen = self.backing.len().map_err(|e| e.to_string())?;
         if blen != len {
@@ -1195,7 +1219,6 @@ impl<D: Durable> Inner<D> {
         for i in 0..self.geo.chunks_for(len) {
             let c = ChunkIndex(i);
             let slot = layout.slot(c);
-            let _g = slot.lock.lock();
             let start = self.geo.start_of(c);
             let n = (self.geo.end_of(c).min(len) - start) as usize;
             let (r, d) = (

@@ -9,8 +9,10 @@
 //! or, for writes, torn at 512-byte sector granularity: any subset of the write's sectors
 //! survives. All choices come from a seeded [`SplitMix64`], so a run replays exactly.
 //!
-//! Faults are injected by operation index (every call of a trait method counts one op):
-//! EIO or ENOSPC, once or from then on. A failing write may leave a torn prefix behind in
+//! Faults are injected by operation index. Mutating operations (`write_at`, `sync`,
+//! `set_len`, `zero_range`) are numbered 0, 1, 2, ... in one sequence; reads are numbered in
+//! a separate one, so a background loader's reads do not shift where a crash or fault lands
+//! in a foreground workload. EIO or ENOSPC, once or from then on. A failing write may leave a torn prefix behind in
 //! the volatile image, and a failing sync pushes a random subset of the pending log to the
 //! durable image and then forgets the rest (the Linux "fsyncgate" behaviour), which is the
 //! hostile case the engine must survive.
@@ -36,8 +38,8 @@ impl FaultKind {
     }
 }
 
-/// A scheduled fault: operation number `at_op` (0-based) fails with `kind`; with `persist`,
-/// every later operation of the same class (`reads` decides) fails too.
+/// A scheduled fault: operation number `at_op` (0-based, in the mutating sequence, or in the
+/// read sequence when `reads`) fails with `kind`; with `persist`, every later one fails too.
 #[derive(Debug, Clone, Copy)]
 pub struct Fault {
     pub at_op: u64,
@@ -49,7 +51,10 @@ pub struct Fault {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimStats {
+    /// Mutating operations started (the numbering faults and crashes use).
     pub ops: u64,
+    /// Read operations started (their own numbering).
+    pub read_ops: u64,
     pub reads: u64,
     pub writes: u64,
     pub syncs: u64,
@@ -186,7 +191,7 @@ impl SimBacking {
         self.inner.lock().capacity_bytes = capacity_bytes;
     }
 
-    /// Power is cut when operation number `op` starts: the crash image is taken then, and
+    /// Power is cut when mutating operation number `op` starts: the crash image is taken then, and
     /// that operation and every later one fail with EIO.
     pub fn crash_at_op(&self, op: u64) {
         self.inner.lock().crash_at = Some(op);
@@ -226,10 +231,18 @@ impl SimBacking {
 
     /// Counts the op and returns the fault to apply to it, if any.
     fn begin_op(g: &mut Inner, is_read: bool) -> Option<FaultKind> {
-        let op = g.stats.ops;
-        g.stats.ops += 1;
+        let op = if is_read {
+            g.stats.read_ops
+        } else {
+            g.stats.ops
+        };
+        if is_read {
+            g.stats.read_ops += 1;
+        } else {
+            g.stats.ops += 1;
+        }
         if let Some(at) = g.crash_at {
-            if op >= at {
+            if g.crashed.is_some() || (!is_read && op >= at) {
                 if g.crashed.is_none() {
                     let img = Self::take_crash(g);
                     g.crashed = Some(img);
@@ -239,7 +252,7 @@ impl SimBacking {
         }
         g.faults
             .iter()
-            .find(|f| (f.at_op == op || (f.persist && op >= f.at_op)) && (!is_read || f.reads))
+            .find(|f| (f.at_op == op || (f.persist && op >= f.at_op)) && is_read == f.reads)
             .map(|f| f.kind)
     }
 

@@ -1,0 +1,181 @@
+//! Shared test helpers: a seeded workload generator and an oracle that knows, for every
+//! byte, which values a crash may legally leave there.
+
+#![allow(dead_code)]
+
+use dhrd_io::SplitMix64;
+use std::collections::BTreeSet;
+
+/// One operation of a workload.
+#[derive(Clone)]
+pub enum Op {
+    Write { offset: u64, data: Vec<u8> },
+    Zero { offset: u64, len: u64 },
+    SetLen(u64),
+    Flush,
+}
+
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Write { offset, data } => write!(f, "Write({offset}, +{})", data.len()),
+            Op::Zero { offset, len } => write!(f, "Zero({offset}, +{len})"),
+            Op::SetLen(l) => write!(f, "SetLen({l})"),
+            Op::Flush => write!(f, "Flush"),
+        }
+    }
+}
+
+/// A deterministic mixed workload over an object of about `size` bytes with chunks of `cb`.
+pub fn workload(seed: u64, n: usize, size: u64, cb: u64) -> Vec<Op> {
+    let mut r = SplitMix64::new(seed);
+    let mut ops = Vec::with_capacity(n);
+    let mut len = size;
+    for i in 0..n {
+        let k = r.below(100);
+        let op = if k < 65 {
+            // Sizes from 1 byte to a few chunks, offsets anywhere incl. past the end.
+            let l = match r.below(4) {
+                0 => 1 + r.below(16),
+                1 => 1 + r.below(cb),
+                2 => cb,
+                _ => 1 + r.below(3 * cb),
+            };
+            let off = if r.chance(1, 8) {
+                len + r.below(cb)
+            } else {
+                r.below(len.max(1))
+            };
+            let mut data = vec![0u8; l as usize];
+            r.fill(&mut data);
+            // Make every write's bytes distinguishable from zeros and from other writes.
+            for (j, b) in data.iter_mut().enumerate() {
+                if *b == 0 {
+                    *b = (i as u8).wrapping_add(j as u8) | 1;
+                }
+            }
+            len = len.max(off + l);
+            Op::Write { offset: off, data }
+        } else if k < 75 {
+            let off = r.below(len.max(1));
+            Op::Zero {
+                offset: off,
+                len: 1 + r.below(2 * cb),
+            }
+        } else if k < 85 {
+            let nl = r.below(size + size / 2);
+            len = nl;
+            Op::SetLen(nl)
+        } else {
+            Op::Flush
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+/// Sequential model of the object's content.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    pub data: Vec<u8>,
+}
+
+impl Model {
+    pub fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Write { offset, data } => {
+                let end = *offset as usize + data.len();
+                if self.data.len() < end {
+                    self.data.resize(end, 0);
+                }
+                self.data[*offset as usize..end].copy_from_slice(data);
+            }
+            Op::Zero { offset, len } => {
+                let s = (*offset as usize).min(self.data.len());
+                let e = ((*offset + *len) as usize).min(self.data.len());
+                self.data[s..e].fill(0);
+            }
+            Op::SetLen(l) => self.data.resize(*l as usize, 0),
+            Op::Flush => {}
+        }
+    }
+}
+
+/// Per-byte sets of values a crash may leave: the durable state plus anything written by
+/// operations that were not yet durable.
+pub struct CrashOracle {
+    pub allowed: Vec<BTreeSet<u8>>,
+    pub len_min: u64,
+    pub len_max: u64,
+}
+
+impl CrashOracle {
+    /// `durable` is the content known durable; `uncertain` are the operations after it that
+    /// may have reached the disk in whole, in part, or not at all.
+    pub fn new(durable: &Model, uncertain: &[Op]) -> Self {
+        let mut len_min = durable.data.len() as u64;
+        let mut len_max = len_min;
+        let mut cur = len_min;
+        for op in uncertain {
+            match op {
+                Op::Write { offset, data } => {
+                    cur = cur.max(offset + data.len() as u64);
+                    len_max = len_max.max(cur);
+                }
+                Op::SetLen(l) => {
+                    cur = *l;
+                    len_min = len_min.min(*l);
+                    len_max = len_max.max(*l);
+                }
+                _ => {}
+            }
+        }
+        let mut allowed: Vec<BTreeSet<u8>> = (0..len_max as usize)
+            .map(|i| BTreeSet::from([durable.data.get(i).copied().unwrap_or(0)]))
+            .collect();
+        let mut shrunk_to = u64::MAX;
+        for op in uncertain {
+            match op {
+                Op::Write { offset, data } => {
+                    for (j, b) in data.iter().enumerate() {
+                        allowed[*offset as usize + j].insert(*b);
+                    }
+                }
+                Op::Zero { offset, len } => {
+                    let e = ((offset + len) as usize).min(allowed.len());
+                    for a in allowed.iter_mut().take(e).skip(*offset as usize) {
+                        a.insert(0);
+                    }
+                }
+                Op::SetLen(l) => shrunk_to = shrunk_to.min(*l),
+                Op::Flush => {}
+            }
+        }
+        // After a possible shrink, anything past it may have come back as zeros.
+        for a in allowed.iter_mut().skip(shrunk_to.min(len_max) as usize) {
+            a.insert(0);
+        }
+        Self {
+            allowed,
+            len_min,
+            len_max,
+        }
+    }
+
+    /// Describes the first violation, if any.
+    pub fn check(&self, got: &[u8]) -> Result<(), String> {
+        let l = got.len() as u64;
+        if l < self.len_min || l > self.len_max {
+            return Err(format!(
+                "length {l} outside [{}, {}]",
+                self.len_min, self.len_max
+            ));
+        }
+        for (i, b) in got.iter().enumerate() {
+            if !self.allowed[i].contains(b) {
+                return Err(format!("byte {i} is {b}, allowed {:?}", self.allowed[i]));
+            }
+        }
+        Ok(())
+    }
+}
