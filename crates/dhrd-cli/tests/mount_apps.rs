@@ -61,6 +61,7 @@ fn sqlite_case(journal: &str) {
     let mut lines = BufReader::new(stdout).lines();
     let mut killed = false;
     let mut m = Some(m);
+    let mut dead = None;
     while let Some(Ok(l)) = lines.next() {
         if let Some(id) = l.strip_prefix("ok|") {
             committed.push(id.parse::<u64>().expect("id"));
@@ -69,17 +70,22 @@ fn sqlite_case(journal: &str) {
             && (committed.len() >= SQLITE_KILL_AFTER_COMMITS || t.elapsed() > SQLITE_KILL_AFTER)
         {
             if let Some(m) = m.take() {
-                m.kill9();
+                dead = Some(m.kill9_keep_mount());
             }
             killed = true;
         }
     }
     if let Some(m) = m.take() {
-        m.kill9();
+        dead = Some(m.kill9_keep_mount());
     }
+    // sqlite3 ends on the dead mount (ENOTCONN) before it is removed, so it cannot create
+    // a journal in the bare mountpoint directory.
     let _ = child.kill();
     let _ = child.wait();
     let _ = feeder.join();
+    if let Some(d) = dead {
+        force_unmount(&d);
+    }
     assert!(
         committed.len() > 10,
         "too few transactions before the kill: {}",

@@ -162,6 +162,19 @@ impl Mount {
         c.wait().expect("wait")
     }
 
+    /// SIGKILL the daemon but leave the dead mount in place (requests on it fail with
+    /// ENOTCONN); returns the mountpoint to clean up with `force_unmount`.
+    pub fn kill9_keep_mount(mut self) -> PathBuf {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let mnt = self.mnt.clone();
+        // Drop would unmount: skip it, the caller cleans up.
+        self.mnt = PathBuf::new();
+        mnt
+    }
+
     /// SIGKILL the daemon and clean up the dead mount.
     pub fn kill9(mut self) {
         if let Some(mut c) = self.child.take() {
@@ -198,7 +211,9 @@ impl Drop for Mount {
             let _ = c.kill();
             let _ = c.wait();
         }
-        force_unmount(&self.mnt);
+        if !self.mnt.as_os_str().is_empty() {
+            force_unmount(&self.mnt);
+        }
     }
 }
 
