@@ -408,3 +408,21 @@ fn sigterm_flushes_and_exits_zero_in_fsync_mode() {
         vec![5u8; 100_000]
     );
 }
+
+#[test]
+fn periodic_mode_makes_writes_durable_within_the_period() {
+    let s = Scratch::new("periodic");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "periodic:1"]);
+    fs::create_dir(mnt.join("d")).expect("mkdir");
+    fs::write(mnt.join("d/x"), vec![3u8; 50_000]).expect("write");
+    // Readers see the write at once (RAM), durability follows within the period.
+    assert_eq!(fs::read(mnt.join("d/x")).expect("read"), vec![3u8; 50_000]);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    m.kill9();
+    assert_eq!(
+        fs::read(backing.join("d/x")).expect("backing"),
+        vec![3u8; 50_000]
+    );
+}

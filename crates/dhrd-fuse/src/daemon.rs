@@ -605,8 +605,9 @@ pub fn run(cfg: MountConfig) -> Result<()> {
             .spawn(move || {
                 while !sh2.shutdown.load(Ordering::Acquire) {
                     std::thread::sleep(p);
-                    if let Err(e) = sh2.sync_metadata() {
-                        eprintln!("dhrd: periodic metadata sync failed: {e}");
+                    // Data of every object, then the metadata (syncfs).
+                    if let Err(e) = sh2.flush_all() {
+                        eprintln!("dhrd: periodic flush failed: {e}");
                     }
                 }
             });

@@ -221,8 +221,15 @@ impl Shared {
             rate_bytes_per_s: cfg.load_rate,
             ..Default::default()
         })?;
+        // periodic:N: the engine would start one flusher thread per object; with thousands
+        // of files the daemon runs a single flusher over all objects instead (daemon.rs)
+        // and the objects themselves use `fsync` semantics.
+        let object_durability = match cfg.durability {
+            Durability::Periodic(_) => Durability::Fsync,
+            d => d,
+        };
         let mut base = dhrd_engine::ObjectConfig {
-            durability: cfg.durability,
+            durability: object_durability,
             budget: Some(budget.clone()),
             loader: Some(loader),
             ..Default::default()
@@ -796,21 +803,23 @@ impl Shared {
     ) -> Result<(FileAttr, u64, Obj)> {
         sys::check_name(name)?;
         let pfd = self.dir_fd(parent)?;
-        let mut oflags = OFlags::CREATE | OFlags::RDWR;
-        if flags & libc::O_EXCL != 0 {
-            oflags |= OFlags::EXCL;
-        }
-        let fd = sys::open_confined(
-            pfd.as_fd(),
-            name,
-            oflags,
-            Mode::from_raw_mode(mode & !umask & 0o7777),
-        )?;
+        let perm = Mode::from_raw_mode(mode & !umask & 0o7777);
+        // Exclusive first, so we know whether this call created the file (and must give
+        // it to the caller); without O_EXCL an existing file is opened as it is.
+        let excl = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR;
+        let (fd, created) = match sys::open_confined(pfd.as_fd(), name, excl, perm) {
+            Ok(fd) => (fd, true),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => (
+                sys::open_confined(pfd.as_fd(), name, OFlags::RDWR, Mode::empty())?,
+                false,
+            ),
+            Err(e) => return Err(e.into()),
+        };
         let st = sys::fstat(fd.as_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(FsError::Errno(libc::EINVAL));
         }
-        if st.st_size == 0 && st.st_nlink == 1 {
+        if created {
             self.chown_new(req, &pfd, Some(&fd), name)?;
         }
         self.meta_durable(&[&fd, &pfd])?;
