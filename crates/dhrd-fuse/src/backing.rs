@@ -32,6 +32,8 @@ use std::sync::OnceLock;
 
 /// Size of the zero buffer used when the file system cannot punch holes.
 const ZERO_FALLBACK_BUF_BYTES: u64 = 64 * 1024;
+/// Largest page-cache folio (PMD size on x86-64); drop-behind ranges are widened to it.
+pub const PAGE_CACHE_FOLIO_MAX_BYTES: u64 = 2 << 20;
 /// Alignment of offsets, lengths and buffers for the O_DIRECT write descriptor.
 pub const DIRECT_ALIGN: usize = 4096;
 
@@ -134,12 +136,18 @@ impl ConfinedFile {
     }
 
     fn fadvise_dontneed(&self, offset: u64, len: u64) {
+        // The page cache holds large folios (up to PMD size) and DONTNEED skips a folio it
+        // covers only in part, so a range is widened to whole folios; dropping a clean
+        // neighbouring page costs at most a re-read, never data.
+        let mask = PAGE_CACHE_FOLIO_MAX_BYTES - 1;
+        let start = offset & !mask;
+        let end = offset.saturating_add(len).saturating_add(mask) & !mask;
         // SAFETY: plain syscall on a descriptor we own; failure only loses a hint.
         unsafe {
             libc::posix_fadvise(
                 self.file.as_raw_fd(),
-                offset as libc::off_t,
-                len as libc::off_t,
+                start as libc::off_t,
+                end.saturating_sub(start) as libc::off_t,
                 libc::POSIX_FADV_DONTNEED,
             );
         }

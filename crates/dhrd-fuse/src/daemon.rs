@@ -48,6 +48,8 @@ pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// Directories the preload walk keeps queued at most (breadth-first; more are skipped and
 /// loaded on first open instead).
 pub const PRELOAD_QUEUE_MAX: usize = 1 << 20;
+/// Allocations at least this large get their own mapping (see `run`).
+pub const MALLOC_MMAP_THRESHOLD_BYTES: i32 = 64 * 1024;
 /// How long `dhrd umount` waits for the daemon to exit after the unmount.
 pub const UMOUNT_EXIT_WAIT: Duration = Duration::from_secs(120);
 
@@ -495,6 +497,14 @@ fn control_server(
 /// flush and unmount.
 pub fn run(cfg: MountConfig) -> Result<()> {
     let (dir, mnt) = prepare(&cfg)?;
+    // Each engine object allocates a few hundred KiB of histograms; with glibc's dynamic
+    // mmap threshold those end up in per-thread arenas that never shrink while objects
+    // churn through the cache. A fixed threshold keeps large blocks in their own mappings,
+    // returned to the kernel when an object is dropped.
+    // SAFETY: mallopt only tunes the allocator; called before any worker thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES);
+    }
     let backing = cfg
         .backing
         .canonicalize()
@@ -614,8 +624,10 @@ pub fn run(cfg: MountConfig) -> Result<()> {
     }
 
     // The stopper: waits for a stop event, flushes, unmounts; the session loop then ends.
+    let stop_requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopper = {
         let sh2 = sh.clone();
+        let requested = stop_requested.clone();
         let mnt2 = mnt.clone();
         let mut unmounter = unmounter;
         std::thread::Builder::new()
@@ -623,7 +635,12 @@ pub fn run(cfg: MountConfig) -> Result<()> {
             .spawn(move || {
                 while let Ok(ev) = stop_rx.recv() {
                     let flushed = sh2.flush_all();
+                    // Set before the unmount lets the session end; cleared if it failed.
+                    requested.store(true, Ordering::Release);
                     let r = unmounter.unmount();
+                    if r.is_err() && matches!(ev, Stop::Control(_)) {
+                        requested.store(false, Ordering::Release);
+                    }
                     match ev {
                         Stop::Control(mut c) => {
                             let msg = match (&flushed, &r) {
@@ -668,7 +685,10 @@ pub fn run(cfg: MountConfig) -> Result<()> {
     );
     let r = session.run();
     sh.shutdown.store(true, Ordering::Release);
-    let _ = stopper.is_finished();
+    // A stop request being handled must finish writing its reply before the process exits.
+    if stop_requested.load(Ordering::Acquire) {
+        let _ = stopper.join();
+    }
     r.map_err(|e| FsError::io("FUSE session", e))?;
     Ok(())
 }
