@@ -27,6 +27,8 @@ pub use config::{
 };
 pub use error::{BackingOp, Error, FailureCause, Result};
 pub use loader::{LoadGate, Loader};
-pub use object::{ChunkState, HybridObject, LoadProgress, RamView, ReadOutcome, Served, View};
+pub use object::{
+    ChunkState, HybridObject, LoadProgress, LoadStep, RamView, ReadOutcome, Served, View,
+};
 pub use stats::{Latency, StatsSnapshot};
 pub use units::{ChunkGeometry, ChunkIndex, Piece, CHUNK_BYTES_MAX, CHUNK_BYTES_MIN};

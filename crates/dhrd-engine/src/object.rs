@@ -177,6 +177,20 @@ impl std::ops::Deref for RamView<'_> {
     }
 }
 
+/// What one synchronous loader step did (see [`HybridObject::load_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadStep {
+    Loaded(ChunkIndex),
+    /// The chunk was Loaded already or is past the end.
+    Skipped(ChunkIndex),
+    OverBudget(ChunkIndex),
+    Failed(ChunkIndex),
+    /// Only retries are left; the next is due at this instant.
+    Waiting(Instant),
+    /// Nothing left to load.
+    Idle,
+}
+
 /// Load progress (SPEC I8).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadProgress {
@@ -289,6 +303,10 @@ impl<D: Durable> HybridObject<D> {
                 cfg.chunk_bytes
             ))
         })?;
+        // Reload what the device holds, not what the page cache may still hold: after a
+        // failed writeback (maybe before a restart) the cache can keep bytes that never
+        // reached the media, and a later successful sync would not write them.
+        backing.drop_cache(0, 0);
         let len = backing.len().map_err(|e| backing_err(BackingOp::Len, e))?;
         if len > OBJECT_BYTES_MAX {
             return Err(Error::TooLarge {
@@ -339,6 +357,10 @@ impl<D: Durable> HybridObject<D> {
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
             cfg,
         });
+        // A previous instance may have left unsynced bytes in the backing's cache; they are
+        // readable, so the first flush must sync them even if we write nothing.
+        inner.commit.issue();
+        inner.dirty.store(true, Ordering::Release);
         if let Durability::Periodic(period) = inner.cfg.durability {
             spawn_flusher(&inner, period).map_err(Error::Ram)?;
         }
@@ -432,6 +454,21 @@ impl<D: Durable> HybridObject<D> {
 
     pub fn is_read_only(&self) -> bool {
         self.inner.cfg.read_only || self.inner.failure.is_failed()
+    }
+
+    /// Loads the next chunk on the calling thread, as a loader thread would. With
+    /// `load_disabled` this makes loading fully deterministic (simulation tests).
+    pub fn load_step(&self) -> LoadStep {
+        match self.inner.next_job(Instant::now()) {
+            NextJob::Load(c) => match self.inner.load_chunk(c) {
+                LoadResult::Loaded { .. } => LoadStep::Loaded(c),
+                LoadResult::Skipped => LoadStep::Skipped(c),
+                LoadResult::OverBudget => LoadStep::OverBudget(c),
+                LoadResult::Failed => LoadStep::Failed(c),
+            },
+            NextJob::RetryAt(at) => LoadStep::Waiting(at),
+            NextJob::Idle => LoadStep::Idle,
+        }
     }
 
     /// State of one chunk (tests, status output).
@@ -725,6 +762,10 @@ impl<D: Durable> Inner<D> {
         len_before: u64,
     ) -> Error {
         self.stats.writes_failed.add(1);
+        // Part of the request may sit in the backing's cache where reads see it: the next
+        // flush must sync it rather than find nothing to do.
+        self.commit.issue();
+        self.dirty.store(true, Ordering::Release);
         for (c, p) in plan {
             if *p == WritePlan::Mirror {
                 self.invalidate(layout, *c);
@@ -840,7 +881,13 @@ impl<D: Durable> Inner<D> {
         drop(guards);
         drop(layout);
         if grew {
-            // Chunks between the old end and this write are Unloaded and now in range.
+            // Chunks between the old end and this write are Unloaded and now in range; the
+            // cursor may have passed them while the object was shorter.
+            {
+                let mut q = self.lq.lock();
+                q.cursor = q.cursor.min(self.geo.index_of(len_locked).0);
+                q.finished = None;
+            }
             self.kick_loader();
         }
         self.stats.writes.add(1);
@@ -1203,7 +1250,9 @@ impl<D: Durable> Inner<D> {
         let layout = write_guard(&self.layout);
         let len = self.len.load(Ordering::Acquire);
         let blen = self.backing.len().map_err(|e| e.to_string())?;
-        if blen != len {
+        // After a sticky failure the cut-back of a torn extending write may itself have
+        // failed: the backing may then be longer (the object serves only up to `len`).
+        if blen != len && !(self.failure.is_failed() && blen > len) {
             return Err(format!("backing length {blen} != object length {len}"));
         }
         if layout.ram.file_bytes() != len {

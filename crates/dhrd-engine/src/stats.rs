@@ -12,8 +12,10 @@ use std::time::Duration;
 
 const COUNTER_SHARDS: usize = 16;
 pub(crate) const READ_RAM_SAMPLE_EVERY: u64 = 64;
-/// Histogram range: 1 ns .. 100 s, 3 significant digits.
+/// Histogram range: 1 ns .. 100 s at 2 significant digits (1% resolution), about 30 KB
+/// each, allocated on first use: a file system may hold many objects.
 const HIST_MAX_NS: u64 = 100_000_000_000;
+const HIST_SIGFIG: u8 = 2;
 
 static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
@@ -48,21 +50,24 @@ impl Counter {
     }
 }
 
+#[derive(Default)]
 struct Hists {
-    read_ram_ns: Histogram<u64>,
-    read_backing_ns: Histogram<u64>,
-    write_ns: Histogram<u64>,
-    sync_ns: Histogram<u64>,
-    commit_batch: Histogram<u64>,
+    read_ram_ns: Option<Histogram<u64>>,
+    read_backing_ns: Option<Histogram<u64>>,
+    write_ns: Option<Histogram<u64>>,
+    sync_ns: Option<Histogram<u64>>,
+    commit_batch: Option<Histogram<u64>>,
 }
 
-fn hist() -> Histogram<u64> {
-    // Bounds are constants that hdrhistogram accepts; fall back to an auto-resizing one.
-    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).unwrap_or_else(|_| {
-        let mut h = Histogram::new(3).unwrap_or_else(|_| unreachable!("3 sigfig is valid"));
-        h.auto(true);
-        h
-    })
+fn record_into(slot: &mut Option<Histogram<u64>>, v: u64) {
+    if slot.is_none() {
+        // The bounds are valid constants; if hdrhistogram ever refused them we would only
+        // lose latency reporting, never I/O.
+        *slot = Histogram::new_with_bounds(1, HIST_MAX_NS, HIST_SIGFIG).ok();
+    }
+    if let Some(h) = slot {
+        h.saturating_record(v);
+    }
 }
 
 #[derive(Default)]
@@ -82,7 +87,7 @@ pub(crate) struct Stats {
     pub flushes: Counter,
     pub chunks_invalidated: Counter,
     pub write_waits_on_load: Counter,
-    hists: Mutex<Option<Hists>>,
+    hists: Mutex<Hists>,
 }
 
 pub(crate) enum Lat {
@@ -94,41 +99,28 @@ pub(crate) enum Lat {
 
 impl Stats {
     pub(crate) fn new() -> Self {
-        let s = Self::default();
-        *s.hists.lock() = Some(Hists {
-            read_ram_ns: hist(),
-            read_backing_ns: hist(),
-            write_ns: hist(),
-            sync_ns: hist(),
-            commit_batch: hist(),
-        });
-        s
+        Self::default()
     }
 
     pub(crate) fn record(&self, which: Lat, d: Duration) {
         let ns = (d.as_nanos() as u64).clamp(1, HIST_MAX_NS);
-        if let Some(h) = self.hists.lock().as_mut() {
-            let hist = match which {
-                Lat::ReadRam => &mut h.read_ram_ns,
-                Lat::ReadBacking => &mut h.read_backing_ns,
-                Lat::Write => &mut h.write_ns,
-                Lat::Sync => &mut h.sync_ns,
-            };
-            hist.saturating_record(ns);
-        }
+        let mut h = self.hists.lock();
+        let slot = match which {
+            Lat::ReadRam => &mut h.read_ram_ns,
+            Lat::ReadBacking => &mut h.read_backing_ns,
+            Lat::Write => &mut h.write_ns,
+            Lat::Sync => &mut h.sync_ns,
+        };
+        record_into(slot, ns);
     }
 
     pub(crate) fn record_batch(&self, writes: u64) {
-        if let Some(h) = self.hists.lock().as_mut() {
-            h.commit_batch.saturating_record(writes.max(1));
-        }
+        record_into(&mut self.hists.lock().commit_batch, writes.max(1));
     }
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let g = self.hists.lock();
-        let lat = |f: fn(&Hists) -> &Histogram<u64>| {
-            g.as_ref().map(|h| Latency::of(f(h))).unwrap_or_default()
-        };
+        let lat = |h: &Option<Histogram<u64>>| h.as_ref().map(Latency::of).unwrap_or_default();
         StatsSnapshot {
             reads_ram: self.reads_ram.get(),
             reads_backing: self.reads_backing.get(),
@@ -145,12 +137,12 @@ impl Stats {
             flushes: self.flushes.get(),
             chunks_invalidated: self.chunks_invalidated.get(),
             write_waits_on_load: self.write_waits_on_load.get(),
-            read_ram: lat(|h| &h.read_ram_ns),
-            read_backing: lat(|h| &h.read_backing_ns),
-            write: lat(|h| &h.write_ns),
-            sync: lat(|h| &h.sync_ns),
-            commit_batch_writes_mean: g.as_ref().map(|h| h.commit_batch.mean()).unwrap_or(0.0),
-            commit_batch_writes_max: g.as_ref().map(|h| h.commit_batch.max()).unwrap_or(0),
+            read_ram: lat(&g.read_ram_ns),
+            read_backing: lat(&g.read_backing_ns),
+            write: lat(&g.write_ns),
+            sync: lat(&g.sync_ns),
+            commit_batch_writes_mean: g.commit_batch.as_ref().map_or(0.0, |h| h.mean()),
+            commit_batch_writes_max: g.commit_batch.as_ref().map_or(0, |h| h.max()),
         }
     }
 }

@@ -2,7 +2,8 @@
 //! with the loader gate, plus basic behaviour on a real file.
 
 use dhrd_engine::{
-    ChunkIndex, ChunkState, HybridObject, LoadGate, LoaderConfig, ObjectConfig, Served, View,
+    ChunkIndex, ChunkState, HybridObject, LoadGate, LoaderConfig, ObjectConfig, RamBudget, Served,
+    View,
 };
 use dhrd_io::{Durable, FileBacking, FileOptions, SimBacking};
 use parking_lot::{Condvar, Mutex};
@@ -294,4 +295,145 @@ fn nix_pread(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], off: i64) -> io::R
         return Err(io::Error::last_os_error());
     }
     Ok(n as usize)
+}
+
+/// I9: a chunk whose load fails stays Unloaded, is served from the backing, is retried
+/// with back-off and reported; after the last attempt it is reported as failed.
+#[test]
+fn failed_loads_are_retried_then_reported() -> Result<(), Box<dyn std::error::Error>> {
+    use dhrd_io::{Fault, FaultKind};
+    let data = pattern(4 * CB as usize, 8);
+    // Transient: the first two reads fail, then the disk recovers.
+    let sim = sim_with(data.clone());
+    sim.inject(Fault {
+        at_op: 0,
+        kind: FaultKind::Eio,
+        persist: false,
+        reads: true,
+    });
+    sim.inject(Fault {
+        at_op: 1,
+        kind: FaultKind::Eio,
+        persist: false,
+        reads: true,
+    });
+    let mut c = cfg(None);
+    c.loader_config.retry_base = Duration::from_millis(5);
+    let o: Obj = HybridObject::open(sim.clone(), c.clone())?;
+    assert!(
+        o.wait_loaded(Some(WAIT)),
+        "transient load failures were not retried"
+    );
+    assert_eq!(o.progress().chunks_failed, 0);
+    o.verify_mirror()?;
+
+    // Permanent: every read of chunk 2 fails. It must end as failed, not loop forever,
+    // and the rest must load.
+    struct BadChunk(SimBacking);
+    impl Durable for BadChunk {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            if offset < 3 * CB && offset + buf.len() as u64 > 2 * CB {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            self.0.write_at(buf, offset)
+        }
+        fn sync(&self) -> io::Result<()> {
+            self.0.sync()
+        }
+        fn len(&self) -> io::Result<u64> {
+            self.0.len()
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.0.set_len(len)
+        }
+    }
+    c.loader_config.retry_attempts_max = 3;
+    let o = HybridObject::open(BadChunk(SimBacking::from_bytes(data.clone(), 1)), c)?;
+    assert!(!o.wait_loaded(Some(WAIT)));
+    let p = o.progress();
+    assert_eq!((p.chunks_loaded, p.chunks_failed), (3, 1), "{p:?}");
+    assert_eq!(o.chunk_state(ChunkIndex(2)), Some(ChunkState::Unloaded));
+    // Its neighbours are served from RAM; the bad chunk's read reports the error.
+    let mut buf = vec![0u8; CB as usize];
+    assert_eq!(o.read_at(&mut buf, 3 * CB)?.served, Served::Ram);
+    assert!(o.read_at(&mut buf, 2 * CB).is_err());
+    Ok(())
+}
+
+/// I10: a chunk read while unloaded is loaded ahead of the sequential order.
+#[test]
+fn demanded_chunks_load_first() -> Result<(), Box<dyn std::error::Error>> {
+    let sim = sim_with(pattern(8 * CB as usize, 9));
+    let gate = LoadGate::new();
+    gate.pause(ChunkIndex(0));
+    gate.pause(ChunkIndex(1));
+    let o: Obj = HybridObject::open(sim, cfg(Some(gate.clone())))?;
+    assert!(gate.wait_reached(ChunkIndex(0), WAIT));
+    let mut buf = [0u8; 16];
+    assert_eq!(o.read_at(&mut buf, 6 * CB)?.served, Served::Backing);
+    gate.release(ChunkIndex(0));
+    assert!(gate.wait_reached(ChunkIndex(1), WAIT));
+    assert_eq!(
+        o.chunk_state(ChunkIndex(6)),
+        Some(ChunkState::Loaded),
+        "demand was not served first"
+    );
+    assert_eq!(o.chunk_state(ChunkIndex(2)), Some(ChunkState::Unloaded));
+    gate.release(ChunkIndex(1));
+    assert!(o.wait_loaded(Some(WAIT)));
+    assert_eq!(o.read_at(&mut buf, 6 * CB)?.served, Served::Ram);
+    Ok(())
+}
+
+/// I11: with a RAM budget smaller than the data, chunks past it stay Unloaded, are served
+/// from the backing (correctly) and are reported; a shared budget spans objects.
+#[test]
+fn ram_budget_limits_loading() -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(8 * CB as usize, 10);
+    let budget = RamBudget::new(5 * CB);
+    let mut c = cfg(None);
+    c.budget = Some(budget.clone());
+    let o: Obj = HybridObject::open(sim_with(data.clone()), c.clone())?;
+    assert!(!o.wait_loaded(Some(WAIT)));
+    let p = o.progress();
+    assert_eq!((p.chunks_loaded, p.chunks_over_budget), (5, 3), "{p:?}");
+    assert_eq!(budget.used_bytes(), 5 * CB);
+    let mut all = vec![0u8; data.len()];
+    assert_eq!(o.read_at(&mut all, 0)?.served, Served::Mixed);
+    assert_eq!(all, data);
+    o.write_at(b"over budget", 7 * CB + 1)?; // backing only
+    o.read_at(&mut all, 0)?;
+    assert_eq!(
+        &all[7 * CB as usize + 1..7 * CB as usize + 12],
+        b"over budget"
+    );
+    o.verify_mirror()?;
+    // A second object on the same budget gets nothing; dropping the first frees it all.
+    let o2: Obj = HybridObject::open(sim_with(data.clone()), c)?;
+    assert!(!o2.wait_loaded(Some(Duration::from_millis(300))));
+    assert_eq!(o2.progress().chunks_loaded, 0);
+    drop(o);
+    assert_eq!(budget.used_bytes(), 0);
+    Ok(())
+}
+
+/// I8: the loader's rate limit holds (a lower bound on time, never an upper one).
+#[test]
+fn loader_rate_limit_is_respected() -> Result<(), Box<dyn std::error::Error>> {
+    let mut c = cfg(None);
+    c.loader_config.rate_bytes_per_s = Some(40 * CB); // 10 chunks at 40 chunks/s: >= 0.2 s
+    let t = std::time::Instant::now();
+    let o: Obj = HybridObject::open(sim_with(pattern(10 * CB as usize, 11)), c)?;
+    assert!(o.wait_loaded(Some(WAIT)));
+    assert!(
+        t.elapsed() >= Duration::from_millis(180),
+        "loaded in {:?}",
+        t.elapsed()
+    );
+    let p = o.progress();
+    assert!(p.rate_bytes_per_s <= 50.0 * CB as f64, "{p:?}");
+    Ok(())
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{workload, Model, Op};
-use dhrd_engine::{Durability, Error, HybridObject, LoaderConfig, ObjectConfig};
+use dhrd_engine::{BackingOp, Durability, Error, HybridObject, LoaderConfig, ObjectConfig};
 use dhrd_io::{Fault, FaultKind, SimBacking};
 use std::sync::Arc;
 
@@ -107,9 +107,16 @@ fn run(kind: FaultKind, durability: Durability, seed: u64) -> Result<u64, String
                             if e.errno() != libc::ENOSPC {
                                 return Err(format!("{ctx}: ENOSPC reported as {e}"));
                             }
-                            if o.is_read_only() {
-                                return Err(format!("{ctx}: ENOSPC made the object read-only"));
+                            // ENOSPC from a write fails only that request (C5); from a
+                            // sync it may have cost accepted bytes, so it is sticky.
+                            let from_sync = o.failure().is_some_and(|c| c.op == BackingOp::Sync);
+                            if o.is_read_only() != from_sync {
+                                return Err(format!(
+                                    "{ctx}: read-only {} after ENOSPC",
+                                    o.is_read_only()
+                                ));
                             }
+                            read_only = from_sync;
                         }
                         FaultKind::Eio => {
                             if e.errno() != libc::EIO {

@@ -366,6 +366,20 @@ impl Durable for SimBacking {
         Ok(())
     }
 
+    /// Models evicting the page cache: clean pages go, so what reads see becomes the
+    /// durable image plus the writes still pending (dirty). After a failed sync the pending
+    /// log was forgotten, so bytes that never reached the media disappear here, as they do
+    /// on Linux once the cache drops them.
+    fn drop_cache(&self, _offset: u64, _len: u64) {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        let mut img = g.durable.clone();
+        for op in &g.pending {
+            apply(&mut img, op, &mut g.rng, false);
+        }
+        g.volatile = img;
+    }
+
     fn describe(&self) -> String {
         String::from("simulated disk")
     }

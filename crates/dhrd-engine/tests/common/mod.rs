@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use dhrd_io::SplitMix64;
-use std::collections::BTreeSet;
 
 /// One operation of a workload.
 #[derive(Clone)]
@@ -101,10 +100,31 @@ impl Model {
     }
 }
 
+/// A set of byte values.
+#[derive(Clone, Copy, Default)]
+pub struct ByteSet([u64; 4]);
+
+impl ByteSet {
+    pub fn one(b: u8) -> Self {
+        let mut s = Self::default();
+        s.insert(b);
+        s
+    }
+    pub fn insert(&mut self, b: u8) {
+        self.0[(b >> 6) as usize] |= 1 << (b & 63);
+    }
+    pub fn contains(&self, b: u8) -> bool {
+        self.0[(b >> 6) as usize] & (1 << (b & 63)) != 0
+    }
+    pub fn values(&self) -> Vec<u8> {
+        (0..=255u8).filter(|b| self.contains(*b)).collect()
+    }
+}
+
 /// Per-byte sets of values a crash may leave: the durable state plus anything written by
 /// operations that were not yet durable.
 pub struct CrashOracle {
-    pub allowed: Vec<BTreeSet<u8>>,
+    pub allowed: Vec<ByteSet>,
     pub len_min: u64,
     pub len_max: u64,
 }
@@ -130,8 +150,8 @@ impl CrashOracle {
                 _ => {}
             }
         }
-        let mut allowed: Vec<BTreeSet<u8>> = (0..len_max as usize)
-            .map(|i| BTreeSet::from([durable.data.get(i).copied().unwrap_or(0)]))
+        let mut allowed: Vec<ByteSet> = (0..len_max as usize)
+            .map(|i| ByteSet::one(durable.data.get(i).copied().unwrap_or(0)))
             .collect();
         let mut shrunk_to = u64::MAX;
         for op in uncertain {
@@ -172,8 +192,11 @@ impl CrashOracle {
             ));
         }
         for (i, b) in got.iter().enumerate() {
-            if !self.allowed[i].contains(b) {
-                return Err(format!("byte {i} is {b}, allowed {:?}", self.allowed[i]));
+            if !self.allowed[i].contains(*b) {
+                return Err(format!(
+                    "byte {i} is {b}, allowed {:?}",
+                    self.allowed[i].values()
+                ));
             }
         }
         Ok(())

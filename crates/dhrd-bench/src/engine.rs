@@ -1,0 +1,623 @@
+//! Engine benchmarks (issue: core engine). Every figure is paired with a baseline measured
+//! in the same run on the same disk:
+//! - `read_at` 4 KiB random (fully loaded) vs memcpy from a plain buffer of the same size;
+//! - `write_at` 4 KiB random in `sync` mode vs pwrite+fdatasync and vs O_DSYNC pwrite,
+//!   1 and 8 threads (group commit);
+//! - full load rate vs a sequential O_DIRECT read of the same file;
+//! - open-to-first-read for 1, 4 and 16 GiB objects;
+//! - chunk-size sweep: load rate and write latency during the load.
+
+use crate::machine::Machine;
+use crate::report::{default_out, Report, Row};
+use crate::Common;
+use anyhow::Context;
+use dhrd_engine::{Durability, HybridObject, ObjectConfig};
+use dhrd_io::{FileBacking, FileOptions, SplitMix64};
+use hdrhistogram::Histogram;
+use std::fs::{File, OpenOptions};
+use std::hint::black_box;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const IO_BYTES: usize = 4096;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// Each measurement is repeated and the best kept: noise on shared machines only slows.
+const REPEATS: usize = 3;
+/// Interleaved rounds of the write comparison.
+const WRITE_ROUNDS: usize = 5;
+
+#[derive(clap::Args)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Skip the open-to-first-read run on a 16 GiB sparse file.
+    #[arg(long)]
+    pub no_large: bool,
+    /// Run only these experiments (comma-separated: reads,writes,load,first-read,sweep).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+struct Sizes {
+    read_bytes: u64,
+    read_ops: usize,
+    write_file_bytes: u64,
+    write_secs: f64,
+    load_bytes: u64,
+    sweep_bytes: u64,
+    first_read_sizes: Vec<u64>,
+}
+
+fn sizes(quick: bool, no_large: bool) -> Sizes {
+    if quick {
+        Sizes {
+            read_bytes: 64 * MIB,
+            read_ops: 100_000,
+            write_file_bytes: 16 * MIB,
+            write_secs: 0.5,
+            load_bytes: 64 * MIB,
+            sweep_bytes: 32 * MIB,
+            first_read_sizes: vec![GIB],
+        }
+    } else {
+        let mut f = vec![GIB, 4 * GIB];
+        if !no_large {
+            f.push(16 * GIB);
+        }
+        Sizes {
+            read_bytes: GIB,
+            read_ops: 2_000_000,
+            write_file_bytes: 256 * MIB,
+            write_secs: 3.0,
+            load_bytes: 2 * GIB,
+            sweep_bytes: GIB,
+            first_read_sizes: f,
+        }
+    }
+}
+
+fn fadvise_dontneed(f: &File) {
+    // SAFETY: a hint on our own descriptor.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+/// Writes `size` bytes of pseudo-random data, syncs, and drops it from the page cache.
+fn fill_file(path: &Path, size: u64) -> anyhow::Result<()> {
+    if std::fs::metadata(path)
+        .map(|m| m.len() == size)
+        .unwrap_or(false)
+    {
+        let f = File::open(path)?;
+        fadvise_dontneed(&f);
+        return Ok(());
+    }
+    let f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut r = SplitMix64::new(size);
+    let mut buf = vec![0u8; 4 * MIB as usize];
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(buf.len() as u64) as usize;
+        r.fill(&mut buf[..n]);
+        f.write_all_at(&buf[..n], off)?;
+        off += n as u64;
+    }
+    f.sync_all()?;
+    fadvise_dontneed(&f);
+    Ok(())
+}
+
+fn drop_cache(path: &Path) -> anyhow::Result<()> {
+    let f = File::open(path)?;
+    f.sync_all()?;
+    fadvise_dontneed(&f);
+    Ok(())
+}
+
+fn offsets(n: usize, span: u64, seed: u64) -> Vec<u64> {
+    let mut r = SplitMix64::new(seed);
+    let slots = span / IO_BYTES as u64;
+    (0..n).map(|_| r.below(slots) * IO_BYTES as u64).collect()
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 2).unwrap_or_else(|_| unreachable!())
+}
+
+/// Runs `f(thread_index)` on `threads` threads at once; returns the elapsed wall time.
+fn parallel<F>(threads: usize, f: F) -> Duration
+where
+    F: Fn(usize) + Sync,
+{
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let f = &f;
+            s.spawn(move || f(t));
+        }
+    });
+    start.elapsed()
+}
+
+fn bench_reads(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let path = dir.join("read.img");
+    fill_file(&path, s.read_bytes)?;
+    let obj = HybridObject::open(
+        FileBacking::open(&path, &FileOptions::default())?,
+        ObjectConfig::default(),
+    )?;
+    anyhow::ensure!(
+        obj.wait_loaded(Some(Duration::from_secs(600))),
+        "load did not finish"
+    );
+    let mut plain = vec![0u8; s.read_bytes as usize];
+    SplitMix64::new(1).fill(&mut plain);
+    let offs = offsets(s.read_ops, s.read_bytes, 7);
+    for threads in [1usize, 2] {
+        let per = offs.len() / threads;
+        let run_plain = || {
+            let e = parallel(threads, |t| {
+                let mut dst = vec![0u8; IO_BYTES];
+                for &o in &offs[t * per..(t + 1) * per] {
+                    dst.copy_from_slice(&plain[o as usize..o as usize + IO_BYTES]);
+                    black_box(&mut dst);
+                }
+            });
+            (per * threads) as f64 / e.as_secs_f64() / 1e6
+        };
+        let run_obj = || {
+            let e = parallel(threads, |t| {
+                let mut dst = vec![0u8; IO_BYTES];
+                for &o in &offs[t * per..(t + 1) * per] {
+                    let r = obj.read_at(&mut dst, o);
+                    black_box((&r, &mut dst));
+                }
+            });
+            (per * threads) as f64 / e.as_secs_f64() / 1e6
+        };
+        let run_view = || {
+            let e = parallel(threads, |t| {
+                let mut dst = vec![0u8; IO_BYTES];
+                for &o in &offs[t * per..(t + 1) * per] {
+                    if let Ok(dhrd_engine::View::Ram(v)) = obj.view(o, IO_BYTES) {
+                        dst.copy_from_slice(&v);
+                    }
+                    black_box(&mut dst);
+                }
+            });
+            (per * threads) as f64 / e.as_secs_f64() / 1e6
+        };
+        // Interleave so drift on a shared machine hits both sides alike.
+        let (mut b, mut d, mut v) = (0f64, 0f64, 0f64);
+        for _ in 0..REPEATS {
+            b = b.max(run_plain());
+            d = d.max(run_obj());
+            v = v.max(run_view());
+        }
+        let base = Row::new(
+            "read 4 KiB random, loaded",
+            "memcpy from a plain buffer",
+            threads,
+            b,
+            "Mops/s",
+        );
+        rows.push(
+            Row::new(
+                "read 4 KiB random, loaded",
+                "dhrd read_at",
+                threads,
+                d,
+                "Mops/s",
+            )
+            .vs(&base, Some(">= 0.8x")),
+        );
+        rows.push(
+            Row::new(
+                "read 4 KiB random, loaded",
+                "dhrd view + memcpy",
+                threads,
+                v,
+                "Mops/s",
+            )
+            .vs(&base, None),
+        );
+        rows.push(base);
+    }
+    let st = obj.stats();
+    anyhow::ensure!(st.reads_backing == 0, "loaded reads touched the backing");
+    Ok(())
+}
+
+enum Writer<'a> {
+    Fdatasync(&'a File),
+    ODsync(&'a File),
+    Dhrd(&'a HybridObject<FileBacking>),
+}
+
+fn write_run(w: &Writer<'_>, threads: usize, span: u64, secs: f64) -> (f64, Histogram<u64>) {
+    let stop = AtomicBool::new(false);
+    let hists = parking_lot::Mutex::new(hist());
+    let ops = std::sync::atomic::AtomicU64::new(0);
+    let e = std::thread::scope(|sc| {
+        let start = Instant::now();
+        for t in 0..threads {
+            let (stop, hists, ops) = (&stop, &hists, &ops);
+            sc.spawn(move || {
+                let mut r = SplitMix64::new(t as u64 + 99);
+                let mut buf = vec![0u8; IO_BYTES];
+                r.fill(&mut buf);
+                let mut h = hist();
+                let slots = span / IO_BYTES as u64;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let off = r.below(slots) * IO_BYTES as u64;
+                    let t0 = Instant::now();
+                    let ok = match w {
+                        Writer::Fdatasync(f) => f
+                            .write_all_at(&buf, off)
+                            .and_then(|_| f.sync_data())
+                            .is_ok(),
+                        Writer::ODsync(f) => f.write_all_at(&buf, off).is_ok(),
+                        Writer::Dhrd(o) => o.write_at(&buf, off).is_ok(),
+                    };
+                    if ok {
+                        let _ = h.record(t0.elapsed().as_nanos() as u64);
+                        n += 1;
+                    }
+                }
+                ops.fetch_add(n, Ordering::Relaxed);
+                let _ = hists.lock().add(&h);
+            });
+        }
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        start.elapsed()
+    });
+    (
+        ops.load(Ordering::Relaxed) as f64 / e.as_secs_f64(),
+        hists.into_inner(),
+    )
+}
+
+fn bench_writes(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let path = dir.join("write.img");
+    fill_file(&path, s.write_file_bytes)?;
+    let plain = OpenOptions::new().read(true).write(true).open(&path)?;
+    let dsync = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DSYNC)
+        .open(&path)?;
+    let obj = HybridObject::open(
+        FileBacking::open(&path, &FileOptions::default())?,
+        ObjectConfig {
+            durability: Durability::Sync,
+            ..Default::default()
+        },
+    )?;
+    anyhow::ensure!(
+        obj.wait_loaded(Some(Duration::from_secs(600))),
+        "load did not finish"
+    );
+    let mut dhrd_1 = None;
+    for threads in [1usize, 8] {
+        // Rounds interleave the three writers (rotating who goes first), so the disk's
+        // slow phases hit all of them; the median round counts.
+        let writers = [
+            Writer::Fdatasync(&plain),
+            Writer::ODsync(&dsync),
+            Writer::Dhrd(&obj),
+        ];
+        let mut iops: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut hists = [hist(), hist(), hist()];
+        for round in 0..WRITE_ROUNDS {
+            for k in 0..3 {
+                let i = (k + round) % 3;
+                let (v, h) = write_run(&writers[i], threads, s.write_file_bytes, s.write_secs);
+                iops[i].push(v);
+                let _ = hists[i].add(&h);
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let exp = "write 4 KiB random, durable";
+        let mk = |name: &str, i: usize, v: f64| {
+            Row::new(exp, name, threads, v, "IOPS").lat(us(&hists[i], 0.5), us(&hists[i], 0.99))
+        };
+        let rf = mk("pwrite + fdatasync", 0, med(&mut iops[0]));
+        let ro = mk("pwrite O_DSYNC", 1, med(&mut iops[1]));
+        let rd = mk("dhrd write_at sync", 2, med(&mut iops[2]));
+        let target = if threads == 1 { Some(">= 0.9x") } else { None };
+        rows.push(
+            rd.clone()
+                .vs(&rf, target)
+                .note(&format!("median of {WRITE_ROUNDS} interleaved rounds")),
+        );
+        rows.push(rd.clone().vs(&ro, target).note("same figure, vs O_DSYNC"));
+        if let Some(one) = &dhrd_1 {
+            rows.push(
+                rd.clone()
+                    .vs(one, None)
+                    .note("group commit gain: 8 threads vs 1"),
+            );
+        } else {
+            dhrd_1 = Some(rd.clone());
+        }
+        rows.push(rf);
+        rows.push(ro);
+    }
+    let st = obj.stats();
+    rows.push(
+        Row::new(
+            "write 4 KiB random, durable",
+            "dhrd group commit",
+            8,
+            st.commit_batch_writes_mean,
+            "writes/sync mean",
+        )
+        .note(&format!(
+            "max {} writes in one sync",
+            st.commit_batch_writes_max
+        )),
+    );
+    Ok(())
+}
+
+fn o_direct_read_rate(path: &Path, threads: usize) -> anyhow::Result<f64> {
+    drop_cache(path)?;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)?;
+    let size = f.metadata()?.len();
+    let block = MIB as usize;
+    let e = parallel(threads, |t| {
+        let mut raw = vec![0u8; block + 4096];
+        let a = raw.as_ptr().align_offset(4096);
+        let buf = &mut raw[a..a + block];
+        let mut off = t as u64 * block as u64;
+        while off < size {
+            if f.read_at(buf, off).is_err() {
+                return;
+            }
+            off += (threads * block) as u64;
+        }
+    });
+    Ok(size as f64 / e.as_secs_f64() / MIB as f64)
+}
+
+fn dhrd_load_rate(path: &Path, chunk_bytes: u64) -> anyhow::Result<(f64, Duration)> {
+    drop_cache(path)?;
+    let t0 = Instant::now();
+    let obj = HybridObject::open(
+        FileBacking::open(path, &FileOptions::default())?,
+        ObjectConfig {
+            chunk_bytes,
+            ..Default::default()
+        },
+    )?;
+    anyhow::ensure!(
+        obj.wait_loaded(Some(Duration::from_secs(900))),
+        "load did not finish"
+    );
+    let e = t0.elapsed();
+    Ok((obj.len() as f64 / e.as_secs_f64() / MIB as f64, e))
+}
+
+fn bench_load(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let path = dir.join("load.img");
+    fill_file(&path, s.load_bytes)?;
+    let mut b1 = 0f64;
+    let mut b2 = 0f64;
+    let mut d = 0f64;
+    for _ in 0..2 {
+        b1 = b1.max(o_direct_read_rate(&path, 1)?);
+        b2 = b2.max(o_direct_read_rate(&path, 2)?);
+        d = d.max(dhrd_load_rate(&path, dhrd_engine::DEFAULT_CHUNK_BYTES)?.0);
+    }
+    let exp = format!("full load of {} MiB", s.load_bytes / MIB);
+    let base1 = Row::new(
+        &exp,
+        "O_DIRECT sequential read, 1 MiB, 1 stream",
+        1,
+        b1,
+        "MiB/s",
+    );
+    let base2 = Row::new(&exp, "O_DIRECT read, 1 MiB, 2 streams", 2, b2, "MiB/s");
+    let dr = Row::new(
+        &exp,
+        "dhrd loader (default chunk, 2 threads)",
+        2,
+        d,
+        "MiB/s",
+    );
+    rows.push(dr.clone().vs(&base1, Some(">= 0.8x")));
+    rows.push(dr.vs(&base2, None).note("vs the same queue depth"));
+    rows.push(base1);
+    rows.push(base2);
+    Ok(())
+}
+
+fn bench_first_read(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let mut first: Option<Row> = None;
+    for &size in &s.first_read_sizes {
+        let path = dir.join(format!("sparse-{}g.img", size / GIB));
+        {
+            let f = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(false)
+                .open(&path)?;
+            f.set_len(size)?;
+            f.write_all_at(&[0xA5u8; IO_BYTES], size / 2)?;
+            f.sync_all()?;
+        }
+        let mut samples = Vec::new();
+        for _ in 0..5 {
+            drop_cache(&path)?;
+            let t0 = Instant::now();
+            let obj = HybridObject::open(
+                FileBacking::open(&path, &FileOptions::default())?,
+                ObjectConfig::default(),
+            )?;
+            let mut b = [0u8; IO_BYTES];
+            obj.read_at(&mut b, size / 2)?;
+            let e = t0.elapsed();
+            anyhow::ensure!(b == [0xA5u8; IO_BYTES], "first read returned wrong data");
+            samples.push(e.as_secs_f64() * 1e6);
+            drop(obj);
+        }
+        samples.sort_by(f64::total_cmp);
+        let med = samples[samples.len() / 2];
+        let row = Row::new(
+            "open to first read",
+            &format!("dhrd, {} GiB object", size / GIB),
+            1,
+            med,
+            "us",
+        )
+        .lower()
+        .note("median of 5, cold cache; sparse file: open reads no data");
+        match &first {
+            None => {
+                first = Some(row.clone());
+                rows.push(row);
+            }
+            Some(f) => rows.push(
+                row.vs(f, Some("flat (~1.0x)"))
+                    .note("ratio vs the 1 GiB object"),
+            ),
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    Ok(())
+}
+
+fn bench_chunk_sweep(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let path = dir.join("sweep.img");
+    fill_file(&path, s.sweep_bytes)?;
+    for chunk in [256 * 1024, 512 * 1024, MIB, 2 * MIB, 4 * MIB] {
+        let mut best_rate = 0f64;
+        let mut lat = (0.0, 0.0);
+        for _ in 0..2 {
+            drop_cache(&path)?;
+            let t0 = Instant::now();
+            let obj = Arc::new(HybridObject::open(
+                FileBacking::open(&path, &FileOptions::default())?,
+                ObjectConfig {
+                    chunk_bytes: chunk,
+                    ..Default::default()
+                },
+            )?);
+            // A foreground writer during the load: I1 makes it wait for loading chunks.
+            let stop = Arc::new(AtomicBool::new(false));
+            let (o2, st2) = (obj.clone(), stop.clone());
+            let span = s.sweep_bytes;
+            let writer = std::thread::spawn(move || {
+                let mut h = hist();
+                let mut r = SplitMix64::new(5);
+                let buf = [0x5Au8; IO_BYTES];
+                while !st2.load(Ordering::Relaxed) {
+                    let off = r.below(span / IO_BYTES as u64) * IO_BYTES as u64;
+                    let t = Instant::now();
+                    if o2.write_at(&buf, off).is_ok() {
+                        let _ = h.record(t.elapsed().as_nanos() as u64);
+                    }
+                }
+                h
+            });
+            let loaded = obj.wait_loaded(Some(Duration::from_secs(900)));
+            let e = t0.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            let h = writer
+                .join()
+                .map_err(|_| anyhow::anyhow!("writer panicked"))?;
+            anyhow::ensure!(loaded, "load did not finish");
+            let rate = s.sweep_bytes as f64 / e.as_secs_f64() / MIB as f64;
+            if rate > best_rate {
+                best_rate = rate;
+                lat = (
+                    h.value_at_quantile(0.5) as f64 / 1000.0,
+                    h.value_at_quantile(0.99) as f64 / 1000.0,
+                );
+            }
+        }
+        rows.push(
+            Row::new(
+                "chunk sweep: load with a concurrent sync writer",
+                &format!("chunk {} KiB", chunk / 1024),
+                2,
+                best_rate,
+                "MiB/s",
+            )
+            .lat(lat.0, lat.1)
+            .note("latency = the foreground writer's during the load"),
+        );
+    }
+    Ok(())
+}
+
+pub fn run(a: EngineArgs) -> anyhow::Result<()> {
+    let c = &a.common;
+    std::fs::create_dir_all(&c.dir).with_context(|| format!("creating {}", c.dir.display()))?;
+    let machine = Machine::probe(&c.dir);
+    eprintln!("machine: {}", machine.describe());
+    let s = sizes(c.quick, a.no_large);
+    let mut rows = Vec::new();
+    type Bench = fn(&Path, &Sizes, &mut Vec<Row>) -> anyhow::Result<()>;
+    let all: [(&str, Bench); 5] = [
+        ("reads", bench_reads),
+        ("writes", bench_writes),
+        ("load", bench_load),
+        ("first-read", bench_first_read),
+        ("sweep", bench_chunk_sweep),
+    ];
+    if let Some(bad) = a.only.iter().find(|o| !all.iter().any(|(n, _)| n == o)) {
+        anyhow::bail!("unknown experiment {bad:?}");
+    }
+    for (name, f) in all {
+        if a.only.is_empty() || a.only.iter().any(|o| o == name) {
+            eprintln!("{name} ...");
+            f(&c.dir, &s, &mut rows)?;
+        }
+    }
+    let conclusions = rows
+        .iter()
+        .filter_map(|r| {
+            let (ratio, target) = (r.ratio?, r.target.as_ref()?);
+            Some(format!(
+                "{} / {} ({} thr): {:.2}x {} (target {target})",
+                r.experiment,
+                r.config,
+                r.threads,
+                ratio,
+                r.ratio_vs.clone().unwrap_or_default()
+            ))
+        })
+        .collect();
+    let out: PathBuf = c
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out("engine", c.quick));
+    let report = Report {
+        name: String::from("dhrd engine benchmarks"),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine,
+        rows,
+        conclusions,
+    };
+    report.write(&out)?;
+    print!("{}", report.markdown());
+    eprintln!("wrote {}", out.display());
+    for name in ["read.img", "write.img", "load.img", "sweep.img"] {
+        let _ = std::fs::remove_file(c.dir.join(name));
+    }
+    Ok(())
+}
