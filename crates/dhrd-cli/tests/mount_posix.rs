@@ -222,6 +222,24 @@ fn exercise(root: &Path) -> Vec<String> {
     );
     fs::write(p("hl"), b"via link").expect("write via link");
     rec!("other name sees it: {:?}", fs::read(p("d/e/f")).ok());
+    // Hard links of a symlink (no data object to fall back on): unlinking the name seen
+    // last leaves the other name working.
+    std::os::unix::fs::symlink("target", p("s1")).expect("s1");
+    fs::hard_link(p("s1"), p("s2")).expect("link s2");
+    rec!(
+        "s2: {}",
+        meta_line(&p("s2")).split(" uid").next().unwrap_or("")
+    );
+    rec!(
+        "s1: {}",
+        meta_line(&p("s1")).split(" uid").next().unwrap_or("")
+    );
+    fs::remove_file(p("s1")).expect("rm s1");
+    rec!(
+        "s2 after rm s1: {} -> {:?}",
+        meta_line(&p("s2")).split(" uid").next().unwrap_or(""),
+        fs::read_link(p("s2")).ok()
+    );
     // Renames.
     fs::write(p("r1"), b"one").expect("r1");
     fs::write(p("r2"), b"two").expect("r2");

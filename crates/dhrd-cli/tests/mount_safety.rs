@@ -229,3 +229,38 @@ fn backing_full_fails_that_write_with_enospc_and_keeps_the_file_writable() {
     drop(f);
     drop(m);
 }
+
+#[test]
+fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
+    let s = Scratch::new("daemon");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("f"), b"data").expect("f");
+    let st = Command::new(dhrd())
+        .arg("mount")
+        .arg(&backing)
+        .arg(&mnt)
+        .arg("--daemon")
+        .status()
+        .expect("dhrd mount --daemon");
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if is_mounted(&self.0) {
+                let _ = Command::new(dhrd()).arg("umount").arg(&self.0).status();
+                force_unmount(&self.0);
+            }
+        }
+    }
+    let _c = Cleanup(mnt.clone());
+    assert!(st.success());
+    assert!(is_mounted(&mnt), "mounted when --daemon returns");
+    assert_eq!(fs::read(mnt.join("f")).expect("read"), b"data");
+    let st = Command::new(dhrd())
+        .arg("umount")
+        .arg(&mnt)
+        .status()
+        .expect("umount");
+    assert!(st.success());
+    assert!(!is_mounted(&mnt));
+}

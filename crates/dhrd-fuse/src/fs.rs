@@ -762,7 +762,7 @@ impl Shared {
         if let Some(r) = replaced {
             let r_ino = Ino(self.dir.fuse_ino(r.st_ino));
             if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-                nodes.renamed(r_ino, parent, name);
+                nodes.renamed(r_ino, newparent, newname, parent, name);
             } else if r_ino != moved_ino {
                 nodes.unlinked(r_ino, newparent, newname);
                 drop(nodes);
@@ -772,7 +772,10 @@ impl Shared {
                 nodes = self.nodes.lock();
             }
         }
-        nodes.renamed(moved_ino, newparent, newname);
+        if replaced.map(|r| r.st_ino) != Some(moved.st_ino) {
+            // (Renaming a name onto another link of the same inode changes nothing.)
+            nodes.renamed(moved_ino, parent, name, newparent, newname);
+        }
         Ok(())
     }
 

@@ -6,9 +6,10 @@
 //!   `BackingDir::fuse_ino`), so hard links share a node and `ls -i` is consistent.
 //! - A node stays while the kernel holds lookups on it or while it is the recorded parent of
 //!   another node (`children`), so a path can always be rebuilt for a live node.
-//! - `(parent, name)` is the last name under which the daemon saw the inode. When that name
-//!   is unlinked or renamed over, the node is marked `unlinked` and path-based access fails
-//!   with ESTALE; open files keep working through their object's descriptor.
+//! - A node keeps every `(parent, name)` under which the daemon saw it that was not unlinked
+//!   since (several for hard links), and builds paths from the most recent one. When the
+//!   last one is unlinked or renamed over, path-based access fails with ESTALE; open files
+//!   keep working through their object's descriptor.
 //!
 //! Nothing here touches the disk; there are no crash semantics.
 
@@ -32,11 +33,12 @@ pub struct Fh(pub u64);
 
 #[derive(Debug)]
 struct Node {
-    parent: Ino,
-    name: OsString,
+    /// Names under which the daemon saw this inode and that were not unlinked since,
+    /// most recent last. Usually one; several for hard links.
+    links: Vec<(Ino, OsString)>,
     lookups: u64,
+    /// Links of other nodes whose parent is this node.
     children: u64,
-    unlinked: bool,
 }
 
 #[derive(Debug)]
@@ -56,11 +58,9 @@ impl NodeTable {
         map.insert(
             Ino(FUSE_ROOT_INO),
             Node {
-                parent: Ino(FUSE_ROOT_INO),
-                name: OsString::new(),
+                links: Vec::new(),
                 lookups: 1,
                 children: 0,
-                unlinked: false,
             },
         );
         Self { map }
@@ -79,11 +79,9 @@ impl NodeTable {
                 return Ok(p);
             }
             let n = self.map.get(&cur).ok_or(FsError::Stale)?;
-            if n.unlinked {
-                return Err(FsError::Stale);
-            }
-            parts.push(&n.name);
-            cur = n.parent;
+            let (parent, name) = n.links.last().ok_or(FsError::Stale)?;
+            parts.push(name);
+            cur = *parent;
         }
         Err(FsError::Stale)
     }
@@ -101,36 +99,36 @@ impl NodeTable {
         if ino.0 == FUSE_ROOT_INO {
             return;
         }
-        let old_parent = match self.map.get_mut(&ino) {
+        let added = match self.map.get_mut(&ino) {
             Some(n) => {
                 n.lookups += 1;
-                let old = n.parent;
-                n.parent = parent;
-                n.name = name.to_owned();
-                n.unlinked = false;
-                Some(old)
+                match n.links.iter().position(|(p, m)| *p == parent && m == name) {
+                    Some(i) => {
+                        // Most recent last: the name just seen is the likeliest to be valid.
+                        let l = n.links.remove(i);
+                        n.links.push(l);
+                        false
+                    }
+                    None => {
+                        n.links.push((parent, name.to_owned()));
+                        true
+                    }
+                }
             }
             None => {
                 self.map.insert(
                     ino,
                     Node {
-                        parent,
-                        name: name.to_owned(),
+                        links: vec![(parent, name.to_owned())],
                         lookups: 1,
                         children: 0,
-                        unlinked: false,
                     },
                 );
-                None
+                true
             }
         };
-        match old_parent {
-            Some(old) if old == parent => {}
-            Some(old) => {
-                self.add_child(parent);
-                self.drop_child(old);
-            }
-            None => self.add_child(parent),
+        if added {
+            self.add_child(parent);
         }
     }
 
@@ -140,29 +138,20 @@ impl NodeTable {
         }
     }
 
+    /// One link below `parent` went away; removes `parent` if nothing holds it any more.
     fn drop_child(&mut self, parent: Ino) {
-        let remove = match self.map.get_mut(&parent) {
-            Some(p) => {
-                p.children = p.children.saturating_sub(1);
-                p.children == 0 && p.lookups == 0 && parent.0 != FUSE_ROOT_INO
-            }
-            None => false,
-        };
-        if remove {
-            self.remove(parent);
-        }
-    }
-
-    fn remove(&mut self, ino: Ino) {
-        // Iterative: removing a node may release its parent, and so on up the tree.
-        let mut cur = Some(ino);
-        while let Some(i) = cur.take() {
-            if let Some(n) = self.map.remove(&i) {
-                if let Some(p) = self.map.get_mut(&n.parent) {
-                    p.children = p.children.saturating_sub(1);
-                    if p.children == 0 && p.lookups == 0 && n.parent.0 != FUSE_ROOT_INO {
-                        cur = Some(n.parent);
-                    }
+        let mut stack = vec![parent];
+        while let Some(p) = stack.pop() {
+            let remove = match self.map.get_mut(&p) {
+                Some(n) => {
+                    n.children = n.children.saturating_sub(1);
+                    n.children == 0 && n.lookups == 0 && p.0 != FUSE_ROOT_INO
+                }
+                None => false,
+            };
+            if remove {
+                if let Some(n) = self.map.remove(&p) {
+                    stack.extend(n.links.iter().map(|(pp, _)| *pp));
                 }
             }
         }
@@ -181,35 +170,48 @@ impl NodeTable {
             None => false,
         };
         if remove {
-            self.remove(ino);
+            if let Some(node) = self.map.remove(&ino) {
+                for (p, _) in node.links {
+                    self.drop_child(p);
+                }
+            }
         }
     }
 
     /// `parent/name` no longer names `ino` (unlink, rmdir, renamed over).
     pub fn unlinked(&mut self, ino: Ino, parent: Ino, name: &OsStr) {
-        if let Some(n) = self.map.get_mut(&ino) {
-            if n.parent == parent && n.name == name {
-                n.unlinked = true;
-            }
+        let removed = match self.map.get_mut(&ino) {
+            Some(n) => match n.links.iter().position(|(p, m)| *p == parent && m == name) {
+                Some(i) => {
+                    n.links.remove(i);
+                    true
+                }
+                None => false,
+            },
+            None => false,
+        };
+        if removed {
+            self.drop_child(parent);
         }
     }
 
     /// `ino` moved from `parent/name` to `new_parent/new_name`.
-    pub fn renamed(&mut self, ino: Ino, new_parent: Ino, new_name: &OsStr) {
-        let old = match self.map.get_mut(&ino) {
-            Some(n) => {
-                let old = n.parent;
-                n.parent = new_parent;
-                n.name = new_name.to_owned();
-                n.unlinked = false;
-                old
-            }
-            None => return,
-        };
-        if old != new_parent {
-            self.add_child(new_parent);
-            self.drop_child(old);
+    pub fn renamed(
+        &mut self,
+        ino: Ino,
+        parent: Ino,
+        name: &OsStr,
+        new_parent: Ino,
+        new_name: &OsStr,
+    ) {
+        if !self.map.contains_key(&ino) {
+            return;
         }
+        self.unlinked(ino, parent, name);
+        if let Some(n) = self.map.get_mut(&ino) {
+            n.links.push((new_parent, new_name.to_owned()));
+        }
+        self.add_child(new_parent);
     }
 
     pub fn len(&self) -> usize {
@@ -232,7 +234,7 @@ mod tests {
         t.remember(Ino(10), root, OsStr::new("a"));
         t.remember(Ino(11), Ino(10), OsStr::new("b"));
         assert_eq!(t.path(Ino(11)).ok(), Some(PathBuf::from("a/b")));
-        t.renamed(Ino(10), root, OsStr::new("z"));
+        t.renamed(Ino(10), root, OsStr::new("a"), root, OsStr::new("z"));
         assert_eq!(t.path(Ino(11)).ok(), Some(PathBuf::from("z/b")));
         // The directory is forgotten by the kernel but still parents a live node.
         t.forget(Ino(10), 1);
@@ -242,5 +244,10 @@ mod tests {
         t.remember(Ino(12), root, OsStr::new("c"));
         t.unlinked(Ino(12), root, OsStr::new("c"));
         assert!(t.path(Ino(12)).is_err());
+        // Hard links: unlinking the most recent name falls back to the other one.
+        t.remember(Ino(13), root, OsStr::new("h1"));
+        t.remember(Ino(13), Ino(FUSE_ROOT_INO), OsStr::new("h2"));
+        t.unlinked(Ino(13), root, OsStr::new("h2"));
+        assert_eq!(t.path(Ino(13)).ok(), Some(PathBuf::from("h1")));
     }
 }
