@@ -264,3 +264,19 @@ fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
     assert!(st.success());
     assert!(!is_mounted(&mnt));
 }
+
+#[test]
+fn data_beyond_the_ram_budget_is_served_from_the_backing_and_reported() {
+    let s = Scratch::new("budget");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+    fs::write(backing.join("f"), &data).expect("f");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--mem", "2M", "--chunk", "1M"]);
+    m.wait_loaded();
+    assert_eq!(fs::read(mnt.join("f")).expect("read"), data);
+    let st = m.status();
+    assert!(st.contains("6.0 MiB over the budget"), "{st}");
+    assert!(st.contains("complete"), "{st}");
+    drop(m);
+}

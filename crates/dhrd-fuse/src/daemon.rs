@@ -234,27 +234,38 @@ fn human(b: u64) -> String {
     }
 }
 
-/// Load totals over every object in the cache: (bytes loaded, bytes total, all loaded).
+/// Load totals over every object in the cache: (bytes loaded, bytes total, settled).
 fn load_totals(sh: &Shared) -> (u64, u64, bool) {
+    let (loaded, total, all, _) = load_totals_ext(sh);
+    (loaded, total, all)
+}
+
+/// `load_totals` plus the bytes left on the backing because of the RAM budget (I11).
+fn load_totals_ext(sh: &Shared) -> (u64, u64, bool, u64) {
     let mut loaded = 0u64;
     let mut total = 0u64;
     let mut all = true;
+    let mut over = 0u64;
     for o in sh.objects.snapshot() {
         let p = o.progress();
+        over += p.chunks_over_budget.saturating_mul(p.chunk_bytes);
         // Chunks in RAM, not bytes copied by the loader: writes also fill chunks.
         loaded += ((p.fraction() * p.bytes_total as f64) as u64).min(p.bytes_total);
         total += p.bytes_total;
-        if !o.is_fully_loaded() {
+        // Settled: every chunk is loaded, or left on the backing for good (over the RAM
+        // budget, or failed every retry); nothing more will load by itself.
+        let settled = p.chunks_loaded + p.chunks_over_budget + p.chunks_failed >= p.chunks_total;
+        if !(o.is_fully_loaded() || settled) {
             all = false;
         }
     }
-    (loaded, total, all)
+    (loaded, total, all, over)
 }
 
 /// The text `dhrd status` prints.
 pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     let mut s = String::new();
-    let (loaded, total, all) = load_totals(sh);
+    let (loaded, total, all, over) = load_totals_ext(sh);
     let pct = if total == 0 {
         100.0
     } else {
@@ -277,7 +288,7 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     let pre = &sh.preload;
     let _ = writeln!(
         s,
-        "load:            {pct:.1}% of files in RAM cache ({} of {}, {} objects){}",
+        "load:            {pct:.1}% of cached files in RAM ({} of {}, {} objects){}",
         human(loaded),
         human(total),
         sh.objects.len(),
@@ -297,9 +308,10 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     );
     let _ = writeln!(
         s,
-        "RAM:             {} in RAM of a {} budget (data beyond it is served from the backing)",
+        "RAM:             {} in RAM of a {} budget; {} over the budget, served from the backing",
         human(sh.budget.used_bytes()),
-        human(sh.budget.limit_bytes())
+        human(sh.budget.limit_bytes()),
+        human(over)
     );
     let failed: Vec<String> = sh
         .objects
