@@ -647,6 +647,9 @@ pub fn run(cfg: MountConfig) -> Result<()> {
             .spawn(move || {
                 while let Ok(ev) = stop_rx.recv() {
                     let flushed = sh2.flush_all();
+                    if let Err(e) = &flushed {
+                        sh2.record_final_error(format!("flush before unmount failed: {e}"));
+                    }
                     // Set before the unmount lets the session end; cleared if it failed.
                     requested.store(true, Ordering::Release);
                     let r = unmounter.unmount();
@@ -702,6 +705,10 @@ pub fn run(cfg: MountConfig) -> Result<()> {
         let _ = stopper.join();
     }
     r.map_err(|e| FsError::io("FUSE session", e))?;
+    if let Some(msg) = sh.final_error() {
+        // Unmounted, but not everything may be on the backing: say so and exit non-zero.
+        return Err(setup(msg));
+    }
     Ok(())
 }
 

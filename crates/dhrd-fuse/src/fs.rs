@@ -151,6 +151,8 @@ pub struct Shared {
     pub mmap_on_direct: AtomicBool,
     /// Metadata changed since the last syncfs (non-sync modes).
     meta_dirty: AtomicBool,
+    /// First failure of the flush at unmount; makes the daemon exit non-zero.
+    final_error: Mutex<Option<String>>,
 }
 
 fn kind_of(mode: u32) -> FileType {
@@ -252,6 +254,7 @@ impl Shared {
             passthrough_negotiated: AtomicBool::new(false),
             mmap_on_direct: AtomicBool::new(false),
             meta_dirty: AtomicBool::new(false),
+            final_error: Mutex::new(None),
         }))
     }
 
@@ -271,6 +274,19 @@ impl Shared {
             self.meta_dirty.store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// Remembers the first unmount-time failure (reported by the daemon's exit status).
+    pub fn record_final_error(&self, msg: String) {
+        eprintln!("dhrd: {msg}");
+        let mut g = self.final_error.lock();
+        if g.is_none() {
+            *g = Some(msg);
+        }
+    }
+
+    pub fn final_error(&self) -> Option<String> {
+        self.final_error.lock().clone()
     }
 
     /// syncfs of the backing file system if metadata changed (non-sync modes).
@@ -1067,10 +1083,12 @@ impl Filesystem for DhrdFs {
     fn destroy(&mut self) {
         self.sh.shutdown.store(true, Ordering::Release);
         if let Err(e) = self.sh.objects.close_everything() {
-            eprintln!("dhrd: flushing at unmount failed: {e}");
+            self.sh
+                .record_final_error(format!("flushing file data at unmount failed: {e}"));
         }
         if let Err(e) = self.sh.flush_all() {
-            eprintln!("dhrd: syncing metadata at unmount failed: {e}");
+            self.sh
+                .record_final_error(format!("syncing metadata at unmount failed: {e}"));
         }
     }
 
