@@ -1,15 +1,263 @@
-//! `dhrd nbd`: argument parsing for the NBD frontend.
+//! `dhrd nbd`: exports one backing file or block device as an NBD block device.
+//!
+//! Only argument parsing, process plumbing (signals, the ready line) and wiring live here;
+//! the protocol is `dhrd_nbd` and the storage is `dhrd_engine`.
+//!
+//! Invariants:
+//! - SIGINT and SIGTERM are blocked before any thread starts, so only the dedicated signal
+//!   thread receives them; the first one starts a graceful shutdown (stop accepting,
+//!   finish in-flight requests, flush, exit 0), a second one exits at once;
+//! - the ready line is printed to stdout only after the socket is listening.
 
+use anyhow::{bail, Context};
 use clap::Args;
+use dhrd_engine::{
+    Durability, HybridObject, LoaderConfig, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES,
+};
+use dhrd_io::{Durable, FileBacking, FileOptions};
+use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
-#[derive(Args)]
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("endpoint").required(true).args(["socket", "listen"]))]
 pub struct NbdArgs {
     /// Backing regular file (created or extended to --size) or block device.
     #[arg(long)]
     pub backing: PathBuf,
+    /// Export size for a regular file (e.g. 1G, 512M, 4096); the file is created or
+    /// extended to it, never shrunk. Block devices are exported at their size.
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Listen on this Unix socket (created with mode 0600).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Listen on TCP ADDR:PORT; only loopback addresses unless --allow-remote.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Allow a non-loopback --listen address (NBD has no authentication; no TLS yet).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Export name (clients asking for the default export "" get it too).
+    #[arg(long, default_value = "")]
+    pub name: String,
+    /// RAM budget for the RAM tier (e.g. 2G); beyond it chunks are served from the backing.
+    #[arg(long, value_parser = parse_size)]
+    pub mem: Option<u64>,
+    /// sync (every write durable before its reply), fsync (durable at FLUSH/FUA) or
+    /// periodic:N (fsync plus a flush every N seconds).
+    #[arg(long, default_value = "sync")]
+    pub durability: Durability,
+    /// Export read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Chunk size of the RAM tier's loader (power of two, e.g. 1M).
+    #[arg(long, value_parser = parse_size)]
+    pub chunk: Option<u64>,
+    /// Cap the background load rate (bytes per second, e.g. 200M); default unlimited.
+    #[arg(long, value_parser = parse_size)]
+    pub load_rate: Option<u64>,
+    /// Log connection events, and the engine's statistics at exit, to stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
 }
 
-pub fn run(_a: NbdArgs) -> anyhow::Result<()> {
-    anyhow::bail!("dhrd nbd is not implemented yet")
+/// Parses "4096", "64k", "512M", "1G", "1GiB", "2T" (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits_end);
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("bad size unit in {s:?} (use k, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread it starts).
+fn block_signals() -> anyhow::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it; pthread_sigmask
+    // only changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            bail!("pthread_sigmask: {}", std::io::Error::from_raw_os_error(rc));
+        }
+        Ok(set)
+    }
+}
+
+/// The signal thread: first signal = graceful shutdown, second = immediate exit.
+fn spawn_signal_thread(set: libc::sigset_t, h: ShutdownHandle) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("dhrd-nbd-signals".into())
+        .spawn(move || {
+            let mut first = true;
+            loop {
+                let mut sig: libc::c_int = 0;
+                // SAFETY: `set` is an initialised sigset; sigwait writes one int.
+                if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                    continue;
+                }
+                if first {
+                    eprintln!("dhrd nbd: signal {sig}: finishing in-flight requests, then exiting");
+                    h.shutdown();
+                    first = false;
+                } else {
+                    eprintln!("dhrd nbd: second signal {sig}: exiting now");
+                    std::process::exit(130);
+                }
+            }
+        })?;
+    Ok(())
+}
+
+pub fn run(a: NbdArgs) -> anyhow::Result<()> {
+    let sigset = block_signals()?;
+    let listen = match (&a.socket, a.listen) {
+        (Some(p), None) => ListenAddr::Unix(p.clone()),
+        (None, Some(addr)) => ListenAddr::Tcp(addr),
+        _ => bail!("give exactly one of --socket PATH or --listen ADDR:PORT"),
+    };
+    if !a.backing.exists() && a.size.is_none() {
+        bail!(
+            "{} does not exist; pass --size to create it",
+            a.backing.display()
+        );
+    }
+    let backing = FileBacking::open(
+        &a.backing,
+        &FileOptions {
+            create: !a.read_only,
+            min_len: a.size,
+            read_only: a.read_only,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("opening backing {}", a.backing.display()))?;
+    let len = backing.len().context("backing size")?;
+    if len == 0 {
+        bail!("{} is empty; pass --size to export it", a.backing.display());
+    }
+    if let Some(s) = a.size {
+        if len > s && !backing.is_block_device() {
+            eprintln!(
+                "dhrd nbd: warning: {} is {len} bytes, larger than --size {s}; exporting {len}",
+                a.backing.display()
+            );
+        }
+    }
+    let describe = backing.describe();
+    let durability = a.durability;
+    let cfg = ObjectConfig {
+        chunk_bytes: a.chunk.unwrap_or(DEFAULT_CHUNK_BYTES),
+        durability,
+        budget: a.mem.map(RamBudget::new),
+        fixed_len: true,
+        read_only: a.read_only,
+        name: String::from("dhrd-nbd"),
+        loader_config: LoaderConfig {
+            rate_bytes_per_s: a.load_rate,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let obj = HybridObject::open(backing, cfg).context("opening the hybrid object")?;
+    report_load_when_done(obj.clone(), started);
+
+    let target = Arc::new(EngineTarget::new(obj.clone(), a.read_only));
+    let mut scfg = ServerConfig::new(listen);
+    scfg.name = a.name.clone();
+    scfg.allow_remote = a.allow_remote;
+    scfg.verbose = a.verbose;
+    let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
+    spawn_signal_thread(sigset, server.shutdown_handle())?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}) as export {:?} on {}",
+            target.size(),
+            if a.read_only { ", read-only" } else { "" },
+            a.name,
+            server.local_addr()
+        )?;
+        out.flush()?;
+    }
+    let summary = server.run().context("serving")?;
+    let closed = obj.close();
+    eprintln!(
+        "dhrd nbd: stopped after {} connection(s){}; {}",
+        summary.connections,
+        if summary.abandoned > 0 {
+            format!(", {} did not finish in time", summary.abandoned)
+        } else {
+            String::new()
+        },
+        match &closed {
+            Ok(()) => "all writes flushed".to_string(),
+            Err(e) => format!("final flush FAILED: {e}"),
+        }
+    );
+    if a.verbose {
+        eprintln!("{}", obj.stats());
+    }
+    if let Some(f) = obj.failure() {
+        eprintln!("dhrd nbd: the export turned read-only after a backing failure: {f}");
+    }
+    closed.context("final flush")?;
+    Ok(())
+}
+
+/// Prints one line when the background load finishes (tests and operators wait for it).
+fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
+    let _ = std::thread::Builder::new()
+        .name("dhrd-nbd-load".into())
+        .spawn(move || {
+            let done = obj.wait_loaded(None);
+            let p = obj.progress();
+            if done {
+                eprintln!(
+                    "dhrd nbd: loaded {} bytes into RAM in {:.2} s",
+                    p.bytes_total,
+                    started.elapsed().as_secs_f64()
+                );
+            } else {
+                eprintln!(
+                    "dhrd nbd: load incomplete: {}/{} chunks loaded, {} failed, {} over the RAM budget (served from the backing)",
+                    p.chunks_loaded, p.chunks_total, p.chunks_failed, p.chunks_over_budget
+                );
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
 }

@@ -17,7 +17,7 @@
 //!   back, and the bytes could revert once the page cache lets them go.
 
 use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
-use crate::stats::{Lat, Stats};
+use crate::stats::{Lat, Stats, C};
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,9 +25,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How many failed (ENOSPC) batches are remembered for slow waiters.
 const FAILED_BATCHES_KEPT: usize = 64;
-/// Longest a sync leader waits for the writers of the previous batch to rejoin before it
+/// Longest a sync leader waits for the writers of recent batches to rejoin before it
 /// syncs. Without it, the first writer back after a sync starts the next one alone and
-/// batches stay small; with one writer the wait never happens (the batch was 1).
+/// batches stay small; with one writer the wait never happens (batches are 1).
 const COMMIT_GATHER_MAX: Duration = Duration::from_micros(200);
 
 /// The sticky read-only state of an object.
@@ -87,7 +87,9 @@ struct State {
     syncing: bool,
     /// A leader is waiting for writers to join its batch; `issue` wakes it.
     gathering: bool,
-    last_batch: u64,
+    /// Decaying high-water mark of batch sizes, in sixteenths of a write: how many writers
+    /// are around to wait for. "As many as last time" would lock in small batches.
+    batch_hw_x16: u64,
     sync_ns_avg: u64,
     /// `(after, through]` ticket ranges whose sync failed with ENOSPC.
     failed_batches: Vec<(u64, u64)>,
@@ -96,7 +98,11 @@ struct State {
 #[derive(Default)]
 pub(crate) struct GroupCommit {
     m: Mutex<State>,
+    /// Sync waiters; woken when a sync finishes.
     cv: Condvar,
+    /// The gathering leader alone; woken by each new ticket (waking every waiter per
+    /// ticket would only churn the CPU).
+    gather_cv: Condvar,
 }
 
 impl GroupCommit {
@@ -104,7 +110,7 @@ impl GroupCommit {
         let mut g = self.m.lock();
         g.issued += 1;
         if g.gathering {
-            self.cv.notify_all();
+            self.gather_cv.notify_one();
         }
         Ticket(g.issued)
     }
@@ -140,12 +146,13 @@ impl GroupCommit {
                 continue;
             }
             g.syncing = true;
-            if g.last_batch > 1 {
+            let want = g.batch_hw_x16 / 16;
+            if want > 1 {
                 let wait = Duration::from_nanos(g.sync_ns_avg / 2).min(COMMIT_GATHER_MAX);
                 let deadline = Instant::now() + wait;
                 g.gathering = true;
-                while g.issued - g.synced < g.last_batch {
-                    if self.cv.wait_until(&mut g, deadline).timed_out() {
+                while g.issued - g.synced < want {
+                    if self.gather_cv.wait_until(&mut g, deadline).timed_out() {
                         break;
                     }
                 }
@@ -160,7 +167,8 @@ impl GroupCommit {
             stats.record(Lat::Sync, took);
             g = self.m.lock();
             g.syncing = false;
-            g.last_batch = target - prev;
+            let batch_x16 = (target - prev) * 16;
+            g.batch_hw_x16 = batch_x16.max(g.batch_hw_x16 - g.batch_hw_x16 / 16);
             let ns = took.as_nanos() as u64;
             g.sync_ns_avg = if g.sync_ns_avg == 0 {
                 ns
@@ -169,12 +177,12 @@ impl GroupCommit {
             };
             match r {
                 Ok(()) => {
-                    stats.syncs.add(1);
+                    stats.add(C::Syncs, 1);
                     stats.record_batch(target - prev);
                     g.synced = g.synced.max(target);
                 }
                 Err(e) => {
-                    stats.sync_failures.add(1);
+                    stats.add(C::SyncFailures, 1);
                     if is_enospc(&e) {
                         // The covered requests report ENOSPC itself.
                         if g.failed_batches.len() >= FAILED_BATCHES_KEPT {

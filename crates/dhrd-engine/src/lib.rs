@@ -17,6 +17,7 @@ mod error;
 mod loader;
 mod object;
 mod ram;
+mod slot;
 mod stats;
 mod units;
 
@@ -27,8 +28,7 @@ pub use config::{
 };
 pub use error::{BackingOp, Error, FailureCause, Result};
 pub use loader::{LoadGate, Loader};
-pub use object::{
-    ChunkState, HybridObject, LoadProgress, LoadStep, RamView, ReadOutcome, Served, View,
-};
+pub use object::{HybridObject, LoadProgress, LoadStep, RamView, ReadOutcome, Served, View};
+pub use slot::ChunkState;
 pub use stats::{Latency, StatsSnapshot};
 pub use units::{ChunkGeometry, ChunkIndex, Piece, CHUNK_BYTES_MAX, CHUNK_BYTES_MIN};

@@ -10,14 +10,15 @@
 //!   the RAM bytes past the length;
 //! - a chunk lying wholly past the length is Unloaded, and the backing holds only zeros
 //!   there (a failed extending write truncates the backing back);
-//! - a chunk is Loading only while the loader holds its lock.
+//! - a chunk is Loading only while the loader has claimed it (see `slot.rs`).
 //!
 //! Locks, in acquisition order: the layout lock (shared by every request; exclusive only
-//! to truncate or to grow the mapping), then chunk locks in ascending index order (writers
-//! and the loader), then the group-commit and load-queue mutexes. Readers take no chunk
-//! lock: they read the chunk state word (state plus a generation bumped whenever a chunk
-//! leaves Loaded), copy, and check the word again, so a read never waits on a writer of
-//! another chunk and never returns RAM bytes of a chunk that was not Loaded throughout.
+//! to truncate, to grow the mapping, or to verify), then chunk range locks in ascending
+//! index order (writers register their byte range; disjoint writers share a chunk; the
+//! loader claims a chunk with no writers), then the group-commit and load-queue mutexes.
+//! Readers take no chunk lock: they read the chunk state word (state plus a generation
+//! bumped whenever a chunk leaves Loaded), copy, and check the word again, so a read never
+//! waits on a writer and never returns RAM bytes of a chunk that was not Loaded throughout.
 //!
 //! Write ordering (C3): the backing first, then (in `sync` mode) a group-committed sync,
 //! then RAM, then the reply. A request that fails after reaching the backing takes the
@@ -31,15 +32,16 @@ use crate::config::{Durability, ObjectConfig, DEMAND_QUEUE_MAX, OBJECT_BYTES_MAX
 use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
 use crate::loader::{LoadResult, LoadTarget, Loader, NextJob};
 use crate::ram::RamRegion;
-use crate::stats::{sample_read, Lat, Stats, StatsSnapshot};
+use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, WriteHold};
+use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use dhrd_io::{read_full, Durable};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,60 +50,18 @@ use std::time::{Duration, Instant};
 const ZERO_BATCH_CHUNKS: u64 = 64;
 /// Page size used to round bulk loads (O_DIRECT needs whole pages).
 const PAGE_BYTES: u64 = 4096;
+/// In `sync` mode the written pages are clean once synced; they are dropped from the
+/// backing's page cache (RAM holds the data) once this many bytes were written, rather
+/// than after every write, which would cost a system call per write.
+const DROP_BEHIND_BYTES: u64 = 32 << 20;
 
-/// State of one chunk (SPEC section 2).
+/// How `zero_range` treats the backing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChunkState {
-    Unloaded,
-    Loading,
-    Loaded,
-}
-
-const STATE_MASK: u32 = 0b11;
-const GEN_ONE: u32 = 0b100;
-
-fn state_of(word: u32) -> ChunkState {
-    match word & STATE_MASK {
-        1 => ChunkState::Loading,
-        2 => ChunkState::Loaded,
-        _ => ChunkState::Unloaded,
-    }
-}
-
-struct Slot {
-    /// `generation << 2 | state`.
-    word: AtomicU32,
-    lock: Mutex<()>,
-}
-
-impl Slot {
-    fn new() -> Self {
-        Self {
-            word: AtomicU32::new(0),
-            lock: Mutex::new(()),
-        }
-    }
-
-    #[inline]
-    fn state(&self) -> ChunkState {
-        state_of(self.word.load(Ordering::Acquire))
-    }
-
-    /// Sets the state; leaving Loaded bumps the generation so in-flight readers retry.
-    fn set_state(&self, s: ChunkState) {
-        let w = self.word.load(Ordering::Relaxed);
-        let gen = if state_of(w) == ChunkState::Loaded && s != ChunkState::Loaded {
-            (w & !STATE_MASK).wrapping_add(GEN_ONE)
-        } else {
-            w & !STATE_MASK
-        };
-        let bits = match s {
-            ChunkState::Unloaded => 0,
-            ChunkState::Loading => 1,
-            ChunkState::Loaded => 2,
-        };
-        self.word.store(gen | bits, Ordering::Release);
-    }
+enum ZeroMode {
+    /// Deallocate where possible (TRIM, punch hole).
+    Punch,
+    /// Keep the range allocated (NBD WRITE_ZEROES with NO_HOLE).
+    Allocate,
 }
 
 struct Layout {
@@ -264,6 +224,8 @@ struct Inner<D: Durable> {
     dirty: AtomicBool,
     /// A chunk was invalidated under the layout lock; wake the loader once it is released.
     kick_pending: AtomicBool,
+    /// Bytes written in `sync` mode since the backing's cache was last dropped.
+    written_since_drop: AtomicU64,
     flusher_stop: Arc<(Mutex<bool>, Condvar)>,
 }
 
@@ -354,6 +316,7 @@ impl<D: Durable> HybridObject<D> {
             closed: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             kick_pending: AtomicBool::new(false),
+            written_since_drop: AtomicU64::new(0),
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
             cfg,
         });
@@ -409,7 +372,15 @@ impl<D: Durable> HybridObject<D> {
     /// Zeroes `[offset, offset+len)` (clipped to the length, which never changes): RAM is
     /// zeroed and the backing range punched (TRIM, WRITE_ZEROES, FALLOC_FL_PUNCH_HOLE).
     pub fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
-        let r = self.inner.zero_range(offset, len);
+        let r = self.inner.zero_range(offset, len, ZeroMode::Punch);
+        self.inner.after_request();
+        r
+    }
+
+    /// Like `zero_range`, but the backing range stays allocated (NBD WRITE_ZEROES with
+    /// NO_HOLE, FALLOC_FL_ZERO_RANGE).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let r = self.inner.zero_range(offset, len, ZeroMode::Allocate);
         self.inner.after_request();
         r
     }
@@ -614,12 +585,12 @@ impl<D: Durable> Inner<D> {
         }
         drop(layout);
         if ram_bytes > 0 {
-            self.stats.reads_ram.add(1);
-            self.stats.bytes_read_ram.add(ram_bytes);
+            self.stats.add(C::ReadsRam, 1);
+            self.stats.add(C::BytesReadRam, ram_bytes);
         }
         if backing_bytes > 0 {
-            self.stats.reads_backing.add(1);
-            self.stats.bytes_read_backing.add(backing_bytes);
+            self.stats.add(C::ReadsBacking, 1);
+            self.stats.add(C::BytesReadBacking, backing_bytes);
         }
         if let Some(c) = demanded {
             self.demand(c);
@@ -669,6 +640,8 @@ impl<D: Durable> Inner<D> {
         // SAFETY: below the length, hence below the memfd size; the guard moves into the
         // view and pins the mapping.
         let ptr = unsafe { g.ram.slice(offset, n as usize) }.as_ptr();
+        self.stats.add(C::ReadsRam, 1);
+        self.stats.add(C::BytesReadRam, n);
         Ok(View::Ram(RamView {
             _guard: g,
             ptr,
@@ -685,63 +658,89 @@ impl<D: Durable> Inner<D> {
         self.failure.check()
     }
 
-    /// Locks the chunks of `[offset, end)` in ascending order and decides each one's plan.
+    /// Takes the range lock of every chunk of `[offset, end)` in ascending order (so
+    /// writers never wait in a cycle) and decides each chunk's plan.
     fn lock_range<'a>(
         &self,
         layout: &'a Layout,
         offset: u64,
         end: u64,
-    ) -> (Vec<MutexGuard<'a, ()>>, Vec<(ChunkIndex, WritePlan)>) {
-        let first = self.geo.index_of(offset).0;
-        let last = self.geo.index_of(end - 1).0;
-        let mut guards = Vec::with_capacity((last - first + 1) as usize);
-        let mut plan = Vec::with_capacity(guards.capacity());
-        for i in first..=last {
-            let c = ChunkIndex(i);
-            let slot = layout.slot(c);
-            let g = match slot.lock.try_lock() {
-                Some(g) => g,
-                None => {
-                    if slot.state() == ChunkState::Loading {
-                        self.stats.write_waits_on_load.add(1); // I1
-                    }
-                    slot.lock.lock()
-                }
+    ) -> Vec<(ChunkIndex, WritePlan, WriteHold<'a>)> {
+        let mut out = Vec::new();
+        for p in self.geo.pieces(offset, end - offset) {
+            let c = p.chunk;
+            let past_end = || self.geo.start_of(c) >= self.len.load(Ordering::Acquire);
+            let (hold, found, waited) =
+                layout
+                    .slot(c)
+                    .acquire_write(p.offset, p.offset + p.len, past_end);
+            if waited {
+                self.stats.add(C::WriteWaitsOnLoad, 1); // I1
+            }
+            let plan = match found {
+                Found::Loaded => WritePlan::Mirror,
+                Found::Unloaded => WritePlan::BackingOnly,
+                Found::Fresh => WritePlan::Fresh,
             };
-            let st = slot.state();
-            assert_ne!(
-                st,
-                ChunkState::Loading,
-                "{c} Loading while its lock is free"
-            );
-            let p = match st {
-                ChunkState::Loaded => WritePlan::Mirror,
-                _ if self.geo.start_of(c) >= self.len.load(Ordering::Acquire) => WritePlan::Fresh,
-                _ => WritePlan::BackingOnly,
-            };
-            guards.push(g);
-            plan.push((c, p));
+            out.push((c, plan, hold));
         }
-        (guards, plan)
+        out
+    }
+
+    /// Copies a written piece into RAM if its chunk is (still) Loaded, or makes a fresh
+    /// chunk Loaded. A chunk invalidated meanwhile by another request's failure is left
+    /// alone: the loader will copy it, this write included, from the backing.
+    fn apply_piece(
+        &self,
+        layout: &Layout,
+        plan: WritePlan,
+        c: ChunkIndex,
+        offset: u64,
+        src: &[u8],
+    ) {
+        let slot = layout.slot(c);
+        match plan {
+            WritePlan::Mirror => slot.with_state(|st| {
+                if st == ChunkState::Loaded {
+                    layout.ram.copy_in(offset, src);
+                }
+            }),
+            WritePlan::Fresh => slot.with_state(|st| {
+                debug_assert_eq!(st, ChunkState::Unloaded);
+                if self.budget.try_reserve(self.geo.chunk_bytes()) {
+                    layout.ram.copy_in(offset, src);
+                    slot.set_state(ChunkState::Loaded);
+                    self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
+                } else {
+                    self.stats.add(C::WritePiecesBackingOnly, 1);
+                }
+            }),
+            WritePlan::BackingOnly => self.stats.add(C::WritePiecesBackingOnly, 1),
+        }
     }
 
     /// A chunk leaves Loaded because its RAM copy may no longer match the backing.
-    /// The caller holds the chunk lock.
     fn invalidate(&self, layout: &Layout, c: ChunkIndex) {
         let slot = layout.slot(c);
-        if slot.state() != ChunkState::Loaded {
+        let was_loaded = slot.with_state(|st| {
+            if st != ChunkState::Loaded {
+                return false;
+            }
+            slot.set_state(ChunkState::Unloaded);
+            let start = self.geo.start_of(c);
+            let end = self.geo.end_of(c).min(layout.ram.file_bytes());
+            if end > start {
+                // Unloaded chunks hold zeros; a failure here only costs memory.
+                let _ = layout.ram.zero(start, end - start);
+            }
+            true
+        });
+        if !was_loaded {
             return;
-        }
-        slot.set_state(ChunkState::Unloaded);
-        let start = self.geo.start_of(c);
-        let end = self.geo.end_of(c).min(layout.ram.file_bytes());
-        if end > start {
-            // Unloaded chunks hold zeros; a failure here only costs memory.
-            let _ = layout.ram.zero(start, end - start);
         }
         self.budget.release(self.geo.chunk_bytes());
         self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
-        self.stats.chunks_invalidated.add(1);
+        self.stats.add(C::ChunksInvalidated, 1);
         let mut q = self.lq.lock();
         if q.demand.len() < DEMAND_QUEUE_MAX {
             q.demand.push_back(c);
@@ -756,17 +755,17 @@ impl<D: Durable> Inner<D> {
     fn fail_request(
         &self,
         layout: &Layout,
-        plan: &[(ChunkIndex, WritePlan)],
+        plan: &[(ChunkIndex, WritePlan, WriteHold<'_>)],
         op: BackingOp,
         err: Error,
         len_before: u64,
     ) -> Error {
-        self.stats.writes_failed.add(1);
+        self.stats.add(C::WritesFailed, 1);
         // Part of the request may sit in the backing's cache where reads see it: the next
         // flush must sync it rather than find nothing to do.
         self.commit.issue();
         self.dirty.store(true, Ordering::Release);
-        for (c, p) in plan {
+        for (c, p, _) in plan {
             if *p == WritePlan::Mirror {
                 self.invalidate(layout, *c);
             }
@@ -817,7 +816,7 @@ impl<D: Durable> Inner<D> {
                 size: len_before,
             });
         }
-        let (guards, plan) = self.lock_range(&layout, offset, end);
+        let plan = self.lock_range(&layout, offset, end);
         let len_locked = self.len.load(Ordering::Acquire);
 
         // 1. Backing first (C3).
@@ -851,35 +850,27 @@ impl<D: Durable> Inner<D> {
                 return Err(self.fail_request(&layout, &plan, BackingOp::Write, e, len_locked));
             }
         }
-        for p in self.geo.pieces(offset, end - offset) {
+        for (p, (c, how, _)) in self.geo.pieces(offset, end - offset).zip(&plan) {
+            debug_assert_eq!(p.chunk, *c);
             let src = buf
                 .get((p.offset - offset) as usize..(p.offset - offset + p.len) as usize)
                 .unwrap_or(&[]);
-            let idx = (p.chunk.0 - self.geo.index_of(offset).0) as usize;
-            match plan.get(idx).map(|x| x.1) {
-                Some(WritePlan::Mirror) => layout.ram.copy_in(p.offset, src),
-                Some(WritePlan::Fresh) => {
-                    if self.budget.try_reserve(self.geo.chunk_bytes()) {
-                        layout.ram.copy_in(p.offset, src);
-                        layout.slot(p.chunk).set_state(ChunkState::Loaded);
-                        self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
-                    } else {
-                        self.stats.write_pieces_backing_only.add(1);
-                    }
-                }
-                _ => self.stats.write_pieces_backing_only.add(1),
-            }
+            self.apply_piece(&layout, *how, *c, p.offset, src);
         }
         // 4. The new length becomes visible only after the bytes are in place.
         let grew = end > len_locked;
         if grew {
             self.len.fetch_max(end, Ordering::AcqRel);
         }
-        if self.cfg.durability == Durability::Sync {
-            self.backing.drop_cache(offset, buf.len() as u64);
-        }
-        drop(guards);
+        drop(plan);
         drop(layout);
+        if self.cfg.durability == Durability::Sync {
+            let n = buf.len() as u64;
+            if self.written_since_drop.fetch_add(n, Ordering::Relaxed) + n >= DROP_BEHIND_BYTES {
+                self.written_since_drop.store(0, Ordering::Relaxed);
+                self.backing.drop_cache(0, 0);
+            }
+        }
         if grew {
             // Chunks between the old end and this write are Unloaded and now in range; the
             // cursor may have passed them while the object was shorter.
@@ -890,39 +881,43 @@ impl<D: Durable> Inner<D> {
             }
             self.kick_loader();
         }
-        self.stats.writes.add(1);
-        self.stats.bytes_written.add(buf.len() as u64);
+        self.stats.add(C::Writes, 1);
+        self.stats.add(C::BytesWritten, buf.len() as u64);
         self.stats.record(Lat::Write, started.elapsed());
         Ok(())
     }
 
-    fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+    fn zero_range(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
         self.check_writable()?;
         let size = self.len.load(Ordering::Acquire);
         let end = offset.saturating_add(len).min(size);
         if offset >= end {
             return Ok(());
         }
-        self.stats.zero_ranges.add(1);
+        self.stats.add(C::ZeroRanges, 1);
         let batch_bytes = ZERO_BATCH_CHUNKS * self.geo.chunk_bytes();
         let mut pos = offset;
         while pos < end {
             let stop = ((pos / batch_bytes + 1) * batch_bytes).min(end);
-            self.zero_batch(pos, stop)?;
+            self.zero_batch(pos, stop, mode)?;
             pos = stop;
         }
         Ok(())
     }
 
-    fn zero_batch(&self, offset: u64, end: u64) -> Result<()> {
+    fn zero_batch(&self, offset: u64, end: u64, mode: ZeroMode) -> Result<()> {
         let layout = read_guard(&self.layout);
-        let (guards, plan) = self.lock_range(&layout, offset, end);
+        let plan = self.lock_range(&layout, offset, end);
         let len_locked = self.len.load(Ordering::Acquire);
         let end = end.min(len_locked);
         if offset >= end {
             return Ok(());
         }
-        if let Err(e) = self.backing.zero_range(offset, end - offset) {
+        let r = match mode {
+            ZeroMode::Punch => self.backing.zero_range(offset, end - offset),
+            ZeroMode::Allocate => self.backing.write_zeroes(offset, end - offset),
+        };
+        if let Err(e) = r {
             return Err(self.fail_request(
                 &layout,
                 &plan,
@@ -945,15 +940,23 @@ impl<D: Durable> Inner<D> {
         } else {
             self.dirty.store(true, Ordering::Release);
         }
-        for p in self.geo.pieces(offset, end - offset) {
-            let idx = (p.chunk.0 - self.geo.index_of(offset).0) as usize;
-            if plan.get(idx).map(|x| x.1) == Some(WritePlan::Mirror) {
-                if let Err(e) = layout.ram.zero(p.offset, p.len) {
-                    return Err(self.fail_request(&layout, &plan, BackingOp::Zero, e, len_locked));
+        for (p, (c, how, _)) in self.geo.pieces(offset, end - offset).zip(&plan) {
+            if *how != WritePlan::Mirror {
+                continue;
+            }
+            let slot = layout.slot(*c);
+            let r = slot.with_state(|st| {
+                if st == ChunkState::Loaded {
+                    layout.ram.zero(p.offset, p.len)
+                } else {
+                    Ok(())
                 }
+            });
+            if let Err(e) = r {
+                return Err(self.fail_request(&layout, &plan, BackingOp::Zero, e, len_locked));
             }
         }
-        drop(guards);
+        drop(plan);
         Ok(())
     }
 
@@ -962,7 +965,7 @@ impl<D: Durable> Inner<D> {
             return Ok(());
         }
         self.failure.check()?;
-        self.stats.flushes.add(1);
+        self.stats.add(C::Flushes, 1);
         let t = self.commit.current();
         self.sync_through(t)?;
         if self.dirty.swap(false, Ordering::AcqRel) {
@@ -991,14 +994,13 @@ impl<D: Durable> Inner<D> {
                 size: old,
             });
         }
-        self.stats.set_lens.add(1);
+        self.stats.add(C::SetLens, 1);
         let mut layout = write_guard(&self.layout);
         if let Err(e) = self.backing.set_len(new_len) {
             // The size may or may not have changed: everything the change touches leaves
             // Loaded and is reloaded from what the backing says.
             let boundary = self.geo.index_of(old.min(new_len));
             if (boundary.0 as usize) < layout.slots.len() {
-                let _g = layout.slot(boundary).lock.lock();
                 self.invalidate(&layout, boundary);
             }
             return Err(if is_enospc(&e) {
@@ -1038,7 +1040,6 @@ impl<D: Durable> Inner<D> {
         if let Err(e) = durable {
             let boundary = self.geo.index_of(old.min(new_len));
             if (boundary.0 as usize) < layout.slots.len() {
-                let _g = layout.slot(boundary).lock.lock();
                 self.invalidate(&layout, boundary);
             }
             return Err(e);
@@ -1062,17 +1063,44 @@ impl<D: Durable> Inner<D> {
             return LoadResult::Skipped;
         }
         let slot = layout.slot(c);
-        // I3: a writer holding the lock makes us wait, so the copy includes its write.
-        let _g = slot.lock.lock();
-        if slot.state() != ChunkState::Unloaded {
-            return LoadResult::Skipped;
-        }
         let cb = self.geo.chunk_bytes();
-        if !self.budget.try_reserve(cb) {
-            self.lq.lock().over_budget.insert(c.0);
-            return LoadResult::OverBudget;
+        // I3: writers inside the chunk make us wait, so the copy includes their writes.
+        let mut claim = match slot.begin_load(|| self.budget.try_reserve(cb)) {
+            Ok(LoadClaim::Claimed(g)) => g,
+            Ok(LoadClaim::NotNeeded) => return LoadResult::Skipped,
+            Err(()) => {
+                self.lq.lock().over_budget.insert(c.0);
+                // Waiters in wait_loaded learn that the load cannot complete.
+                self.load_cv.notify_all();
+                return LoadResult::OverBudget;
+            }
+        };
+        // The chunk is Loading and ours: writers wait for it (I1), readers go to the
+        // backing (I5). The mutex itself is released while we read.
+        let result = Slot::unlocked_while(&mut claim, || self.fill_chunk(&layout, c));
+        match result {
+            Ok(want) => {
+                slot.end_load(claim, ChunkState::Loaded);
+                self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
+                let mut q = self.lq.lock();
+                q.retries.remove(&c.0);
+                q.bytes_loaded += want;
+                drop(q);
+                self.load_cv.notify_all();
+                LoadResult::Loaded { bytes: want }
+            }
+            Err(_) => {
+                slot.end_load(claim, ChunkState::Unloaded);
+                self.budget.release(cb);
+                self.schedule_retry(c);
+                LoadResult::Failed
+            }
         }
-        slot.set_state(ChunkState::Loading);
+    }
+
+    /// Copies chunk `c` from the backing into RAM. The caller has claimed it (Loading).
+    /// Returns the number of data bytes in the chunk; on failure RAM is left zero.
+    fn fill_chunk(&self, layout: &Layout, c: ChunkIndex) -> io::Result<u64> {
         if let Some(g) = &self.cfg.gate {
             g.at_loading(c);
         }
@@ -1086,8 +1114,9 @@ impl<D: Durable> Inner<D> {
             // mapped and past-end bytes of the backing read as nothing (zeros stay).
             let file_pages_end = layout.ram.file_bytes().div_ceil(PAGE_BYTES) * PAGE_BYTES;
             let read_len = (want.div_ceil(PAGE_BYTES) * PAGE_BYTES).min(file_pages_end - start);
-            // SAFETY: we hold the chunk lock and the chunk is Loading, so no reader or
-            // writer touches this RAM range; it lies within the memfd's last page.
+            // SAFETY: the chunk is claimed Loading, so no reader (they skip non-Loaded
+            // chunks) or writer (they wait) touches this RAM range, and the layout lock
+            // is held shared; the range lies within the memfd's last page.
             let dst = unsafe { layout.ram.slice_mut_pages(start, read_len as usize) };
             let r = self.backing.read_bulk_at(dst, start);
             if let Ok(n) = r {
@@ -1102,44 +1131,37 @@ impl<D: Durable> Inner<D> {
             r
         };
         match result {
-            Ok(_) => {
-                slot.set_state(ChunkState::Loaded);
-                self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
-                let mut q = self.lq.lock();
-                q.retries.remove(&c.0);
-                q.bytes_loaded += want;
-                drop(q);
-                self.load_cv.notify_all();
-                LoadResult::Loaded { bytes: want }
-            }
-            Err(_) => {
+            Ok(_) => Ok(want),
+            Err(e) => {
                 let _ = layout.ram.zero(start, want);
-                slot.set_state(ChunkState::Unloaded);
-                self.budget.release(cb);
-                let lc = self.cfg.loader_config.clone();
-                let mut q = self.lq.lock();
-                let attempts = q.retries.get(&c.0).map_or(0, |r| r.attempts) + 1;
-                if attempts >= lc.retry_attempts_max {
-                    q.retries.remove(&c.0);
-                    q.failed.insert(c.0);
-                } else {
-                    let backoff = lc
-                        .retry_base
-                        .saturating_mul(1 << (attempts - 1).min(16))
-                        .min(lc.retry_max);
-                    q.retries.insert(
-                        c.0,
-                        Retry {
-                            attempts,
-                            due: Instant::now() + backoff,
-                        },
-                    );
-                }
-                drop(q);
-                self.load_cv.notify_all();
-                LoadResult::Failed
+                Err(e)
             }
         }
+    }
+
+    /// I9: a failed load is retried with doubling back-off, then reported as failed.
+    fn schedule_retry(&self, c: ChunkIndex) {
+        let lc = &self.cfg.loader_config;
+        let mut q = self.lq.lock();
+        let attempts = q.retries.get(&c.0).map_or(0, |r| r.attempts) + 1;
+        if attempts >= lc.retry_attempts_max {
+            q.retries.remove(&c.0);
+            q.failed.insert(c.0);
+        } else {
+            let backoff = lc
+                .retry_base
+                .saturating_mul(1 << (attempts - 1).min(16))
+                .min(lc.retry_max);
+            q.retries.insert(
+                c.0,
+                Retry {
+                    attempts,
+                    due: Instant::now() + backoff,
+                },
+            );
+        }
+        drop(q);
+        self.load_cv.notify_all();
     }
 
     fn next_job(&self, now: Instant) -> NextJob {

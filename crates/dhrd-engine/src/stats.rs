@@ -32,21 +32,58 @@ pub(crate) fn sample_read() -> bool {
     })
 }
 
-#[derive(Default)]
-pub(crate) struct Counter {
-    shards: [CachePadded<AtomicU64>; COUNTER_SHARDS],
+/// The object's counters. All counters of one shard share one cache line, so an object
+/// costs a few KB however many counters it has, and a thread touches one line per update.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum C {
+    ReadsRam,
+    ReadsBacking,
+    BytesReadRam,
+    BytesReadBacking,
+    Writes,
+    WritePiecesBackingOnly,
+    BytesWritten,
+    WritesFailed,
+    Syncs,
+    SyncFailures,
+    ZeroRanges,
+    SetLens,
+    Flushes,
+    ChunksInvalidated,
+    WriteWaitsOnLoad,
 }
 
-impl Counter {
-    #[inline]
-    pub(crate) fn add(&self, v: u64) {
-        let i = SLOT.with(|s| *s);
-        if let Some(s) = self.shards.get(i) {
-            s.fetch_add(v, Ordering::Relaxed);
+const COUNTERS: usize = 15;
+
+pub(crate) struct Counters {
+    shards: Box<[CachePadded<[AtomicU64; COUNTERS]>]>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            shards: (0..COUNTER_SHARDS)
+                .map(|_| CachePadded::new(Default::default()))
+                .collect(),
         }
     }
-    pub(crate) fn get(&self) -> u64 {
-        self.shards.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+}
+
+impl Counters {
+    #[inline]
+    pub(crate) fn add(&self, c: C, v: u64) {
+        let i = SLOT.with(|s| *s);
+        if let Some(cell) = self.shards.get(i).and_then(|s| s.get(c as usize)) {
+            cell.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn get(&self, c: C) -> u64 {
+        self.shards
+            .iter()
+            .filter_map(|s| s.get(c as usize))
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -72,21 +109,7 @@ fn record_into(slot: &mut Option<Histogram<u64>>, v: u64) {
 
 #[derive(Default)]
 pub(crate) struct Stats {
-    pub reads_ram: Counter,
-    pub reads_backing: Counter,
-    pub bytes_read_ram: Counter,
-    pub bytes_read_backing: Counter,
-    pub writes: Counter,
-    pub write_pieces_backing_only: Counter,
-    pub bytes_written: Counter,
-    pub writes_failed: Counter,
-    pub syncs: Counter,
-    pub sync_failures: Counter,
-    pub zero_ranges: Counter,
-    pub set_lens: Counter,
-    pub flushes: Counter,
-    pub chunks_invalidated: Counter,
-    pub write_waits_on_load: Counter,
+    pub counters: Counters,
     hists: Mutex<Hists>,
 }
 
@@ -98,6 +121,11 @@ pub(crate) enum Lat {
 }
 
 impl Stats {
+    #[inline]
+    pub(crate) fn add(&self, c: C, v: u64) {
+        self.counters.add(c, v);
+    }
+
     pub(crate) fn new() -> Self {
         Self::default()
     }
@@ -122,21 +150,21 @@ impl Stats {
         let g = self.hists.lock();
         let lat = |h: &Option<Histogram<u64>>| h.as_ref().map(Latency::of).unwrap_or_default();
         StatsSnapshot {
-            reads_ram: self.reads_ram.get(),
-            reads_backing: self.reads_backing.get(),
-            bytes_read_ram: self.bytes_read_ram.get(),
-            bytes_read_backing: self.bytes_read_backing.get(),
-            writes: self.writes.get(),
-            write_pieces_backing_only: self.write_pieces_backing_only.get(),
-            bytes_written: self.bytes_written.get(),
-            writes_failed: self.writes_failed.get(),
-            syncs: self.syncs.get(),
-            sync_failures: self.sync_failures.get(),
-            zero_ranges: self.zero_ranges.get(),
-            set_lens: self.set_lens.get(),
-            flushes: self.flushes.get(),
-            chunks_invalidated: self.chunks_invalidated.get(),
-            write_waits_on_load: self.write_waits_on_load.get(),
+            reads_ram: self.counters.get(C::ReadsRam),
+            reads_backing: self.counters.get(C::ReadsBacking),
+            bytes_read_ram: self.counters.get(C::BytesReadRam),
+            bytes_read_backing: self.counters.get(C::BytesReadBacking),
+            writes: self.counters.get(C::Writes),
+            write_pieces_backing_only: self.counters.get(C::WritePiecesBackingOnly),
+            bytes_written: self.counters.get(C::BytesWritten),
+            writes_failed: self.counters.get(C::WritesFailed),
+            syncs: self.counters.get(C::Syncs),
+            sync_failures: self.counters.get(C::SyncFailures),
+            zero_ranges: self.counters.get(C::ZeroRanges),
+            set_lens: self.counters.get(C::SetLens),
+            flushes: self.counters.get(C::Flushes),
+            chunks_invalidated: self.counters.get(C::ChunksInvalidated),
+            write_waits_on_load: self.counters.get(C::WriteWaitsOnLoad),
             read_ram: lat(&g.read_ram_ns),
             read_backing: lat(&g.read_backing_ns),
             write: lat(&g.write_ns),

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{workload, CrashOracle, Model, Op};
+use common::{apply, workload, CrashOracle, Model, Op};
 use dhrd_engine::{Durability, HybridObject, LoaderConfig, ObjectConfig};
 use dhrd_io::SimBacking;
 use std::sync::Arc;
@@ -33,15 +33,6 @@ fn cfg(durability: Durability) -> ObjectConfig {
 
 fn initial() -> Vec<u8> {
     (0..SIZE as usize).map(|i| (i % 251) as u8 | 0x80).collect()
-}
-
-fn apply(o: &HybridObject<Arc<SimBacking>>, op: &Op) -> dhrd_engine::Result<()> {
-    match op {
-        Op::Write { offset, data } => o.write_at(data, *offset),
-        Op::Zero { offset, len } => o.zero_range(*offset, *len),
-        Op::SetLen(l) => o.set_len(*l),
-        Op::Flush => o.flush(),
-    }
 }
 
 /// Returns how many crash points were exercised.

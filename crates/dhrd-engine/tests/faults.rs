@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{workload, Model, Op};
+use common::{apply, workload, Model, Op};
 use dhrd_engine::{BackingOp, Durability, Error, HybridObject, LoaderConfig, ObjectConfig};
 use dhrd_io::{Fault, FaultKind, SimBacking};
 use std::sync::Arc;
@@ -27,15 +27,6 @@ fn open(sim: &Arc<SimBacking>, durability: Durability) -> Obj {
         ..Default::default()
     };
     HybridObject::open(sim.clone(), cfg).unwrap_or_else(|e| panic!("open: {e}"))
-}
-
-fn apply(o: &Obj, op: &Op) -> dhrd_engine::Result<()> {
-    match op {
-        Op::Write { offset, data } => o.write_at(data, *offset),
-        Op::Zero { offset, len } => o.zero_range(*offset, *len),
-        Op::SetLen(l) => o.set_len(*l),
-        Op::Flush => o.flush(),
-    }
 }
 
 fn content(o: &Obj) -> Vec<u8> {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Model, Op};
+use common::{apply, Model, Op};
 use dhrd_engine::{Durability, HybridObject, LoaderConfig, ObjectConfig};
 use dhrd_io::{Durable, SimBacking, SplitMix64};
 use proptest::prelude::*;
@@ -33,6 +33,7 @@ fn step(max: u64) -> impl Strategy<Value = Step> {
         }),
         4 => (0..max, 1..3 * 4096usize).prop_map(|(offset, len)| Step::Read { offset, len }),
         1 => (0..max, 1..2 * 4096u64).prop_map(|(offset, len)| Step::Op(Op::Zero { offset, len })),
+        1 => (0..max, 1..2 * 4096u64).prop_map(|(offset, len)| Step::Op(Op::ZeroAlloc { offset, len })),
         1 => (0..max).prop_map(|l| Step::Op(Op::SetLen(l))),
         1 => Just(Step::Op(Op::Flush)),
         1 => Just(Step::Restart),
@@ -52,15 +53,6 @@ fn open(sim: &Arc<SimBacking>, cb: u64, durability: Durability, rate: Option<u64
         ..Default::default()
     };
     HybridObject::open(sim.clone(), cfg).unwrap_or_else(|e| panic!("open: {e}"))
-}
-
-fn apply(o: &Obj, op: &Op) -> dhrd_engine::Result<()> {
-    match op {
-        Op::Write { offset, data } => o.write_at(data, *offset),
-        Op::Zero { offset, len } => o.zero_range(*offset, *len),
-        Op::SetLen(l) => o.set_len(*l),
-        Op::Flush => o.flush(),
-    }
 }
 
 proptest! {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{CrashOracle, Model, Op};
+use common::{apply, CrashOracle, Model, Op};
 use dhrd_engine::{Durability, HybridObject, LoadStep, ObjectConfig, RamBudget};
 use dhrd_io::{Fault, FaultKind, SimBacking, SplitMix64};
 use std::sync::Arc;
@@ -84,10 +84,14 @@ impl World {
                 r.fill(&mut data);
                 Op::Write { offset: off, data }
             }
-            6 => Op::Zero {
-                offset: r.below(len + 1),
-                len: 1 + r.below(2 * self.cb),
-            },
+            6 => {
+                let (offset, len) = (r.below(len + 1), 1 + r.below(2 * self.cb));
+                if r.chance(1, 2) {
+                    Op::Zero { offset, len }
+                } else {
+                    Op::ZeroAlloc { offset, len }
+                }
+            }
             7 => Op::SetLen(r.below(len + 3 * self.cb)),
             _ => Op::Flush,
         }
@@ -98,12 +102,7 @@ impl World {
         if std::env::var_os("DHRD_TRACE").is_some() {
             eprintln!("{ctx}: {op:?}");
         }
-        let r = match &op {
-            Op::Write { offset, data } => self.obj.write_at(data, *offset),
-            Op::Zero { offset, len } => self.obj.zero_range(*offset, *len),
-            Op::SetLen(l) => self.obj.set_len(*l),
-            Op::Flush => self.obj.flush(),
-        };
+        let r = apply(&self.obj, &op);
         if std::env::var_os("DHRD_TRACE").is_some() {
             eprintln!("{ctx}:   -> {:?}", r.as_ref().map_err(|e| e.to_string()));
         }

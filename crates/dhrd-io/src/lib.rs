@@ -72,21 +72,32 @@ pub trait Durable: Send + Sync + 'static {
     /// Zeroes a range, deallocating it where the backing can (punch hole). Not durable until
     /// `sync`. The default writes zeros.
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        const ZERO_BUF_BYTES: u64 = 64 * 1024;
-        let zeros = vec![0u8; ZERO_BUF_BYTES.min(len.max(1)) as usize];
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(zeros.len() as u64) as usize;
-            self.write_at(zeros.get(..n).unwrap_or(&[]), offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
+        write_zero_bytes(self, offset, len)
+    }
+
+    /// Zeroes a range and keeps it allocated (NBD WRITE_ZEROES with NO_HOLE, fallocate
+    /// FALLOC_FL_ZERO_RANGE). Not durable until `sync`. The default writes zeros.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        write_zero_bytes(self, offset, len)
     }
 
     /// Short human-readable description (path, device, profile) for status output.
     fn describe(&self) -> String {
         String::from("durable backing")
     }
+}
+
+/// Writes `len` zero bytes at `offset` in bounded pieces.
+pub fn write_zero_bytes<D: Durable + ?Sized>(d: &D, offset: u64, len: u64) -> io::Result<()> {
+    const ZERO_BUF_BYTES: u64 = 64 * 1024;
+    let zeros = vec![0u8; ZERO_BUF_BYTES.min(len.max(1)) as usize];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(zeros.len() as u64) as usize;
+        d.write_at(zeros.get(..n).unwrap_or(&[]), offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
@@ -116,6 +127,9 @@ impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
     }
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         (**self).zero_range(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).write_zeroes(offset, len)
     }
     fn describe(&self) -> String {
         (**self).describe()

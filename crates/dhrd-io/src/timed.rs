@@ -176,6 +176,12 @@ impl<D: Durable> Durable for Timed<D> {
         self.delay(t, self.profile.write_latency_ns, 0);
         r
     }
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let t = Instant::now();
+        let r = self.inner.write_zeroes(offset, len);
+        self.delay(t, self.profile.write_latency_ns, len);
+        r
+    }
     fn describe(&self) -> String {
         format!("{} (timed {:?})", self.inner.describe(), self.profile)
     }

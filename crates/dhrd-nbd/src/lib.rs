@@ -1,1 +1,80 @@
-//! NBD frontend: serves one hybrid object of the engine over the NBD protocol.
+//! NBD frontend of dhrd: exports one hybrid object of the engine as a network block
+//! device (fixed-newstyle NBD protocol) over a Unix socket or loopback TCP.
+//!
+//! Layering (each module states its own invariants):
+//! - [`proto`]: wire constants and codec, no I/O;
+//! - [`handshake`]: option haggling up to NBD_OPT_GO / NBD_OPT_EXPORT_NAME;
+//! - `conn`: the transmission phase of one connection (a few threads taking turns to
+//!   read requests, executing them in parallel, replies matched by handle under one
+//!   writer lock);
+//! - [`server`]: listening sockets, accepting, graceful shutdown;
+//! - [`client`]: a minimal blocking client for tests and tools;
+//! - [`target`]: the narrow interface the server calls, implemented for the engine's
+//!   `HybridObject<D>` for every `D: dhrd_io::Durable`.
+//!
+//! Invariants of the crate as a whole:
+//! - this crate only translates protocol requests into engine calls; durability (sync /
+//!   fsync / periodic) is the engine's; the only durability decision taken here is that a
+//!   FUA request in a non-`sync` mode is followed by a flush before its reply;
+//! - a reply is sent only after the engine call it reports on has returned, so an
+//!   acknowledged write is exactly as durable as the engine made it;
+//! - no buffer is allocated from a client-supplied length before that length is checked
+//!   against [`limits::MAX_PAYLOAD_BYTES`] and the per-connection in-flight budget.
+
+pub mod client;
+mod conn;
+mod engine;
+mod error;
+pub mod handshake;
+pub mod proto;
+pub mod server;
+pub mod target;
+
+pub use engine::EngineTarget;
+pub use error::NbdError;
+pub use server::{ListenAddr, Server, ServerConfig, ShutdownHandle};
+pub use target::Target;
+
+/// Every bound the server enforces, in one place.
+pub mod limits {
+    use std::time::Duration;
+
+    /// Largest READ or WRITE payload (advertised as the maximum block size). Larger writes
+    /// are refused and the connection closed, because their payload cannot be skipped
+    /// without reading it.
+    pub const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
+    /// Advertised minimum block size: the engine accepts any offset and length (SPEC D2).
+    pub const MIN_BLOCK_BYTES: u32 = 1;
+    /// Advertised preferred block size: below it the engine would do partial-page work.
+    pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
+    /// Longest option payload accepted during negotiation (export names are at most
+    /// 4096 bytes by the protocol; anything much larger is hostile).
+    pub const MAX_OPTION_BYTES: u32 = 64 << 10;
+    /// Options one connection may send before NBD_OPT_GO; bounds a client that loops.
+    pub const MAX_OPTIONS_PER_HANDSHAKE: usize = 256;
+    /// A client must finish negotiating within this time, so an idle connection cannot
+    /// hold a thread forever.
+    pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// A reply that cannot be written within this time (client stopped reading) ends the
+    /// connection, releasing the memory its replies hold.
+    pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
+    /// Requests of one connection being served at once (a second guard; the thread count
+    /// below is the first).
+    pub const MAX_IN_FLIGHT_REQUESTS: usize = 128;
+    /// Payload bytes (write data and read buffers) one connection may hold at once. One
+    /// maximal request always fits, so the budget can never deadlock a connection.
+    pub const MAX_IN_FLIGHT_BYTES: u64 = 128 << 20;
+    /// Threads serving one connection, spawned on demand; also the bound on its requests
+    /// executing at once. Blocking engine calls (a `sync` write waits for fdatasync) need
+    /// several in parallel so they share backing syncs.
+    pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
+    /// Connections served at once; further connections are closed at accept.
+    pub const MAX_CONNECTIONS: usize = 64;
+    /// Buffered reader size for request headers and write payloads.
+    pub const READ_BUFFER_BYTES: usize = 256 << 10;
+    /// How long a graceful shutdown waits for connections to finish in-flight requests.
+    pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+    /// Stack size of connection and worker threads (engine calls are shallow; data lives
+    /// on the heap).
+    pub const THREAD_STACK_BYTES: usize = 512 << 10;
+}

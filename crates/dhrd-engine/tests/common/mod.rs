@@ -3,13 +3,25 @@
 
 #![allow(dead_code)]
 
-use dhrd_io::SplitMix64;
+use dhrd_engine::HybridObject;
+use dhrd_io::{Durable, SplitMix64};
 
 /// One operation of a workload.
 #[derive(Clone)]
 pub enum Op {
-    Write { offset: u64, data: Vec<u8> },
-    Zero { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Zero {
+        offset: u64,
+        len: u64,
+    },
+    /// Zeroes keeping the backing allocated (`write_zeroes`).
+    ZeroAlloc {
+        offset: u64,
+        len: u64,
+    },
     SetLen(u64),
     Flush,
 }
@@ -19,9 +31,21 @@ impl std::fmt::Debug for Op {
         match self {
             Op::Write { offset, data } => write!(f, "Write({offset}, +{})", data.len()),
             Op::Zero { offset, len } => write!(f, "Zero({offset}, +{len})"),
+            Op::ZeroAlloc { offset, len } => write!(f, "ZeroAlloc({offset}, +{len})"),
             Op::SetLen(l) => write!(f, "SetLen({l})"),
             Op::Flush => write!(f, "Flush"),
         }
+    }
+}
+
+/// Performs `op` on the object.
+pub fn apply<D: Durable>(o: &HybridObject<D>, op: &Op) -> dhrd_engine::Result<()> {
+    match op {
+        Op::Write { offset, data } => o.write_at(data, *offset),
+        Op::Zero { offset, len } => o.zero_range(*offset, *len),
+        Op::ZeroAlloc { offset, len } => o.write_zeroes(*offset, *len),
+        Op::SetLen(l) => o.set_len(*l),
+        Op::Flush => o.flush(),
     }
 }
 
@@ -89,7 +113,7 @@ impl Model {
                 }
                 self.data[*offset as usize..end].copy_from_slice(data);
             }
-            Op::Zero { offset, len } => {
+            Op::Zero { offset, len } | Op::ZeroAlloc { offset, len } => {
                 let s = (*offset as usize).min(self.data.len());
                 let e = ((*offset + *len) as usize).min(self.data.len());
                 self.data[s..e].fill(0);
@@ -161,7 +185,7 @@ impl CrashOracle {
                         allowed[*offset as usize + j].insert(*b);
                     }
                 }
-                Op::Zero { offset, len } => {
+                Op::Zero { offset, len } | Op::ZeroAlloc { offset, len } => {
                     let e = ((offset + len) as usize).min(allowed.len());
                     for a in allowed.iter_mut().take(e).skip(*offset as usize) {
                         a.insert(0);

@@ -1,0 +1,1444 @@
+//! `dhrd replay`: replays a public block I/O trace (SPC, MSR Cambridge or DiskSim ASCII)
+//! against a regular file or block device, measures IOPS and latency percentiles, and can
+//! verify every read of replayed data against a shadow of what the replay wrote.
+//!
+//! Invariants:
+//! - Offsets are folded into the target: `offset mod span`, aligned down to the I/O
+//!   alignment (512 bytes buffered, 4096 with `--direct`), and a request crossing the end
+//!   is clipped, so every issued request lies inside `[0, span)`. `span` is the target size
+//!   aligned down to the alignment. With `--direct` lengths are rounded up to 4096. All
+//!   trace devices/ASUs share the one target address space.
+//! - Trace times are made relative to the first kept record; a record earlier than the
+//!   first is dispatched at time zero (never an underflow).
+//! - With `--verify`, write `i` writes `pattern(i, absolute offset)`, so expected content is
+//!   a pure function of (writer index, offset) and the shadow only stores which writer last
+//!   wrote each byte range. Only bytes written by this run are checked: the target's prior
+//!   content is unknown.
+//! - With `--verify`, a request never runs concurrently with an earlier overlapping request
+//!   if either is a write (ordered range locks in trace order). So every checked read sees
+//!   exactly the writes that precede it in the trace, whatever the queue depth; and the
+//!   shadow is updated before the write's range is released.
+//! - Latencies cover only the system calls (pread/pwrite, plus fdatasync with
+//!   `--fsync-writes`); pattern generation and verification are outside them.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Trace LBAs (SPC, DiskSim) count 512-byte sectors; buffered replay aligns to this too.
+pub const SECTOR_BYTES: u64 = 512;
+/// O_DIRECT alignment of offsets, lengths and buffers (the common logical block size).
+pub const DIRECT_ALIGN: u64 = 4096;
+/// A single trace request larger than this is treated as a malformed line (real traces
+/// stay far below; it also bounds each worker's buffer).
+pub const MAX_REQUEST_BYTES: u64 = 64 << 20;
+/// Upper bound on `--queue-depth` (one thread per outstanding request).
+pub const MAX_QUEUE_DEPTH: usize = 1024;
+/// Mismatches reported in detail (all are counted).
+const MAX_REPORTED_MISMATCHES: usize = 8;
+/// Highest latency the histograms track: one hour in nanoseconds.
+const HIST_MAX_NS: u64 = 3_600_000_000_000;
+/// Significant digits of the latency histograms.
+const HIST_SIGFIG: u8 = 3;
+/// Requests started later than this in original timing are counted as "late".
+const LATE_THRESHOLD: Duration = Duration::from_millis(1);
+/// Windows filetime ticks (MSR timestamps) are 100 ns.
+const FILETIME_TICK_NS: u128 = 100;
+/// Seed mixed into the verify pattern so it is unlikely to match any pre-existing content.
+const PATTERN_SEED: u64 = 0x6468_7264_7265_706c; // "dhrdrepl"
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TraceFormat {
+    /// SPC: ASU,LBA,Size,Opcode,Timestamp (LBA in sectors, Size in bytes, seconds).
+    Spc,
+    /// MSR Cambridge: Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime.
+    Msr,
+    /// DiskSim ASCII: time_ns device lba_sectors size_sectors type (1 = read, 0 = write).
+    Disksim,
+    /// Detect from the first record.
+    Auto,
+}
+
+impl TraceFormat {
+    fn name(self) -> &'static str {
+        match self {
+            TraceFormat::Spc => "spc",
+            TraceFormat::Msr => "msr",
+            TraceFormat::Disksim => "disksim",
+            TraceFormat::Auto => "auto",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Timing {
+    /// Issue as fast as possible with --queue-depth requests outstanding.
+    Fast,
+    /// Honour the trace's arrival times (divided by --speedup).
+    Original,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Trace file.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Trace format; auto detects it from the first record.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: TraceFormat,
+    /// Target: a regular file (created/extended with --size) or a block device.
+    #[arg(long)]
+    pub target: PathBuf,
+    /// Size of the target span (e.g. 1G); a regular file is created or extended to it.
+    /// Default: the target's current size. Trace offsets are folded into this span: offset
+    /// mod span, aligned down (512, or 4096 with --direct), clipped at the end.
+    #[arg(long, value_parser = crate::nbd::parse_size)]
+    pub size: Option<u64>,
+    /// Open the target with O_DIRECT (offsets aligned, lengths rounded up to 4096).
+    #[arg(long)]
+    pub direct: bool,
+    /// fdatasync after every write (the durable-write comparison).
+    #[arg(long)]
+    pub fsync_writes: bool,
+    /// fast: as fast as possible; original: at the trace's times divided by --speedup.
+    #[arg(long, value_enum, default_value = "fast")]
+    pub timing: Timing,
+    /// Divide the trace's inter-arrival times by this (original timing).
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Outstanding requests (worker threads).
+    #[arg(long, default_value_t = 1)]
+    pub queue_depth: usize,
+    /// Check every read of bytes this replay wrote against a shadow copy.
+    #[arg(long)]
+    pub verify: bool,
+    /// Replay only the first N requests (zero-size records do not count).
+    #[arg(long)]
+    pub max_requests: Option<u64>,
+    /// Skip malformed lines (counted) instead of failing.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Trace parsing
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// One parsed trace record, with its absolute trace time in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub time_ns: u128,
+    pub offset: u64,
+    pub len: u64,
+    pub op: Op,
+}
+
+/// A parsed trace: records in file order, times relative to the first record.
+#[derive(Debug)]
+pub struct Trace {
+    pub format: TraceFormat,
+    pub records: Vec<Record>,
+    pub zero_size_skipped: u64,
+    pub bad_lines_skipped: u64,
+    /// Lowest offset and highest end over the kept records (the unfolded span).
+    pub min_offset: u64,
+    pub max_end: u64,
+}
+
+fn field_u64(s: &str, what: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<u64>()
+        .map_err(|_| format!("{what} {s:?} is not a non-negative integer"))
+}
+
+fn check_len(len: u64) -> Result<u64, String> {
+    if len > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "request size {len} exceeds the limit of {MAX_REQUEST_BYTES} bytes"
+        ));
+    }
+    Ok(len)
+}
+
+fn sectors_to_bytes(sectors: u64, what: &str) -> Result<u64, String> {
+    sectors
+        .checked_mul(SECTOR_BYTES)
+        .ok_or_else(|| format!("{what} {sectors} sectors overflows a byte offset"))
+}
+
+fn parse_spc(line: &str) -> Result<Record, String> {
+    let f: Vec<&str> = line.split(',').collect();
+    // SPC allows optional trailing fields after the timestamp.
+    if f.len() < 5 {
+        return Err(format!(
+            "SPC needs 5 comma-separated fields, found {}",
+            f.len()
+        ));
+    }
+    field_u64(f[0], "ASU")?;
+    let offset = sectors_to_bytes(field_u64(f[1], "LBA")?, "LBA")?;
+    let len = check_len(field_u64(f[2], "size")?)?;
+    let op = match f[3].trim() {
+        "R" | "r" => Op::Read,
+        "W" | "w" => Op::Write,
+        o => return Err(format!("opcode {o:?} is not R or W")),
+    };
+    let secs: f64 = f[4]
+        .trim()
+        .parse()
+        .map_err(|_| format!("timestamp {:?} is not a number", f[4]))?;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("timestamp {secs} is not a non-negative time"));
+    }
+    Ok(Record {
+        time_ns: (secs * 1e9).round() as u128,
+        offset,
+        len,
+        op,
+    })
+}
+
+fn parse_msr(line: &str) -> Result<Record, String> {
+    let f: Vec<&str> = line.split(',').collect();
+    if f.len() != 7 {
+        return Err(format!(
+            "MSR needs 7 comma-separated fields, found {}",
+            f.len()
+        ));
+    }
+    let ticks = field_u64(f[0], "timestamp")?;
+    field_u64(f[2], "disk number")?;
+    let op = match f[3].trim().to_ascii_lowercase().as_str() {
+        "read" => Op::Read,
+        "write" => Op::Write,
+        o => return Err(format!("type {o:?} is not Read or Write")),
+    };
+    let offset = field_u64(f[4], "offset")?;
+    let len = check_len(field_u64(f[5], "size")?)?;
+    field_u64(f[6], "response time")?;
+    Ok(Record {
+        time_ns: u128::from(ticks) * FILETIME_TICK_NS,
+        offset,
+        len,
+        op,
+    })
+}
+
+fn parse_disksim(line: &str) -> Result<Record, String> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    if f.len() != 5 {
+        return Err(format!(
+            "DiskSim needs 5 whitespace-separated fields, found {}",
+            f.len()
+        ));
+    }
+    let time_ns = match f[0].parse::<u64>() {
+        Ok(t) => u128::from(t),
+        Err(_) => match f[0].parse::<f64>() {
+            Ok(t) if t.is_finite() && t >= 0.0 => t.round() as u128,
+            _ => return Err(format!("time {:?} is not a non-negative number", f[0])),
+        },
+    };
+    field_u64(f[1], "device")?;
+    let offset = sectors_to_bytes(field_u64(f[2], "LBA")?, "LBA")?;
+    let size_sectors = field_u64(f[3], "size")?;
+    let len = check_len(sectors_to_bytes(size_sectors, "size")?)?;
+    let op = match f[4] {
+        "1" => Op::Read,
+        "0" => Op::Write,
+        o => return Err(format!("type {o:?} is not 1 (read) or 0 (write)")),
+    };
+    Ok(Record {
+        time_ns,
+        offset,
+        len,
+        op,
+    })
+}
+
+/// Parses one record line in a known format.
+pub fn parse_line(format: TraceFormat, line: &str) -> Result<Record, String> {
+    match format {
+        TraceFormat::Spc => parse_spc(line),
+        TraceFormat::Msr => parse_msr(line),
+        TraceFormat::Disksim => parse_disksim(line),
+        TraceFormat::Auto => detect(line)
+            .ok_or_else(|| String::from("not an SPC, MSR or DiskSim record"))
+            .and_then(|f| parse_line(f, line)),
+    }
+}
+
+/// The format a record line parses as. The formats cannot be confused: MSR has 7 comma
+/// fields with a Read/Write type, SPC 5+ comma fields with an R/W opcode, DiskSim no commas.
+pub fn detect(line: &str) -> Option<TraceFormat> {
+    [TraceFormat::Msr, TraceFormat::Spc, TraceFormat::Disksim]
+        .into_iter()
+        .find(|&f| parse_line(f, line).is_ok())
+}
+
+/// Parses a whole trace. Blank lines and `#` comments are ignored; zero-size records are
+/// skipped and counted; a malformed line is an error naming its line number unless
+/// `skip_bad`. Stops after `max_requests` kept records.
+pub fn parse_trace<R: BufRead>(
+    reader: R,
+    name: &str,
+    format: TraceFormat,
+    skip_bad: bool,
+    max_requests: Option<u64>,
+) -> Result<Trace> {
+    let mut format = format;
+    let mut records = Vec::new();
+    let (mut zero, mut bad) = (0u64, 0u64);
+    for (idx, line) in reader.split(b'\n').enumerate() {
+        let lineno = idx + 1;
+        let raw = line.with_context(|| format!("reading {name}"))?;
+        let text = String::from_utf8_lossy(&raw);
+        let text = text.trim();
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        if format == TraceFormat::Auto {
+            match detect(text) {
+                Some(f) => format = f,
+                None => bail!(
+                    "{name}:{lineno}: cannot detect the trace format (not SPC, MSR or \
+                     DiskSim): {text:?}; pass --format"
+                ),
+            }
+        }
+        let rec = match parse_line(format, text) {
+            Ok(r) => r,
+            Err(msg) if skip_bad => {
+                let _ = msg;
+                bad += 1;
+                continue;
+            }
+            Err(msg) => bail!(
+                "{name}:{lineno}: malformed {} record: {msg}: {text:?} (--skip-bad skips such \
+                 lines)",
+                format.name()
+            ),
+        };
+        if rec.len == 0 {
+            zero += 1;
+            continue;
+        }
+        records.push(rec);
+        if max_requests.is_some_and(|m| records.len() as u64 >= m) {
+            break;
+        }
+    }
+    if records.is_empty() {
+        bail!("{name}: no requests to replay ({zero} zero-size, {bad} malformed lines skipped)");
+    }
+    let t0 = records[0].time_ns;
+    let mut min_offset = u64::MAX;
+    let mut max_end = 0u64;
+    for r in &mut records {
+        r.time_ns = r.time_ns.saturating_sub(t0);
+        min_offset = min_offset.min(r.offset);
+        max_end = max_end.max(r.offset.saturating_add(r.len));
+    }
+    Ok(Trace {
+        format,
+        records,
+        zero_size_skipped: zero,
+        bad_lines_skipped: bad,
+        min_offset,
+        max_end,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Folding
+
+/// A request as issued against the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Dispatch time relative to the first request (original timing), before --speedup.
+    pub time_ns: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub op: Op,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FoldStats {
+    /// Requests whose offset was at or beyond the span (wrapped by the modulo).
+    pub wrapped: u64,
+    /// Requests shortened because they crossed the end of the span.
+    pub clipped: u64,
+    /// Requests whose offset or length changed by alignment.
+    pub aligned: u64,
+}
+
+/// Folds trace records into `[0, span)`: offset mod span, aligned down to `align`; length
+/// rounded up to `align` if `round_len`; clipped at the end. `span` must be a non-zero
+/// multiple of `align`, so every folded request is non-empty.
+pub fn fold(
+    records: &[Record],
+    span: u64,
+    align: u64,
+    round_len: bool,
+) -> (Vec<Request>, FoldStats) {
+    let mut st = FoldStats::default();
+    let reqs = records
+        .iter()
+        .map(|r| {
+            if r.offset >= span {
+                st.wrapped += 1;
+            }
+            let offset = r.offset % span / align * align;
+            let mut len = if round_len {
+                r.len.div_ceil(align) * align
+            } else {
+                r.len
+            };
+            if offset != r.offset % span || len != r.len {
+                st.aligned += 1;
+            }
+            if len > span - offset {
+                len = span - offset;
+                st.clipped += 1;
+            }
+            Request {
+                time_ns: u64::try_from(r.time_ns).unwrap_or(u64::MAX),
+                offset,
+                len,
+                op: r.op,
+            }
+        })
+        .collect();
+    (reqs, st)
+}
+
+// ---------------------------------------------------------------------------------------
+// Verification
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The 8 bytes at the 8-aligned absolute offset `word` as written by request `writer`.
+fn pattern_word(writer: u64, word: u64) -> [u8; 8] {
+    splitmix64(splitmix64(writer ^ PATTERN_SEED) ^ word).to_le_bytes()
+}
+
+/// Fills `buf` with what request `writer` writes at absolute offset `offset`.
+pub fn fill_pattern(buf: &mut [u8], writer: u64, offset: u64) {
+    let mut i = 0usize;
+    let mut o = offset;
+    while i < buf.len() {
+        let word = o & !7;
+        let bytes = pattern_word(writer, word);
+        let k0 = (o - word) as usize;
+        let n = (8 - k0).min(buf.len() - i);
+        buf[i..i + n].copy_from_slice(&bytes[k0..k0 + n]);
+        i += n;
+        o += n as u64;
+    }
+}
+
+/// Which request last wrote each byte range: disjoint `[start, end) -> writer` intervals.
+#[derive(Debug, Default)]
+pub struct WrittenMap {
+    ranges: BTreeMap<u64, (u64, u64)>,
+}
+
+impl WrittenMap {
+    /// Intervals overlapping `[start, end)`, clipped to it, ascending: (start, end, writer).
+    pub fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64, u64)> {
+        // Disjoint intervals sorted by start are also sorted by end, so walking back from
+        // the last one starting before `end` we can stop at the first that ends by `start`.
+        let mut v: Vec<(u64, u64, u64)> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > start)
+            .map(|(&s, &(e, w))| (s.max(start), e.min(end), w))
+            .collect();
+        v.reverse();
+        v
+    }
+
+    /// Records that `writer` wrote `[start, end)`, replacing older writers there.
+    pub fn insert(&mut self, start: u64, end: u64, writer: u64) {
+        let old: Vec<(u64, u64, u64)> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > start)
+            .map(|(&s, &(e, w))| (s, e, w))
+            .collect();
+        for (s, e, w) in old {
+            self.ranges.remove(&s);
+            if s < start {
+                self.ranges.insert(s, (start, w));
+            }
+            if e > end {
+                self.ranges.insert(end, (e, w));
+            }
+        }
+        self.ranges.insert(start, (end, writer));
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.ranges
+            .values()
+            .zip(self.ranges.keys())
+            .map(|(&(e, _), &s)| e - s)
+            .sum()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    pub request: usize,
+    pub offset: u64,
+    pub writer: u64,
+    pub expected: u8,
+    pub found: u8,
+}
+
+/// Checks `buf` (read at `offset`) against the writers recorded in `map`; returns the
+/// first mismatching byte of each mismatching written interval, and the bytes checked.
+pub fn check_read(
+    map: &WrittenMap,
+    buf: &[u8],
+    offset: u64,
+    request: usize,
+) -> (Vec<Mismatch>, u64) {
+    let mut out = Vec::new();
+    let mut checked = 0u64;
+    let mut expected = Vec::new();
+    for (s, e, w) in map.overlapping(offset, offset + buf.len() as u64) {
+        let got = &buf[(s - offset) as usize..(e - offset) as usize];
+        expected.resize(got.len(), 0);
+        fill_pattern(&mut expected, w, s);
+        checked += got.len() as u64;
+        if let Some(k) = got.iter().zip(&expected).position(|(a, b)| a != b) {
+            out.push(Mismatch {
+                request,
+                offset: s + k as u64,
+                writer: w,
+                expected: expected[k],
+                found: got[k],
+            });
+        }
+    }
+    (out, checked)
+}
+
+#[derive(Default)]
+struct Verifier {
+    map: Mutex<WrittenMap>,
+    mismatches: Mutex<Vec<Mismatch>>,
+    mismatch_count: AtomicU64,
+    checked_reads: AtomicU64,
+    checked_bytes: AtomicU64,
+}
+
+/// Ordered range locks: request `i` may run only when no earlier, still running request
+/// overlaps it with a write on either side. Requests are registered strictly in trace
+/// order (under the same lock that hands out indices), so "earlier and not registered"
+/// cannot happen, and the lowest registered request never waits: no deadlock.
+#[derive(Default)]
+struct RangeOrder {
+    state: Mutex<OrderState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct OrderState {
+    next: usize,
+    in_flight: BTreeMap<usize, (u64, u64, bool)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A worker that panicked cannot leave these structures half-updated in a way that
+    // matters more than reporting the run, so keep going with the inner value.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RangeOrder {
+    fn entry(r: &Request) -> (u64, u64, bool) {
+        (r.offset, r.offset + r.len, r.op == Op::Write)
+    }
+
+    /// Fast timing: hands out the next index and registers it atomically.
+    fn claim(&self, reqs: &[Request]) -> Option<usize> {
+        let mut g = lock(&self.state);
+        let i = g.next;
+        let r = reqs.get(i)?;
+        g.next += 1;
+        g.in_flight.insert(i, Self::entry(r));
+        Some(i)
+    }
+
+    /// Original timing: the single dispatcher registers requests in order.
+    fn register(&self, i: usize, r: &Request) {
+        lock(&self.state).in_flight.insert(i, Self::entry(r));
+    }
+
+    fn wait_clear(&self, i: usize, r: &Request) {
+        let (s, e, w) = Self::entry(r);
+        let mut g = lock(&self.state);
+        while g
+            .in_flight
+            .range(..i)
+            .any(|(_, &(s2, e2, w2))| s2 < e && s < e2 && (w || w2))
+        {
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn complete(&self, i: usize) {
+        lock(&self.state).in_flight.remove(&i);
+        self.cv.notify_all();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Replay
+
+/// A buffer whose usable slice starts at a `DIRECT_ALIGN` boundary (for O_DIRECT), made
+/// by over-allocating a plain Vec instead of using a custom allocator.
+struct AlignedBuf {
+    v: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> Self {
+        let align = DIRECT_ALIGN as usize;
+        let v = vec![0u8; len + align];
+        let start = (align - v.as_ptr() as usize % align) % align;
+        AlignedBuf { v, start, len }
+    }
+    fn slice(&mut self, n: usize) -> &mut [u8] {
+        debug_assert!(n <= self.len);
+        &mut self.v[self.start..self.start + n]
+    }
+}
+
+fn new_hist() -> Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, HIST_SIGFIG).context("creating a histogram")
+}
+
+struct WorkerStats {
+    read_lat: Histogram<u64>,
+    write_lat: Histogram<u64>,
+    lateness: Histogram<u64>,
+    late: u64,
+    read_bytes: u64,
+    write_bytes: u64,
+}
+
+impl WorkerStats {
+    fn new() -> Result<Self> {
+        Ok(WorkerStats {
+            read_lat: new_hist()?,
+            write_lat: new_hist()?,
+            lateness: new_hist()?,
+            late: 0,
+            read_bytes: 0,
+            write_bytes: 0,
+        })
+    }
+    fn merge(&mut self, o: &WorkerStats) -> Result<()> {
+        self.read_lat
+            .add(&o.read_lat)
+            .context("merging histograms")?;
+        self.write_lat
+            .add(&o.write_lat)
+            .context("merging histograms")?;
+        self.lateness
+            .add(&o.lateness)
+            .context("merging histograms")?;
+        self.late += o.late;
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+        Ok(())
+    }
+}
+
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    let ns = u64::try_from(d.as_nanos())
+        .unwrap_or(u64::MAX)
+        .clamp(1, HIST_MAX_NS);
+    h.saturating_record(ns);
+}
+
+struct Shared<'a> {
+    file: &'a File,
+    reqs: &'a [Request],
+    verify: Option<Verifier>,
+    order: Option<RangeOrder>,
+    fsync_writes: bool,
+    direct: bool,
+    stop: AtomicBool,
+    cursor: AtomicUsize,
+    error: Mutex<Option<String>>,
+}
+
+impl Shared<'_> {
+    fn fail(&self, msg: String) {
+        let mut g = lock(&self.error);
+        if g.is_none() {
+            *g = Some(msg);
+        }
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Executes request `i` with the worker's buffer, recording its latency.
+    fn execute(&self, i: usize, buf: &mut AlignedBuf, st: &mut WorkerStats) {
+        let r = self.reqs[i];
+        let b = buf.slice(r.len as usize);
+        let res = match r.op {
+            Op::Write => {
+                if self.verify.is_some() {
+                    fill_pattern(b, i as u64, r.offset);
+                }
+                let t = Instant::now();
+                let mut res = self.file.write_all_at(b, r.offset);
+                if res.is_ok() && self.fsync_writes {
+                    res = self.file.sync_data();
+                }
+                record(&mut st.write_lat, t.elapsed());
+                st.write_bytes += r.len;
+                if let (Ok(()), Some(v)) = (&res, &self.verify) {
+                    lock(&v.map).insert(r.offset, r.offset + r.len, i as u64);
+                }
+                res
+            }
+            Op::Read => {
+                let t = Instant::now();
+                let res = self.file.read_exact_at(b, r.offset);
+                record(&mut st.read_lat, t.elapsed());
+                st.read_bytes += r.len;
+                if let (Ok(()), Some(v)) = (&res, &self.verify) {
+                    let (mm, checked) = check_read(&lock(&v.map), b, r.offset, i);
+                    if checked > 0 {
+                        v.checked_reads.fetch_add(1, Ordering::Relaxed);
+                        v.checked_bytes.fetch_add(checked, Ordering::Relaxed);
+                    }
+                    if !mm.is_empty() {
+                        v.mismatch_count
+                            .fetch_add(mm.len() as u64, Ordering::Relaxed);
+                        let mut g = lock(&v.mismatches);
+                        let room = MAX_REPORTED_MISMATCHES.saturating_sub(g.len());
+                        g.extend(mm.into_iter().take(room));
+                    }
+                }
+                res
+            }
+        };
+        if let Err(e) = res {
+            let hint = if self.direct && e.raw_os_error() == Some(libc::EINVAL) {
+                " (the file system may refuse O_DIRECT)"
+            } else {
+                ""
+            };
+            self.fail(format!(
+                "request {i} ({:?} of {} bytes at folded offset {}): {e}{hint}",
+                r.op, r.len, r.offset
+            ));
+        }
+    }
+}
+
+struct Target {
+    file: File,
+    span: u64,
+    kind: &'static str,
+}
+
+/// Opens (and with --size creates/extends) the target; the span is --size or the target's
+/// size, aligned down to `align`.
+fn open_target(path: &Path, size: Option<u64>, direct: bool, align: u64) -> Result<Target> {
+    let exists = path.exists();
+    let kind;
+    let raw_size = {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(size.is_some())
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("opening target {}", path.display()))?;
+        let meta = f
+            .metadata()
+            .with_context(|| format!("stat {}", path.display()))?;
+        if meta.file_type().is_block_device() {
+            kind = "block device";
+            // lseek(SEEK_END) gives a block device's size without an ioctl.
+            let dev = f
+                .seek(SeekFrom::End(0))
+                .context("sizing the block device")?;
+            match size {
+                Some(s) if s > dev => bail!("--size {s} exceeds the block device's {dev} bytes"),
+                Some(s) => s,
+                None => dev,
+            }
+        } else if meta.file_type().is_file() {
+            kind = if exists {
+                "regular file"
+            } else {
+                "regular file, created"
+            };
+            match size {
+                Some(s) => {
+                    if meta.len() < s {
+                        f.set_len(s)
+                            .with_context(|| format!("extending {} to {s}", path.display()))?;
+                    }
+                    s
+                }
+                None => meta.len(),
+            }
+        } else {
+            bail!(
+                "{} is neither a regular file nor a block device",
+                path.display()
+            );
+        }
+    };
+    let span = raw_size / align * align;
+    if span == 0 {
+        bail!(
+            "target {} has {raw_size} bytes, less than the {align}-byte alignment; pass --size",
+            path.display()
+        );
+    }
+    let mut oo = OpenOptions::new();
+    oo.read(true).write(true);
+    if direct {
+        oo.custom_flags(libc::O_DIRECT);
+    }
+    let file = oo.open(path).with_context(|| {
+        if direct {
+            format!(
+                "opening {} with O_DIRECT (the file system may refuse O_DIRECT)",
+                path.display()
+            )
+        } else {
+            format!("opening {}", path.display())
+        }
+    })?;
+    Ok(Target { file, span, kind })
+}
+
+fn run_workers(
+    shared: &Shared<'_>,
+    a: &ReplayArgs,
+    buf_len: usize,
+) -> Result<(WorkerStats, Duration)> {
+    let qd = a.queue_depth;
+    // Original timing: a bounded queue, so when all workers are busy the dispatcher blocks
+    // and the delay shows up as lateness rather than as unbounded buffering.
+    let (tx, rx) = mpsc::sync_channel::<(usize, Instant)>(qd);
+    let rx = Mutex::new(rx);
+    let start = Instant::now();
+    let results: Vec<Result<WorkerStats>> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        match a.timing {
+            Timing::Fast => {
+                for _ in 0..qd {
+                    handles.push(s.spawn(move || -> Result<WorkerStats> {
+                        let mut st = WorkerStats::new()?;
+                        let mut buf = AlignedBuf::new(buf_len);
+                        if shared.verify.is_none() {
+                            fill_pattern(buf.slice(buf_len), 0, 0);
+                        }
+                        while !shared.stop.load(Ordering::Relaxed) {
+                            let i = match &shared.order {
+                                Some(o) => match o.claim(shared.reqs) {
+                                    Some(i) => i,
+                                    None => break,
+                                },
+                                None => {
+                                    let i = shared.cursor.fetch_add(1, Ordering::Relaxed);
+                                    if i >= shared.reqs.len() {
+                                        break;
+                                    }
+                                    i
+                                }
+                            };
+                            if let Some(o) = &shared.order {
+                                o.wait_clear(i, &shared.reqs[i]);
+                            }
+                            shared.execute(i, &mut buf, &mut st);
+                            if let Some(o) = &shared.order {
+                                o.complete(i);
+                            }
+                        }
+                        Ok(st)
+                    }));
+                }
+            }
+            Timing::Original => {
+                let rx = &rx;
+                for _ in 0..qd {
+                    handles.push(s.spawn(move || -> Result<WorkerStats> {
+                        let mut st = WorkerStats::new()?;
+                        let mut buf = AlignedBuf::new(buf_len);
+                        if shared.verify.is_none() {
+                            fill_pattern(buf.slice(buf_len), 0, 0);
+                        }
+                        loop {
+                            let msg = lock(rx).recv();
+                            let Ok((i, due)) = msg else { break };
+                            if shared.stop.load(Ordering::Relaxed) {
+                                if let Some(o) = &shared.order {
+                                    o.complete(i);
+                                }
+                                continue;
+                            }
+                            if let Some(o) = &shared.order {
+                                o.wait_clear(i, &shared.reqs[i]);
+                            }
+                            let late = Instant::now().saturating_duration_since(due);
+                            record(&mut st.lateness, late);
+                            if late > LATE_THRESHOLD {
+                                st.late += 1;
+                            }
+                            shared.execute(i, &mut buf, &mut st);
+                            if let Some(o) = &shared.order {
+                                o.complete(i);
+                            }
+                        }
+                        Ok(st)
+                    }));
+                }
+                for (i, r) in shared.reqs.iter().enumerate() {
+                    if shared.stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let due = start + Duration::from_secs_f64(r.time_ns as f64 / 1e9 / a.speedup);
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    if let Some(o) = &shared.order {
+                        o.register(i, r);
+                    }
+                    if tx.send((i, due)).is_err() {
+                        break;
+                    }
+                }
+                drop(tx);
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a replay worker panicked")))
+            })
+            .collect()
+    });
+    let elapsed = start.elapsed();
+    let mut total = WorkerStats::new()?;
+    for r in results {
+        total.merge(&r?)?;
+    }
+    Ok((total, elapsed))
+}
+
+fn lat_json(h: &Histogram<u64>) -> serde_json::Value {
+    let us = |ns: u64| ns as f64 / 1e3;
+    if h.is_empty() {
+        return serde_json::json!({ "count": 0 });
+    }
+    serde_json::json!({
+        "count": h.len(),
+        "mean": h.mean() / 1e3,
+        "p50": us(h.value_at_quantile(0.50)),
+        "p90": us(h.value_at_quantile(0.90)),
+        "p99": us(h.value_at_quantile(0.99)),
+        "p99_9": us(h.value_at_quantile(0.999)),
+        "max": us(h.max()),
+    })
+}
+
+fn lat_line(h: &Histogram<u64>) -> String {
+    if h.is_empty() {
+        return String::from("-");
+    }
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    format!(
+        "p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  (us, n={})",
+        us(0.5),
+        us(0.9),
+        us(0.99),
+        us(0.999),
+        h.max() as f64 / 1e3,
+        h.len()
+    )
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+const MIB: f64 = (1u64 << 20) as f64;
+
+pub fn run(a: ReplayArgs) -> Result<()> {
+    if a.queue_depth == 0 || a.queue_depth > MAX_QUEUE_DEPTH {
+        bail!("--queue-depth must be 1 to {MAX_QUEUE_DEPTH}");
+    }
+    if !a.speedup.is_finite() || a.speedup <= 0.0 {
+        bail!("--speedup must be a positive number");
+    }
+    let name = a.trace.display().to_string();
+    let f = File::open(&a.trace).with_context(|| format!("opening trace {name}"))?;
+    let trace = parse_trace(
+        BufReader::new(f),
+        &name,
+        a.format,
+        a.skip_bad,
+        a.max_requests,
+    )?;
+
+    let align = if a.direct { DIRECT_ALIGN } else { SECTOR_BYTES };
+    let target = open_target(&a.target, a.size, a.direct, align)?;
+    let (reqs, fst) = fold(&trace.records, target.span, align, a.direct);
+    let buf_len = reqs.iter().map(|r| r.len).max().unwrap_or(align) as usize;
+
+    let shared = Shared {
+        file: &target.file,
+        reqs: &reqs,
+        verify: a.verify.then(Verifier::default),
+        order: a.verify.then(RangeOrder::default),
+        fsync_writes: a.fsync_writes,
+        direct: a.direct,
+        stop: AtomicBool::new(false),
+        cursor: AtomicUsize::new(0),
+        error: Mutex::new(None),
+    };
+    let (st, elapsed) = run_workers(&shared, &a, buf_len)?;
+    if let Some(e) = lock(&shared.error).take() {
+        bail!("replay failed: {e}");
+    }
+
+    let n = reqs.len() as u64;
+    let reads = reqs.iter().filter(|r| r.op == Op::Read).count() as u64;
+    let writes = n - reads;
+    let secs = elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
+    let iops = n as f64 / secs;
+    let mibs = (st.read_bytes + st.write_bytes) as f64 / MIB / secs;
+    let mode = if a.direct { "O_DIRECT" } else { "buffered" };
+    let timing = match a.timing {
+        Timing::Fast => String::from("fast"),
+        Timing::Original => format!("original, speedup {}", a.speedup),
+    };
+
+    println!(
+        "trace          {name} ({}, {n} requests; {} zero-size and {} malformed lines skipped)",
+        trace.format.name(),
+        trace.zero_size_skipped,
+        trace.bad_lines_skipped
+    );
+    println!(
+        "target         {} ({}), span {} bytes ({:.2} GiB), {mode}{}, timing {timing}, queue depth {}",
+        a.target.display(),
+        target.kind,
+        target.span,
+        target.span as f64 / GIB,
+        if a.fsync_writes { " + fdatasync per write" } else { "" },
+        a.queue_depth
+    );
+    println!(
+        "folding        trace offsets [{}, {}) ({:.2} GiB) folded into the target: offset mod {}, \
+         aligned down to {align}{}, clipped at the end; {} wrapped, {} aligned, {} clipped",
+        trace.min_offset,
+        trace.max_end,
+        trace.max_end as f64 / GIB,
+        target.span,
+        if a.direct {
+            ", lengths rounded up to 4096"
+        } else {
+            ""
+        },
+        fst.wrapped,
+        fst.aligned,
+        fst.clipped
+    );
+    println!(
+        "requests       {n} ({reads} reads, {writes} writes), {:.1} MiB read, {:.1} MiB written",
+        st.read_bytes as f64 / MIB,
+        st.write_bytes as f64 / MIB
+    );
+    println!("elapsed        {secs:.3} s, {iops:.0} IOPS, {mibs:.1} MiB/s");
+    println!("read latency   {}", lat_line(&st.read_lat));
+    println!("write latency  {}", lat_line(&st.write_lat));
+    if a.timing == Timing::Original {
+        println!(
+            "start lateness {}; {} requests started > {} ms late",
+            lat_line(&st.lateness),
+            st.late,
+            LATE_THRESHOLD.as_millis()
+        );
+    }
+    let mut verify_json = serde_json::json!({ "enabled": false });
+    let mut verify_err = None;
+    if let Some(v) = &shared.verify {
+        let count = v.mismatch_count.load(Ordering::Relaxed);
+        let cr = v.checked_reads.load(Ordering::Relaxed);
+        let cb = v.checked_bytes.load(Ordering::Relaxed);
+        let written = lock(&v.map).bytes();
+        let mm = lock(&v.mismatches).clone();
+        if count == 0 && cr == 0 {
+            println!(
+                "verify         OK, but nothing to check: no read touched the {written} bytes \
+                 this run wrote (unwritten ranges are not checked)"
+            );
+        } else if count == 0 {
+            println!(
+                "verify         OK: {cr} reads checked {cb} bytes against the shadow of {written} \
+                 written bytes (unwritten ranges not checked)"
+            );
+        } else {
+            println!("verify         FAILED: {count} mismatching ranges in {cr} checked reads");
+            for m in &mm {
+                println!(
+                    "  request {} read offset {}: expected {:#04x} (written by request {}), found {:#04x}",
+                    m.request, m.offset, m.expected, m.writer, m.found
+                );
+            }
+            if let Some(m) = mm.first() {
+                verify_err = Some(format!(
+                    "verify failed: {count} mismatching ranges, first at offset {} (request {}, \
+                     written by request {})",
+                    m.offset, m.request, m.writer
+                ));
+            }
+        }
+        verify_json = serde_json::json!({
+            "enabled": true,
+            "ok": count == 0,
+            "checked_reads": cr,
+            "checked_bytes": cb,
+            "shadow_bytes": written,
+            "mismatches": count,
+            "first_mismatch_offset": mm.first().map(|m| m.offset),
+        });
+    }
+    if let Some(path) = &a.json {
+        let j = serde_json::json!({
+            "trace": name,
+            "format": trace.format.name(),
+            "target": a.target.display().to_string(),
+            "target_kind": target.kind,
+            "span_bytes": target.span,
+            "direct": a.direct,
+            "fsync_writes": a.fsync_writes,
+            "timing": match a.timing { Timing::Fast => "fast", Timing::Original => "original" },
+            "speedup": a.speedup,
+            "queue_depth": a.queue_depth,
+            "requests": n,
+            "reads": reads,
+            "writes": writes,
+            "read_bytes": st.read_bytes,
+            "write_bytes": st.write_bytes,
+            "zero_size_skipped": trace.zero_size_skipped,
+            "bad_lines_skipped": trace.bad_lines_skipped,
+            "folding": {
+                "rule": "offset mod span, aligned down; clipped at the end",
+                "align": align,
+                "lengths_rounded_up": a.direct,
+                "trace_min_offset": trace.min_offset,
+                "trace_max_end": trace.max_end,
+                "wrapped": fst.wrapped,
+                "aligned": fst.aligned,
+                "clipped": fst.clipped,
+            },
+            "elapsed_s": secs,
+            "iops": iops,
+            "mib_per_s": mibs,
+            "latency_us": { "read": lat_json(&st.read_lat), "write": lat_json(&st.write_lat) },
+            "lateness_us": if a.timing == Timing::Original {
+                serde_json::json!({ "hist": lat_json(&st.lateness), "late_over_1ms": st.late })
+            } else {
+                serde_json::Value::Null
+            },
+            "verify": verify_json,
+        });
+        let text = serde_json::to_string_pretty(&j).context("encoding JSON")?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(e) = verify_err {
+        bail!(e);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traces_dir() -> Option<PathBuf> {
+        let d = std::env::var_os("DHRD_TRACES_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../../shared/traces"
+                ))
+            });
+        if d.is_dir() {
+            Some(d)
+        } else {
+            eprintln!(
+                "skipping: trace directory {} not found (set DHRD_TRACES_DIR)",
+                d.display()
+            );
+            None
+        }
+    }
+
+    fn parse_file(rel: &str, fmt: TraceFormat) -> Result<Option<Trace>> {
+        let Some(d) = traces_dir() else {
+            return Ok(None);
+        };
+        let p = d.join(rel);
+        let f = File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+        parse_trace(BufReader::new(f), rel, fmt, false, None).map(Some)
+    }
+
+    const WEBSEARCH: &str = "websearch/WebSearch1.first24783.spc";
+    const HM0: &str = "msr_cambridge/hm_0.first1000.csv";
+    const TPCC: &str = "oltp_tpcc/tpcc-small.trace";
+
+    #[test]
+    fn parses_websearch_spc() -> Result<()> {
+        for fmt in [TraceFormat::Spc, TraceFormat::Auto] {
+            let Some(t) = parse_file(WEBSEARCH, fmt)? else {
+                return Ok(());
+            };
+            assert_eq!(t.format, TraceFormat::Spc);
+            assert_eq!(t.records.len(), 24_783);
+            assert_eq!(t.records.iter().filter(|r| r.op == Op::Write).count(), 4);
+            assert_eq!(
+                t.records[0],
+                Record {
+                    time_ns: 0,
+                    offset: 657_728 * 512,
+                    len: 8192,
+                    op: Op::Read
+                }
+            );
+            // 0.011565 - 0.011413 s
+            assert_eq!(t.records[1].time_ns, 152_000);
+            assert!(t.max_end > 16 << 30, "WebSearch spans ~17 GiB");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn parses_hm0_msr() -> Result<()> {
+        for fmt in [TraceFormat::Msr, TraceFormat::Auto] {
+            let Some(t) = parse_file(HM0, fmt)? else {
+                return Ok(());
+            };
+            assert_eq!(t.format, TraceFormat::Msr);
+            assert_eq!(t.records.len(), 1000);
+            assert_eq!(
+                t.records[0],
+                Record {
+                    time_ns: 0,
+                    offset: 9_056_014_336,
+                    len: 2048,
+                    op: Op::Write
+                }
+            );
+            // (128166385295514878 - 128166385295514663) ticks of 100 ns
+            assert_eq!(t.records[1].time_ns, 21_500);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn parses_tpcc_disksim() -> Result<()> {
+        for fmt in [TraceFormat::Disksim, TraceFormat::Auto] {
+            let Some(t) = parse_file(TPCC, fmt)? else {
+                return Ok(());
+            };
+            assert_eq!(t.format, TraceFormat::Disksim);
+            assert_eq!(t.records.len(), 6999);
+            assert_eq!(t.records.iter().filter(|r| r.op == Op::Write).count(), 2618);
+            assert_eq!(
+                t.records[0],
+                Record {
+                    time_ns: 0,
+                    offset: 264_719_034 * 512,
+                    len: 16 * 512,
+                    op: Op::Write
+                }
+            );
+            assert_eq!(t.records[1].time_ns, 315_000);
+        }
+        Ok(())
+    }
+
+    fn parse_str(s: &str, fmt: TraceFormat, skip_bad: bool) -> Result<Trace> {
+        parse_trace(s.as_bytes(), "t", fmt, skip_bad, None)
+    }
+
+    #[test]
+    fn malformed_lines_name_their_line_number() {
+        let cases = [
+            ("0,1,512,R,0.1\n0,2,512,X,0.2\n", TraceFormat::Spc, "t:2:"),
+            (
+                "0,1,512,R,0.1\n\n# c\n0,abc,512,R,0.2\n",
+                TraceFormat::Auto,
+                "t:4:",
+            ),
+            (
+                "1,h,0,Read,0,512,1\n1,h,0,Read,0,512\n",
+                TraceFormat::Msr,
+                "t:2:",
+            ),
+            ("1 0 0 1 1\n2 0 0 1 2\n", TraceFormat::Disksim, "t:2:"),
+            ("hello world\n", TraceFormat::Auto, "cannot detect"),
+            ("0,1,999999999999,R,0.1\n", TraceFormat::Spc, "exceeds"),
+            ("0,1,512,R,-1\n", TraceFormat::Spc, "t:1:"),
+            (
+                "1 0 99999999999999999 1 1\n",
+                TraceFormat::Disksim,
+                "overflows",
+            ),
+        ];
+        for (text, fmt, want) in cases {
+            match parse_str(text, fmt, false) {
+                Ok(_) => panic!("{text:?} parsed"),
+                Err(e) => assert!(format!("{e:#}").contains(want), "{text:?}: {e:#}"),
+            }
+        }
+    }
+
+    #[test]
+    fn skip_bad_counts_and_zero_size_is_skipped() -> Result<()> {
+        let t = parse_str(
+            "0,1,512,R,0.1\ngarbage\n0,2,0,W,0.2\n0,3,1024,w,0.3\n",
+            TraceFormat::Spc,
+            true,
+        )?;
+        assert_eq!(t.records.len(), 2);
+        assert_eq!(t.bad_lines_skipped, 1);
+        assert_eq!(t.zero_size_skipped, 1);
+        assert_eq!(t.records[1].op, Op::Write);
+        assert_eq!(t.records[1].time_ns, 200_000_000);
+        let e = parse_str("0,2,0,W,0.2\n", TraceFormat::Spc, false);
+        assert!(
+            e.is_err(),
+            "a trace of only zero-size requests has nothing to replay"
+        );
+        let t = parse_trace(
+            "1 0 0 1 1\n2 0 8 1 0\n3 0 16 1 1\n".as_bytes(),
+            "t",
+            TraceFormat::Auto,
+            false,
+            Some(2),
+        )?;
+        assert_eq!(t.records.len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn folding_wraps_aligns_and_clips() {
+        let span = 1 << 20;
+        let rec = |offset, len| Record {
+            time_ns: 5,
+            offset,
+            len,
+            op: Op::Read,
+        };
+        let recs = [
+            rec(4096, 8192),
+            rec(span + 1000, 512),
+            rec(span - 512, 4096),
+            rec(3 * span + 4096, 100),
+        ];
+        let (r, st) = fold(&recs, span, 512, false);
+        assert_eq!((r[0].offset, r[0].len), (4096, 8192));
+        assert_eq!((r[1].offset, r[1].len), (512, 512));
+        assert_eq!((r[2].offset, r[2].len), (span - 512, 512));
+        assert_eq!((r[3].offset, r[3].len), (4096, 100));
+        assert_eq!(
+            st,
+            FoldStats {
+                wrapped: 2,
+                clipped: 1,
+                aligned: 1
+            }
+        );
+        let (r, st) = fold(&recs, span, 4096, true);
+        assert_eq!((r[1].offset, r[1].len), (0, 4096));
+        assert_eq!((r[2].offset, r[2].len), (span - 4096, 4096));
+        assert_eq!((r[3].offset, r[3].len), (4096, 4096));
+        assert!(r
+            .iter()
+            .all(|q| q.offset % 4096 == 0 && q.len % 4096 == 0 && q.offset + q.len <= span));
+        assert_eq!(st.clipped, 0);
+    }
+
+    #[test]
+    fn written_map_tracks_last_writer() {
+        let mut m = WrittenMap::default();
+        m.insert(0, 100, 1);
+        m.insert(50, 150, 2);
+        m.insert(20, 30, 3);
+        assert_eq!(
+            m.overlapping(0, 200),
+            vec![(0, 20, 1), (20, 30, 3), (30, 50, 1), (50, 150, 2)]
+        );
+        assert_eq!(
+            m.overlapping(25, 60),
+            vec![(25, 30, 3), (30, 50, 1), (50, 60, 2)]
+        );
+        assert_eq!(m.overlapping(150, 300), vec![]);
+        m.insert(0, 200, 4);
+        assert_eq!(m.overlapping(0, 1000), vec![(0, 200, 4)]);
+        assert_eq!(m.bytes(), 200);
+    }
+
+    #[test]
+    fn check_read_detects_a_changed_byte_and_a_stale_writer() {
+        let mut m = WrittenMap::default();
+        m.insert(1000, 3000, 7);
+        let mut buf = vec![0u8; 4096];
+        fill_pattern(&mut buf[1000..3000], 7, 1000);
+        // An unaligned piece must equal the same bytes of a whole-range fill.
+        let mut piece = vec![0u8; 13];
+        fill_pattern(&mut piece, 7, 1003);
+        assert_eq!(&piece[..], &buf[1003..1016]);
+        let (mm, checked) = check_read(&m, &buf, 0, 0);
+        assert!(mm.is_empty());
+        assert_eq!(checked, 2000);
+        buf[2345] ^= 1;
+        let (mm, _) = check_read(&m, &buf, 0, 9);
+        assert_eq!(mm.len(), 1);
+        assert_eq!((mm[0].offset, mm[0].request, mm[0].writer), (2345, 9, 7));
+        // Content of an older write (a lost update) is detected as well.
+        fill_pattern(&mut buf[1000..3000], 6, 1000);
+        assert_eq!(check_read(&m, &buf, 0, 0).0.len(), 1);
+    }
+}

@@ -1,0 +1,504 @@
+//! The real `dhrd nbd` process: ready line, graceful SIGTERM, SIGKILL during writes and
+//! during the initial load (every acknowledged write must survive the restart), and the
+//! full stack nbdfuse + loop device + mkfs.ext4 + mount.
+
+use dhrd_nbd::client::Client;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const BLOCK: usize = 64 << 10;
+
+/// Deterministic contents of one block for one generation.
+fn block(i: u64, gen: u64) -> Vec<u8> {
+    let mut x =
+        (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ gen.wrapping_mul(0xbf58_476d_1ce4_e5b9)) | 1;
+    let mut v = Vec::with_capacity(BLOCK);
+    while v.len() < BLOCK {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v
+}
+
+fn tool(name: &str) -> PathBuf {
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        if dir.join(name).is_file() {
+            return dir.join(name);
+        }
+    }
+    panic!("required tool `{name}` not found in PATH");
+}
+
+/// A running `dhrd nbd`; SIGKILLed on drop if still running.
+struct Dhrd {
+    child: Child,
+    sock: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Dhrd {
+    fn start(dir: &Path, backing: &Path, extra: &[&str]) -> Self {
+        let sock = dir.join("nbd.sock");
+        let stderr = dir.join(format!(
+            "dhrd-{}.stderr",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let errf = std::fs::File::create(&stderr).unwrap_or_else(|e| panic!("{e}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+            .arg("nbd")
+            .arg("--backing")
+            .arg(backing)
+            .arg("--socket")
+            .arg(&sock)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(errf)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start dhrd: {e}"));
+        let out = child.stdout.take().unwrap_or_else(|| unreachable!());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let me = Self {
+            child,
+            sock,
+            stderr,
+        };
+        match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(l) if l.contains("dhrd nbd: serving") => me,
+            other => panic!(
+                "dhrd nbd did not become ready: {other:?}\nstderr:\n{}",
+                me.stderr_text()
+            ),
+        }
+    }
+
+    fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    fn term(&mut self) -> Option<i32> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            assert!(Instant::now() < deadline, "dhrd did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Dhrd {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill9();
+        }
+    }
+}
+
+#[test]
+fn nbd_sigterm_flushes_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let backing = dir.path().join("b.img");
+    let mut d = Dhrd::start(
+        dir.path(),
+        &backing,
+        &["--size", "16M", "--durability", "fsync"],
+    );
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    assert_eq!(c.size, 16 << 20);
+    for i in 0..32u64 {
+        c.send_write(i * BLOCK as u64, &block(i, 1), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    for _ in 0..32 {
+        let r = c.recv().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.error, 0);
+    }
+    // No FLUSH from the client: the graceful shutdown must flush.
+    assert_eq!(d.term(), Some(0), "stderr:\n{}", d.stderr_text());
+    assert!(d.stderr_text().contains("all writes flushed"));
+    assert!(!d.sock.exists(), "socket file left behind");
+    let disk = std::fs::read(&backing).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..32usize {
+        assert!(disk[i * BLOCK..(i + 1) * BLOCK] == block(i as u64, 1)[..]);
+    }
+}
+
+#[test]
+fn nbd_refuses_non_loopback_without_allow_remote() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+        .args(["nbd", "--size", "1M", "--listen", "0.0.0.0:0", "--backing"])
+        .arg(dir.path().join("b.img"))
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-remote"));
+}
+
+/// Writes distinct blocks with `depth` requests in flight until `kill_after` are
+/// acknowledged, SIGKILLs the server while more are in flight, and returns the block
+/// indices that were acknowledged, and those sent but not acknowledged.
+fn write_until_killed(
+    d: &mut Dhrd,
+    order: &[u64],
+    gen: u64,
+    fua: bool,
+    depth: usize,
+    kill_after: usize,
+) -> (Vec<u64>, Vec<u64>) {
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    let mut handle_to_block = std::collections::HashMap::new();
+    let mut acked = Vec::new();
+    let mut next = 0usize;
+    let mut killed = false;
+    loop {
+        while !killed && c.in_flight() < depth && next < order.len() {
+            let i = order[next];
+            next += 1;
+            match c.send_write(i * BLOCK as u64, &block(i, gen), fua) {
+                Ok(h) => {
+                    handle_to_block.insert(h, i);
+                }
+                Err(_) => break,
+            }
+        }
+        if c.in_flight() == 0 {
+            break;
+        }
+        match c.recv() {
+            Ok(r) => {
+                assert_eq!(r.error, 0, "write failed before the kill");
+                if let Some(i) = handle_to_block.remove(&r.handle) {
+                    acked.push(i);
+                }
+            }
+            Err(_) => break, // the server is gone
+        }
+        if !killed && acked.len() >= kill_after {
+            d.kill9();
+            killed = true;
+        }
+    }
+    assert!(killed, "ran out of blocks before the kill point");
+    (acked, handle_to_block.into_values().collect())
+}
+
+fn verify_blocks(sock: &Path, backing: &Path, blocks: &[u64], gen: u64, what: &str) {
+    let mut c = Client::connect(sock).unwrap_or_else(|e| panic!("reconnect: {e}"));
+    for &i in blocks {
+        let got = c
+            .read(i * BLOCK as u64, BLOCK as u32)
+            .unwrap_or_else(|e| panic!("read: {e}"));
+        assert!(got == block(i, gen), "{what}: block {i} lost through NBD");
+    }
+    let disk = std::fs::read(backing).unwrap_or_else(|e| panic!("{e}"));
+    for &i in blocks {
+        let o = i as usize * BLOCK;
+        assert!(
+            disk[o..o + BLOCK] == block(i, gen)[..],
+            "{what}: block {i} not on the backing"
+        );
+    }
+}
+
+#[test]
+fn nbd_sigkill_during_writes_keeps_every_acknowledged_write() {
+    // sync: every write; fsync: FUA writes.
+    for (mode, fua) in [("sync", false), ("fsync", true)] {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let backing = dir.path().join("b.img");
+        let mut d = Dhrd::start(
+            dir.path(),
+            &backing,
+            &["--size", "64M", "--durability", mode],
+        );
+        let order: Vec<u64> = (0..1024).collect();
+        let (acked, _) = write_until_killed(&mut d, &order, 7, fua, 16, 300);
+        drop(d);
+        let d = Dhrd::start(dir.path(), &backing, &["--durability", mode]);
+        verify_blocks(&d.sock, &backing, &acked, 7, mode);
+    }
+}
+
+#[test]
+fn nbd_sigkill_during_initial_load_keeps_data_and_acknowledged_writes() {
+    const BLOCKS: u64 = 2048; // 128 MiB
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let backing = dir.path().join("b.img");
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(&backing).unwrap_or_else(|e| panic!("{e}")),
+        );
+        for i in 0..BLOCKS {
+            f.write_all(&block(i, 0)).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    // Loading 128 MiB at 16 MiB/s takes ~8 s: the whole test runs during the load.
+    let mut d = Dhrd::start(
+        dir.path(),
+        &backing,
+        &["--load-rate", "16M", "--chunk", "1M"],
+    );
+    let started = Instant::now();
+    // Reads during the load see the backing's bytes (I5), wherever the loader is.
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    for i in (0..BLOCKS).step_by(97) {
+        let got = c
+            .read(i * BLOCK as u64, BLOCK as u32)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(got == block(i, 0), "block {i} wrong during load");
+    }
+    drop(c);
+    // Scattered writes across loaded, loading and unloaded chunks (I1-I3).
+    let mut order: Vec<u64> = (0..BLOCKS).filter(|i| i % 3 == 1).collect();
+    let mut x = 12345u64;
+    for k in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(k, (x % (k as u64 + 1)) as usize);
+    }
+    let (acked, unsure) = write_until_killed(&mut d, &order, 5, false, 8, 200);
+    let load_was_running = !d.stderr_text().contains("dhrd nbd: loaded");
+    eprintln!(
+        "killed after {:.2} s, load still running: {load_was_running}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        load_was_running,
+        "the load finished before the kill; raise the size"
+    );
+    drop(d);
+    let d = Dhrd::start(dir.path(), &backing, &[]);
+    verify_blocks(&d.sock, &backing, &acked, 5, "after kill during load");
+    // Every block never written still holds its original bytes.
+    let touched: std::collections::HashSet<u64> =
+        acked.iter().chain(unsure.iter()).copied().collect();
+    let never: Vec<u64> = (0..BLOCKS)
+        .filter(|i| !touched.contains(i) && !order.contains(i))
+        .step_by(7)
+        .collect();
+    verify_blocks(&d.sock, &backing, &never, 0, "untouched");
+}
+
+/// Runs a command; `Err(stderr)` if it fails.
+fn sh(cmd: &mut Command) -> Result<String, String> {
+    match cmd.output() {
+        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).into_owned()),
+        Ok(o) => Err(format!(
+            "{cmd:?}: {}: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => Err(format!("{cmd:?}: {e}")),
+    }
+}
+
+/// Undoes the mount stack in reverse order, whatever the test reached.
+#[derive(Default)]
+struct Stack {
+    mounts: Vec<PathBuf>,
+    loops: Vec<String>,
+    fuse: Option<(PathBuf, Child)>,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for m in self.mounts.drain(..).rev() {
+            let _ = sh(Command::new("umount").arg(&m));
+        }
+        for l in self.loops.drain(..).rev() {
+            let _ = sh(Command::new("losetup").arg("-d").arg(&l));
+        }
+        if let Some((mp, mut child)) = self.fuse.take() {
+            let _ = sh(Command::new("fusermount3").arg("-u").arg(&mp));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn nbd_nbdfuse_loop_mkfs_ext4_mount() {
+    let missing: Vec<&str> = [
+        ("/dev/loop-control", Path::new("/dev/loop-control").exists()),
+        ("/dev/fuse", Path::new("/dev/fuse").exists()),
+        ("root", unsafe { libc::geteuid() } == 0),
+    ]
+    .iter()
+    .filter(|(_, ok)| !ok)
+    .map(|(n, _)| *n)
+    .collect();
+    let has_nbdfuse = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("nbdfuse").is_file());
+    if !missing.is_empty() || !has_nbdfuse {
+        eprintln!(
+            "SKIPPED nbd_nbdfuse_loop_mkfs_ext4_mount: missing {missing:?}{}",
+            if has_nbdfuse { "" } else { " and nbdfuse" }
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let backing = dir.path().join("b.img");
+    let fuse_dir = dir.path().join("fuse");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&fuse_dir).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let mut d = Dhrd::start(dir.path(), &backing, &["--size", "128M"]);
+    let content: Vec<u8> = (0..40u64).flat_map(|i| block(i, 9)).collect();
+    {
+        let mut st = Stack::default();
+        let pidfile = dir.path().join("nbdfuse.pid");
+        let child = Command::new(tool("nbdfuse"))
+            .arg("-P")
+            .arg(&pidfile)
+            .arg(fuse_dir.join("disk"))
+            .arg("--unix")
+            .arg(&d.sock)
+            .spawn()
+            .unwrap_or_else(|e| panic!("nbdfuse: {e}"));
+        st.fuse = Some((fuse_dir.clone(), child));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !pidfile.exists() {
+            assert!(Instant::now() < deadline, "nbdfuse did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let lo = match sh(Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(fuse_dir.join("disk")))
+        {
+            Ok(l) => l.trim().to_string(),
+            Err(e) => {
+                eprintln!("SKIPPED nbd_nbdfuse_loop_mkfs_ext4_mount: no loop device: {e}");
+                return;
+            }
+        };
+        st.loops.push(lo.clone());
+        sh(Command::new(tool("mkfs.ext4")).args(["-q", "-F", &lo]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        if let Err(e) = sh(Command::new("mount").arg(&lo).arg(&mnt)) {
+            eprintln!("SKIPPED nbd_nbdfuse_loop_mkfs_ext4_mount: cannot mount: {e}");
+            return;
+        }
+        st.mounts.push(mnt.clone());
+        std::fs::write(mnt.join("file.bin"), &content).unwrap_or_else(|e| panic!("{e}"));
+        sh(&mut Command::new("sync")).unwrap_or_else(|e| panic!("{e}"));
+        // Remount: the file comes back through the whole stack.
+        sh(Command::new("umount").arg(&mnt)).unwrap_or_else(|e| panic!("{e}"));
+        st.mounts.clear();
+        sh(Command::new("mount").arg(&lo).arg(&mnt)).unwrap_or_else(|e| panic!("{e}"));
+        st.mounts.push(mnt.clone());
+        let back = std::fs::read(mnt.join("file.bin")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(back == content, "file differs after remount");
+    }
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    // The backing file alone is a valid ext4 image holding the file.
+    let out = sh(Command::new("debugfs")
+        .args(["-R", "cat /file.bin"])
+        .arg(&backing));
+    match out {
+        Ok(_) => {
+            let o = Command::new("debugfs")
+                .args(["-R", "cat /file.bin"])
+                .arg(&backing)
+                .output()
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(o.stdout == content, "backing image lacks the file");
+        }
+        Err(e) => eprintln!("note: debugfs unavailable, backing not inspected: {e}"),
+    }
+}
+
+#[test]
+fn nbd_block_device_backing_is_exported_at_its_size() {
+    if !Path::new("/dev/loop-control").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED nbd_block_device_backing_is_exported_at_its_size: needs root and /dev/loop-control");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let img = dir.path().join("dev.img");
+    std::fs::write(&img, vec![0u8; 24 << 20]).unwrap_or_else(|e| panic!("{e}"));
+    let lo = match sh(Command::new("losetup").args(["-f", "--show"]).arg(&img)) {
+        Ok(l) => l.trim().to_string(),
+        Err(e) => {
+            eprintln!("SKIPPED nbd_block_device_backing_is_exported_at_its_size: {e}");
+            return;
+        }
+    };
+    let mut st = Stack::default();
+    st.loops.push(lo.clone());
+    let mut d = Dhrd::start(dir.path(), Path::new(&lo), &[]);
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    assert_eq!(c.size, 24 << 20);
+    c.write(5 << 20, &block(3, 4), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let got = c
+        .read(5 << 20, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == block(3, 4));
+    drop(c);
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    drop(st);
+    let disk = std::fs::read(&img).unwrap_or_else(|e| panic!("{e}"));
+    assert!(disk[5 << 20..(5 << 20) + BLOCK] == block(3, 4)[..]);
+}
+
+#[test]
+fn nbd_first_request_is_served_at_once_on_a_large_backing() {
+    // I7: time to the first served request does not grow with the data size. A sparse
+    // 16 GiB backing with a slow loader must answer about as fast as a 16 MiB one.
+    let mut times = Vec::new();
+    for size in ["16M", "16G"] {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let backing = dir.path().join("b.img");
+        let t0 = Instant::now();
+        let d = Dhrd::start(
+            dir.path(),
+            &backing,
+            &["--size", size, "--load-rate", "64M", "--mem", "64M"],
+        );
+        let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+        let last = c.size - BLOCK as u64;
+        let got = c.read(last, BLOCK as u32).unwrap_or_else(|e| panic!("{e}"));
+        assert!(got.iter().all(|&b| b == 0));
+        c.write(last, &block(1, 1), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        times.push(t0.elapsed());
+    }
+    eprintln!("first request served after {times:?}");
+    assert!(
+        times[1] < times[0] + Duration::from_secs(2),
+        "a larger backing delayed the first request: {times:?}"
+    );
+}

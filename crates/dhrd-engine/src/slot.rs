@@ -1,0 +1,221 @@
+//! One chunk's state word and its range lock.
+//!
+//! The state word packs the chunk state (SPEC section 2) with a generation that is bumped
+//! whenever the chunk leaves Loaded, so a lock-free reader can check that the chunk stayed
+//! Loaded throughout its copy (seqlock style).
+//!
+//! The range lock decides who may touch the chunk:
+//! - writers register the byte range they write; writers of disjoint ranges share the
+//!   chunk (small sequential writes to one chunk then share one backing sync instead of
+//!   paying one each), overlapping writers queue, so RAM receives overlapping writes in the
+//!   order the backing did;
+//! - a writer of a chunk wholly past the end ("fresh") takes the chunk exclusively, since
+//!   it will turn the chunk Loaded without reading it;
+//! - the loader waits until no writer holds the chunk (I3: the loaded copy includes every
+//!   write that reached the backing), and from the moment it waits, new writers wait too,
+//!   so a stream of writes cannot starve it; while it loads, writers wait (I1);
+//! - state transitions happen under the lock's mutex.
+//!
+//! Crash semantics: none; this is volatile coordination only.
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// State of one chunk (SPEC section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkState {
+    Unloaded,
+    Loading,
+    Loaded,
+}
+
+const STATE_MASK: u32 = 0b11;
+const GEN_ONE: u32 = 0b100;
+
+pub(crate) fn state_of(word: u32) -> ChunkState {
+    match word & STATE_MASK {
+        1 => ChunkState::Loading,
+        2 => ChunkState::Loaded,
+        _ => ChunkState::Unloaded,
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Holders {
+    loading: bool,
+    loader_waiting: u32,
+    exclusive: bool,
+    /// Byte ranges `[start, end)` of the writers inside the chunk.
+    writers: Vec<(u64, u64)>,
+}
+
+pub(crate) struct Slot {
+    /// `generation << 2 | state`.
+    pub(crate) word: AtomicU32,
+    holders: Mutex<Holders>,
+    cv: Condvar,
+}
+
+/// How a writer holds a chunk; released on drop.
+pub(crate) struct WriteHold<'a> {
+    slot: &'a Slot,
+    range: (u64, u64),
+    exclusive: bool,
+}
+
+impl Drop for WriteHold<'_> {
+    fn drop(&mut self) {
+        let mut g = self.slot.holders.lock();
+        if self.exclusive {
+            g.exclusive = false;
+        } else if let Some(i) = g.writers.iter().position(|r| *r == self.range) {
+            g.writers.swap_remove(i);
+        }
+        drop(g);
+        self.slot.cv.notify_all();
+    }
+}
+
+/// What a writer found when it got the chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    Loaded,
+    /// Unloaded, inside the data.
+    Unloaded,
+    /// Unloaded and wholly past the end; held exclusively.
+    Fresh,
+}
+
+/// The loader's claim on a chunk, from `begin_load`.
+pub(crate) enum LoadClaim<'a> {
+    /// The chunk is Loading and ours; finish with `end_load`.
+    Claimed(MutexGuard<'a, Holders>),
+    /// Not Unloaded any more (a writer made it fresh-Loaded, or another loader was first).
+    NotNeeded,
+}
+
+impl Slot {
+    pub(crate) fn new() -> Self {
+        Self {
+            word: AtomicU32::new(0),
+            holders: Mutex::new(Holders::default()),
+            cv: Condvar::new(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn state(&self) -> ChunkState {
+        state_of(self.word.load(Ordering::Acquire))
+    }
+
+    /// Sets the state; leaving Loaded bumps the generation so in-flight readers retry.
+    /// Callers hold the range lock's mutex or have the object to themselves.
+    pub(crate) fn set_state(&self, s: ChunkState) {
+        let w = self.word.load(Ordering::Relaxed);
+        let gen = if state_of(w) == ChunkState::Loaded && s != ChunkState::Loaded {
+            (w & !STATE_MASK).wrapping_add(GEN_ONE)
+        } else {
+            w & !STATE_MASK
+        };
+        let bits = match s {
+            ChunkState::Unloaded => 0,
+            ChunkState::Loading => 1,
+            ChunkState::Loaded => 2,
+        };
+        self.word.store(gen | bits, Ordering::Release);
+    }
+
+    /// Waits until `[start, end)` may be written and registers it. `past_end` says whether
+    /// the chunk lies wholly past the object's end (checked once the chunk is free).
+    /// Returns whether the wait included a load (I1).
+    pub(crate) fn acquire_write(
+        &self,
+        start: u64,
+        end: u64,
+        past_end: impl Fn() -> bool,
+    ) -> (WriteHold<'_>, Found, bool) {
+        let mut g = self.holders.lock();
+        let mut waited_on_load = false;
+        loop {
+            let overlap = g.writers.iter().any(|&(a, b)| a < end && start < b);
+            if !(g.loading || g.loader_waiting > 0 || g.exclusive || overlap) {
+                let found = match self.state() {
+                    ChunkState::Loaded => Found::Loaded,
+                    ChunkState::Loading => unreachable!("Loading without the loading flag"),
+                    ChunkState::Unloaded if past_end() => {
+                        if g.writers.is_empty() {
+                            Found::Fresh
+                        } else {
+                            // Writers inside a chunk past the end are impossible: the end
+                            // only shrinks with the object to itself. Wait it out anyway.
+                            self.cv.wait(&mut g);
+                            continue;
+                        }
+                    }
+                    ChunkState::Unloaded => Found::Unloaded,
+                };
+                let exclusive = found == Found::Fresh;
+                if exclusive {
+                    g.exclusive = true;
+                } else {
+                    g.writers.push((start, end));
+                }
+                return (
+                    WriteHold {
+                        slot: self,
+                        range: (start, end),
+                        exclusive,
+                    },
+                    found,
+                    waited_on_load,
+                );
+            }
+            waited_on_load |= g.loading;
+            self.cv.wait(&mut g);
+        }
+    }
+
+    /// Runs `f` with the chunk's current state while no state change can happen.
+    pub(crate) fn with_state<R>(&self, f: impl FnOnce(ChunkState) -> R) -> R {
+        let _g = self.holders.lock();
+        f(self.state())
+    }
+
+    /// Waits until no writer holds the chunk (new writers wait behind us), then claims it
+    /// for loading if it is still Unloaded and `admit` agrees (the RAM budget).
+    pub(crate) fn begin_load(&self, admit: impl FnOnce() -> bool) -> Result<LoadClaim<'_>, ()> {
+        let mut g = self.holders.lock();
+        g.loader_waiting += 1;
+        while g.loading || g.exclusive || !g.writers.is_empty() {
+            self.cv.wait(&mut g);
+        }
+        g.loader_waiting -= 1;
+        if self.state() != ChunkState::Unloaded {
+            drop(g);
+            self.cv.notify_all();
+            return Ok(LoadClaim::NotNeeded);
+        }
+        if !admit() {
+            drop(g);
+            self.cv.notify_all();
+            return Err(());
+        }
+        g.loading = true;
+        self.set_state(ChunkState::Loading);
+        Ok(LoadClaim::Claimed(g))
+    }
+
+    /// Ends a load begun with `begin_load`: the chunk becomes `to` (Loaded or Unloaded).
+    pub(crate) fn end_load(&self, mut g: MutexGuard<'_, Holders>, to: ChunkState) {
+        debug_assert!(g.loading);
+        self.set_state(to);
+        g.loading = false;
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    /// Releases the mutex during the bulk read while the chunk stays claimed.
+    pub(crate) fn unlocked_while<R>(g: &mut MutexGuard<'_, Holders>, f: impl FnOnce() -> R) -> R {
+        MutexGuard::unlocked(g, f)
+    }
+}

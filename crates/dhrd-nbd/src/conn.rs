@@ -1,0 +1,705 @@
+//! Transmission phase of one connection.
+//!
+//! Shape (leader/followers, like nbdkit's parallel thread model): up to
+//! [`MAX_WORKERS_PER_CONNECTION`] threads serve one connection. A thread takes the reader
+//! lock, reads one request (header and write payload), releases the lock, executes the
+//! request against the target and writes the reply under the connection's writer lock.
+//! There is no hand-off between a reader and a worker, so a request costs no extra thread
+//! wake-up; while one thread executes, the next one is already waiting for the next
+//! request. Threads are spawned on demand: when the last idle thread takes a request.
+//!
+//! Invariants:
+//! - a reply is written only after the target call it reports on returned;
+//! - each reply is written with one `write_all` under the writer lock, so replies never
+//!   interleave on the wire; the client matches them by handle;
+//! - the in-flight budget ([`MAX_IN_FLIGHT_BYTES`]) is taken before a payload or read
+//!   buffer is allocated and given back after the reply is written (or dropped); a single
+//!   maximal request always fits, so it cannot deadlock; requests in flight are bounded by
+//!   the thread count;
+//! - when reading stops (disconnect, NBD_CMD_DISC, bad magic, shutdown) every request
+//!   already read is still executed and answered (if the socket allows) before the
+//!   connection closes; nothing is leaked when the client vanishes mid-request: a
+//!   partially received write is dropped without touching the target.
+
+use crate::limits::{
+    MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES, MAX_WORKERS_PER_CONNECTION,
+    THREAD_STACK_BYTES,
+};
+use crate::proto::*;
+use crate::target::Target;
+use crate::NbdError;
+use parking_lot::{Condvar, Mutex};
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A connected socket of either family.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        // Fails only if the peer is already gone, which is the state we want.
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        };
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The single writer of one connection's replies.
+struct Replier {
+    stream: Mutex<Stream>,
+    /// Set when a reply could not be written; the reader then stops.
+    broken: AtomicBool,
+}
+
+impl Replier {
+    fn send(&self, bytes: &[u8]) {
+        self.send_parts(&[bytes]);
+    }
+
+    /// Writes the parts as one reply (one `writev` in the common case).
+    fn send_parts(&self, parts: &[&[u8]]) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut s = self.stream.lock();
+        if write_all_parts(&mut *s, parts).is_err() {
+            // The client is gone or stopped reading past the write timeout. Closing both
+            // directions wakes the reader so the connection winds down.
+            self.broken.store(true, Ordering::Relaxed);
+            s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// `write_all` over several buffers with vectored writes.
+fn write_all_parts<W: Write>(w: &mut W, parts: &[&[u8]]) -> io::Result<()> {
+    let (mut idx, mut off) = (0usize, 0usize);
+    while idx < parts.len() {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() - idx);
+        slices.push(IoSlice::new(
+            parts.get(idx).and_then(|p| p.get(off..)).unwrap_or(&[]),
+        ));
+        slices.extend(parts.iter().skip(idx + 1).map(|p| IoSlice::new(p)));
+        let mut n = match w.write_vectored(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while idx < parts.len() {
+            let rest = parts.get(idx).map_or(0, |p| p.len()) - off;
+            if n >= rest {
+                n -= rest;
+                idx += 1;
+                off = 0;
+            } else {
+                off += n;
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Per-connection bound on bytes (and, as a second guard, requests) in flight.
+struct Budget {
+    state: Mutex<(usize, u64)>,
+    freed: Condvar,
+}
+
+impl Budget {
+    fn acquire(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        // An empty budget admits any single request, so a maximal request never waits
+        // forever.
+        while st.0 > 0 && (st.0 >= MAX_IN_FLIGHT_REQUESTS || st.1 + bytes > MAX_IN_FLIGHT_BYTES) {
+            self.freed.wait(&mut st);
+        }
+        st.0 += 1;
+        st.1 += bytes;
+    }
+
+    fn release(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        st.0 = st.0.saturating_sub(1);
+        st.1 = st.1.saturating_sub(bytes);
+        self.freed.notify_one();
+    }
+}
+
+/// Reads at least this large are sent straight from the target's memory when it can
+/// (no copy into a reply buffer); smaller ones are copied, which keeps header and data
+/// in one contiguous buffer and the target's memory pinned for less time.
+const ZERO_COPY_MIN_BYTES: u32 = 64 << 10;
+
+/// A validated request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write { fua: bool },
+    Flush,
+    Trim { fua: bool },
+    Zero { fua: bool, may_punch: bool },
+}
+
+/// Largest payload buffer a thread keeps between requests (see [`recycle`]).
+const KEEP_PAYLOAD_BUFFER_BYTES: usize = 1 << 20;
+
+/// A request read from the wire and accepted for execution. For writes, `payload` holds
+/// at least `length` bytes; only the first `length` are the request's.
+struct Job {
+    op: Op,
+    handle: u64,
+    offset: u64,
+    length: u32,
+    payload: Vec<u8>,
+    /// Bytes charged to the budget for this job.
+    charged: u64,
+}
+
+/// Keeps a finished write's payload buffer for the thread's next write if it is small
+/// enough: refilling a kept buffer skips the allocation and its zeroing, and the cap
+/// bounds what idle threads hold to MAX_WORKERS_PER_CONNECTION x KEEP_PAYLOAD_BUFFER_BYTES.
+fn recycle(spare: &mut Vec<u8>, payload: Vec<u8>) {
+    if payload.capacity() <= KEEP_PAYLOAD_BUFFER_BYTES && payload.capacity() > spare.capacity() {
+        *spare = payload;
+    }
+}
+
+/// The reading side of a connection, owned by whichever thread holds the lock.
+struct ReadSide {
+    reader: BufReader<Stream>,
+    /// Set once reading has stopped; every thread then finishes its job and exits.
+    end: Option<End>,
+}
+
+struct Shared<T: Target> {
+    target: Arc<T>,
+    params: ConnParams,
+    read_side: Mutex<ReadSide>,
+    replier: Replier,
+    budget: Budget,
+    /// Threads not executing a request (waiting for or holding the reader lock).
+    idle: AtomicUsize,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Checks a request header against the export; `Err(wire errno)` means reply with that
+/// error. DISC and unknown commands are handled by the caller.
+fn validate(h: &RequestHeader, size: u64, read_only: bool, framing: Framing) -> Result<Op, u32> {
+    let fua = h.flags & CMD_FLAG_FUA != 0;
+    let allowed_flags = match h.cmd {
+        CMD_READ if framing == Framing::Structured => CMD_FLAG_FUA | CMD_FLAG_DF,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        _ => CMD_FLAG_FUA,
+    };
+    if h.flags & !allowed_flags != 0 {
+        return Err(EINVAL);
+    }
+    let op = match h.cmd {
+        CMD_READ => Op::Read,
+        CMD_WRITE => Op::Write { fua },
+        CMD_FLUSH => return Ok(Op::Flush),
+        CMD_TRIM => Op::Trim { fua },
+        CMD_WRITE_ZEROES => Op::Zero {
+            fua,
+            may_punch: h.flags & CMD_FLAG_NO_HOLE == 0,
+        },
+        _ => return Err(EINVAL),
+    };
+    if matches!(op, Op::Read) && h.length > MAX_PAYLOAD_BYTES {
+        return Err(EINVAL);
+    }
+    if h.length == 0 {
+        // A structured read reply cannot carry zero bytes of data, and a zero-length
+        // write is a client bug; refuse both uniformly.
+        return Err(EINVAL);
+    }
+    let writes = !matches!(op, Op::Read);
+    if writes && read_only {
+        return Err(EPERM);
+    }
+    match h.offset.checked_add(h.length.into()) {
+        Some(end) if end <= size => Ok(op),
+        // ENOSPC for writes past the end (what nbdkit and qemu-nbd do; clients map it to
+        // "device full"), EINVAL for reads.
+        _ if writes => Err(ENOSPC),
+        _ => Err(EINVAL),
+    }
+}
+
+fn error_reply(framing: Framing, is_read: bool, handle: u64, error: u32) -> Vec<u8> {
+    let mut b = vec![0u8; reply_header_len(framing, is_read, error)];
+    encode_reply_header(&mut b, framing, is_read, handle, error, 0, 0);
+    b
+}
+
+fn report(op: &str, offset: u64, length: u32, e: &NbdError) -> u32 {
+    eprintln!("dhrd nbd: {op} at {offset} (+{length}) failed: {e}");
+    wire_errno(e.errno())
+}
+
+/// Executes one job and sends its reply.
+fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier) {
+    let &Job {
+        op,
+        handle,
+        offset,
+        length,
+        ref payload,
+        ..
+    } = job;
+    if op == Op::Read && length >= ZERO_COPY_MIN_BYTES {
+        let mut hdr = [0u8; MAX_REPLY_HEADER_BYTES];
+        let hl = reply_header_len(framing, true, 0);
+        encode_reply_header(&mut hdr, framing, true, handle, 0, offset, length);
+        let head = hdr.get(..hl).unwrap_or(&[]);
+        match target.read_borrowed(offset, length as usize, &mut |data| {
+            replier.send_parts(&[head, data])
+        }) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                let errno = report("read", offset, length, &e);
+                replier.send(&error_reply(framing, true, handle, errno));
+                return;
+            }
+        }
+    }
+    let reply = match op {
+        Op::Read => {
+            let hdr = reply_header_len(framing, true, 0);
+            let mut buf = vec![0u8; hdr + length as usize];
+            match target.read_at(buf.get_mut(hdr..).unwrap_or(&mut []), offset) {
+                Ok(()) => {
+                    encode_reply_header(
+                        buf.get_mut(..hdr).unwrap_or(&mut []),
+                        framing,
+                        true,
+                        handle,
+                        0,
+                        offset,
+                        length,
+                    );
+                    replier.send(&buf);
+                    return;
+                }
+                Err(e) => Err(report("read", offset, length, &e)),
+            }
+        }
+        Op::Write { fua } => target
+            .write_at(payload.get(..length as usize).unwrap_or(&[]), offset, fua)
+            .map_err(|e| report("write", offset, length, &e)),
+        Op::Flush => target.flush().map_err(|e| report("flush", 0, 0, &e)),
+        Op::Trim { fua } => target
+            .zero(offset, length.into(), true, fua)
+            .map_err(|e| report("trim", offset, length, &e)),
+        Op::Zero { fua, may_punch } => target
+            .zero(offset, length.into(), may_punch, fua)
+            .map_err(|e| report("write_zeroes", offset, length, &e)),
+    };
+    let error = reply.err().unwrap_or(0);
+    replier.send(&error_reply(framing, matches!(op, Op::Read), handle, error));
+}
+
+/// Reads exactly `buf.len()` bytes. `Ok(false)`: clean end of stream before the first
+/// byte. A stream ending part-way is an error (truncated request).
+fn read_msg<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
+    let mut done = 0;
+    while done < buf.len() {
+        match r.read(buf.get_mut(done..).unwrap_or(&mut [])) {
+            Ok(0) if done == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Why a connection's transmission phase ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// NBD_CMD_DISC or the client closed between requests.
+    Clean,
+    /// Protocol violation, truncated request or I/O error; logged by the caller.
+    Error(NbdError),
+}
+
+/// Options fixed for the whole transmission phase of one connection.
+pub(crate) struct ConnParams {
+    pub framing: Framing,
+    pub read_only: bool,
+    pub size: u64,
+}
+
+/// Serves requests until the client disconnects or the stream fails, then finishes every
+/// request already read and returns. `writer` is a second handle of the same socket.
+pub(crate) fn serve<T: Target>(
+    reader: BufReader<Stream>,
+    writer: Stream,
+    target: Arc<T>,
+    params: ConnParams,
+) -> End {
+    let sh = Arc::new(Shared {
+        target,
+        params,
+        read_side: Mutex::new(ReadSide { reader, end: None }),
+        replier: Replier {
+            stream: Mutex::new(writer),
+            broken: AtomicBool::new(false),
+        },
+        budget: Budget {
+            state: Mutex::new((0, 0)),
+            freed: Condvar::new(),
+        },
+        idle: AtomicUsize::new(1),
+        threads: Mutex::new(Vec::new()),
+    });
+    // The connection thread is the first server thread.
+    serve_thread(&sh);
+    // Threads are only spawned by threads holding a job, and every thread exits once
+    // `end` is set, so this loop terminates.
+    loop {
+        let t = sh.threads.lock().pop();
+        match t {
+            Some(t) => {
+                let _ = t.join();
+            }
+            None => break,
+        }
+    }
+    let end = sh.read_side.lock().end.take();
+    end.unwrap_or(End::Clean)
+}
+
+/// Adds a server thread when the caller took the last idle one.
+fn maybe_spawn<T: Target>(sh: &Arc<Shared<T>>) {
+    if sh.idle.load(Ordering::SeqCst) > 0 {
+        return;
+    }
+    let mut threads = sh.threads.lock();
+    // +1: the connection thread itself is not in the list.
+    if threads.len() + 1 >= MAX_WORKERS_PER_CONNECTION {
+        return;
+    }
+    sh.idle.fetch_add(1, Ordering::SeqCst);
+    let sh2 = Arc::clone(sh);
+    match std::thread::Builder::new()
+        .name("dhrd-nbd-worker".into())
+        .stack_size(THREAD_STACK_BYTES)
+        .spawn(move || serve_thread(&sh2))
+    {
+        Ok(h) => threads.push(h),
+        // Out of threads: the existing ones keep serving, just with less parallelism.
+        Err(_) => {
+            sh.idle.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
+    let mut spare: Vec<u8> = Vec::new();
+    loop {
+        let job = {
+            let mut rs = sh.read_side.lock();
+            if rs.end.is_some() {
+                sh.idle.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            match next_job(&mut rs.reader, sh, &mut spare) {
+                Ok(Some(job)) => job,
+                Ok(None) => continue,
+                Err(end) => {
+                    rs.end = Some(end);
+                    sh.idle.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        };
+        sh.idle.fetch_sub(1, Ordering::SeqCst);
+        maybe_spawn(sh);
+        let charged = job.charged;
+        execute(&*sh.target, sh.params.framing, &job, &sh.replier);
+        sh.budget.release(charged);
+        recycle(&mut spare, job.payload);
+        sh.idle.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Reads the next request. `Ok(Some)`: a job to execute; `Ok(None)`: the request was
+/// answered with an error already; `Err`: reading stops.
+fn next_job<T: Target>(
+    reader: &mut BufReader<Stream>,
+    sh: &Shared<T>,
+    spare: &mut Vec<u8>,
+) -> Result<Option<Job>, End> {
+    let p = &sh.params;
+    let framing = p.framing;
+    if sh.replier.broken.load(Ordering::Relaxed) {
+        return Err(End::Error(NbdError::Protocol(
+            "reply could not be sent".into(),
+        )));
+    }
+    let mut hb = [0u8; REQUEST_HEADER_BYTES];
+    match read_msg(reader, &mut hb) {
+        Ok(true) => {}
+        Ok(false) => return Err(End::Clean),
+        Err(e) => return Err(End::Error(NbdError::Io(e))),
+    }
+    let h = decode_request(&hb);
+    if h.magic != REQUEST_MAGIC {
+        return Err(End::Error(NbdError::BadMagic {
+            expected: REQUEST_MAGIC.into(),
+            found: h.magic.into(),
+        }));
+    }
+    if h.cmd == CMD_DISC {
+        return Err(End::Clean);
+    }
+    let is_read = h.cmd == CMD_READ;
+    if h.cmd == CMD_WRITE && h.length > MAX_PAYLOAD_BYTES {
+        // The payload cannot be skipped without reading it: refuse and close.
+        sh.replier
+            .send(&error_reply(framing, false, h.handle, EINVAL));
+        return Err(End::Error(NbdError::PayloadTooLarge {
+            len: h.length.into(),
+            max: MAX_PAYLOAD_BYTES.into(),
+        }));
+    }
+    let verdict = validate(&h, p.size, p.read_only, framing);
+    let charged: u64 = match (h.cmd, &verdict) {
+        (CMD_WRITE, _) | (CMD_READ, Ok(_)) => h.length.into(),
+        _ => 0,
+    };
+    sh.budget.acquire(charged);
+    let mut payload = Vec::new();
+    if h.cmd == CMD_WRITE {
+        let n = h.length as usize;
+        payload = std::mem::take(spare);
+        if payload.len() < n {
+            payload.resize(n, 0);
+        }
+        match read_msg(reader, payload.get_mut(..n).unwrap_or(&mut [])) {
+            Ok(true) => {}
+            // The client vanished mid-payload: drop the partial write untouched.
+            Ok(false) | Err(_) => {
+                sh.budget.release(charged);
+                return Err(End::Error(NbdError::Protocol(
+                    "truncated write payload".into(),
+                )));
+            }
+        }
+    }
+    match verdict {
+        Ok(op) => Ok(Some(Job {
+            op,
+            handle: h.handle,
+            offset: h.offset,
+            length: h.length,
+            payload,
+            charged,
+        })),
+        Err(errno) => {
+            recycle(spare, payload);
+            sh.replier
+                .send(&error_reply(framing, is_read, h.handle, errno));
+            sh.budget.release(charged);
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hdr(cmd: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
+        decode_request(&encode_request(flags, cmd, 1, offset, length))
+    }
+
+    #[test]
+    fn validation() {
+        let s = Framing::Simple;
+        let size = 1 << 20;
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, 0, 1), size, false, s),
+            Ok(Op::Read)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, size - 1, 2), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, u64::MAX, 2), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, 0, 0, 0), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(
+                &hdr(CMD_READ, 0, 0, MAX_PAYLOAD_BYTES + 1),
+                u64::MAX,
+                false,
+                s
+            ),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, CMD_FLAG_FUA, 10, 10), size, false, s),
+            Ok(Op::Write { fua: true })
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, 0, size, 1), size, false, s),
+            Err(ENOSPC)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, 0, 0, 1), size, true, s),
+            Err(EPERM)
+        );
+        assert_eq!(validate(&hdr(CMD_TRIM, 0, 0, 1), size, true, s), Err(EPERM));
+        assert_eq!(
+            validate(&hdr(CMD_FLUSH, 0, 0, 0), size, true, s),
+            Ok(Op::Flush)
+        );
+        assert_eq!(
+            validate(
+                &hdr(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8),
+                size,
+                false,
+                s
+            ),
+            Ok(Op::Zero {
+                fua: false,
+                may_punch: false
+            })
+        );
+        assert_eq!(
+            validate(&hdr(CMD_WRITE, CMD_FLAG_NO_HOLE, 0, 8), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(&hdr(CMD_READ, CMD_FLAG_DF, 0, 8), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            validate(
+                &hdr(CMD_READ, CMD_FLAG_DF, 0, 8),
+                size,
+                false,
+                Framing::Structured
+            ),
+            Ok(Op::Read)
+        );
+        assert_eq!(validate(&hdr(5, 0, 0, 8), size, false, s), Err(EINVAL));
+        assert_eq!(validate(&hdr(0x1234, 0, 0, 8), size, false, s), Err(EINVAL));
+    }
+
+    /// Accepts at most 3 bytes per call, to exercise partial vectored writes.
+    struct Dribble(Vec<u8>);
+
+    impl Write for Dribble {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(3);
+            self.0.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let mut budget = 3;
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(budget);
+                self.0.extend_from_slice(&b[..k]);
+                n += k;
+                budget -= k;
+                if budget == 0 {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn vectored_reply_writes_survive_partial_writes() {
+        let mut d = Dribble(Vec::new());
+        let parts: [&[u8]; 4] = [b"head", b"", b"da", b"ta-tail"];
+        assert!(write_all_parts(&mut d, &parts).is_ok());
+        assert_eq!(d.0, b"headdata-tail");
+    }
+
+    #[test]
+    fn budget_admits_one_oversized_request() {
+        let b = Budget {
+            state: Mutex::new((0, 0)),
+            freed: Condvar::new(),
+        };
+        b.acquire(MAX_IN_FLIGHT_BYTES * 2);
+        b.release(MAX_IN_FLIGHT_BYTES * 2);
+        assert_eq!(*b.state.lock(), (0, 0));
+    }
+}

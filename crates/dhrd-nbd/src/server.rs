@@ -1,0 +1,473 @@
+//! Listening, accepting and graceful shutdown.
+//!
+//! Invariants:
+//! - by default only local clients can connect: a Unix socket is created with mode 0600
+//!   before it starts listening (bind, chmod, listen: no window where others can connect),
+//!   and a TCP address must be loopback unless `allow_remote` is set;
+//! - at most [`MAX_CONNECTIONS`] connections are served; further ones are closed at once;
+//! - [`Server::run`] returns only after every connection thread has finished (or the
+//!   drain timeout passed), so the caller can flush and close the engine afterwards with
+//!   no request still executing;
+//! - shutdown stops accepting first, then closes the read side of every connection, so
+//!   requests already received are executed and answered, and no new one is read.
+
+use crate::conn::{self, ConnParams, End, Stream};
+use crate::handshake::{self, ExportView, Outcome};
+use crate::limits::{
+    HANDSHAKE_TIMEOUT, MAX_CONNECTIONS, READ_BUFFER_BYTES, REPLY_WRITE_TIMEOUT,
+    SHUTDOWN_DRAIN_TIMEOUT, THREAD_STACK_BYTES,
+};
+use crate::proto::*;
+use crate::target::Target;
+use crate::NbdError;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::io::{self, BufReader};
+use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: ListenAddr,
+    /// Export name; clients asking for "" (the default export) get it too.
+    pub name: String,
+    pub description: String,
+    /// Permit a TCP address that is not loopback.
+    pub allow_remote: bool,
+    /// Log connection open/close to stderr.
+    pub verbose: bool,
+}
+
+impl ServerConfig {
+    pub fn new(listen: ListenAddr) -> Self {
+        Self {
+            listen,
+            name: String::new(),
+            description: String::from("dhrd durable hybrid RAM disk"),
+            allow_remote: false,
+            verbose: false,
+        }
+    }
+}
+
+enum Listener {
+    Unix {
+        l: UnixListener,
+        path: PathBuf,
+        ino: u64,
+    },
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    fn fd(&self) -> RawFd {
+        match self {
+            Listener::Unix { l, .. } => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Unix { l, .. } => {
+                let (s, _) = l.accept()?;
+                s.set_nonblocking(false)?;
+                Ok(Stream::Unix(s))
+            }
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nonblocking(false)?;
+                // Replies are written whole; Nagle would only add latency.
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix { path, ino, .. } = self {
+            // Remove the socket only if it is still ours (not replaced by another server).
+            if std::fs::symlink_metadata(&*path).ok().map(|m| m.ino()) == Some(*ino) {
+                let _ = std::fs::remove_file(&*path);
+            }
+        }
+    }
+}
+
+/// Binds a Unix socket with mode 0600 before listening.
+fn bind_unix(path: &Path) -> Result<Listener, NbdError> {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            return Err(NbdError::Config(format!(
+                "{} exists and is not a socket",
+                path.display()
+            )));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(NbdError::Config(format!(
+                "{} is in use by a running server",
+                path.display()
+            )));
+        }
+        // A stale socket from a server that died: replace it.
+        std::fs::remove_file(path)?;
+    }
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(NbdError::Config(format!(
+            "socket path too long or invalid: {}",
+            path.display()
+        )));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket(2); the result is checked and owned right away.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: addr is a valid sockaddr_un of `len` bytes that outlives the call.
+    let rc = unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    // Restrict before listen(): until then nobody can connect, so there is no window in
+    // which another user could.
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    // SAFETY: listen(2) on our bound socket.
+    if unsafe { libc::listen(fd, libc::SOMAXCONN) } != 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    let l = UnixListener::from(owned);
+    l.set_nonblocking(true)?;
+    let ino = std::fs::symlink_metadata(path)?.ino();
+    Ok(Listener::Unix {
+        l,
+        path: path.to_path_buf(),
+        ino,
+    })
+}
+
+fn bind(cfg: &ServerConfig) -> Result<Listener, NbdError> {
+    match &cfg.listen {
+        ListenAddr::Unix(p) => bind_unix(p),
+        ListenAddr::Tcp(a) => {
+            if !a.ip().is_loopback() && !cfg.allow_remote {
+                return Err(NbdError::Config(format!(
+                    "{a} is not a loopback address; pass --allow-remote to listen on it \
+                     (the NBD protocol has no authentication, and TLS is not implemented)"
+                )));
+            }
+            let l = TcpListener::bind(a)?;
+            l.set_nonblocking(true)?;
+            Ok(Listener::Tcp(l))
+        }
+    }
+}
+
+/// Wakes the accept loop: one byte on a pipe it polls.
+struct Waker {
+    rd: OwnedFd,
+    wr: OwnedFd,
+}
+
+impl Waker {
+    fn new() -> io::Result<Self> {
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors are fresh and owned only here.
+        Ok(unsafe {
+            Self {
+                rd: OwnedFd::from_raw_fd(fds[0]),
+                wr: OwnedFd::from_raw_fd(fds[1]),
+            }
+        })
+    }
+
+    fn wake(&self) {
+        let b = 1u8;
+        // SAFETY: one-byte write from a live buffer; a full pipe already means "woken".
+        unsafe { libc::write(self.wr.as_raw_fd(), &b as *const u8 as *const _, 1) };
+    }
+}
+
+/// A live connection's entry in the registry; removing it closes the socket.
+struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut conns = self.shared.conns.lock();
+        if let Some(s) = conns.remove(&self.id) {
+            s.shutdown(Shutdown::Both);
+        }
+        self.shared.drained.notify_all();
+    }
+}
+
+struct Shared {
+    stop: AtomicBool,
+    waker: Waker,
+    /// Control handles of live connections, to close their read side at shutdown.
+    conns: Mutex<HashMap<u64, Stream>>,
+    drained: Condvar,
+}
+
+/// Requests a graceful shutdown of a running [`Server`] from another thread (for example
+/// a signal-handling thread). Cheap to clone.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+        self.0.waker.wake();
+    }
+
+    /// Connections currently open (negotiating or transmitting); for status and tests.
+    pub fn active_connections(&self) -> usize {
+        self.0.conns.lock().len()
+    }
+}
+
+/// Counts of what the server did, returned by [`Server::run`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ServeSummary {
+    pub connections: u64,
+    pub refused: u64,
+    /// Connections still running when the drain timeout passed.
+    pub abandoned: usize,
+}
+
+/// An NBD server exporting one target.
+pub struct Server<T: Target> {
+    target: Arc<T>,
+    cfg: ServerConfig,
+    listener: Listener,
+    shared: Arc<Shared>,
+}
+
+impl<T: Target> Server<T> {
+    /// Binds the listening socket. Clients can connect (and queue) from here on; they are
+    /// served once [`Server::run`] is called.
+    pub fn bind(target: T, cfg: ServerConfig) -> Result<Self, NbdError> {
+        let listener = bind(&cfg)?;
+        Ok(Self {
+            target: Arc::new(target),
+            cfg,
+            listener,
+            shared: Arc::new(Shared {
+                stop: AtomicBool::new(false),
+                waker: Waker::new()?,
+                conns: Mutex::new(HashMap::new()),
+                drained: Condvar::new(),
+            }),
+        })
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(Arc::clone(&self.shared))
+    }
+
+    /// The bound address (with the real port when TCP port 0 was requested).
+    pub fn local_addr(&self) -> ListenAddr {
+        match &self.listener {
+            Listener::Unix { path, .. } => ListenAddr::Unix(path.clone()),
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => ListenAddr::Tcp(a),
+                Err(_) => self.cfg.listen.clone(),
+            },
+        }
+    }
+
+    pub fn target(&self) -> &Arc<T> {
+        &self.target
+    }
+
+    fn tflags(&self) -> u16 {
+        let mut f = TFLAG_HAS_FLAGS
+            | TFLAG_SEND_FLUSH
+            | TFLAG_SEND_FUA
+            // A FLUSH makes every completed write durable whichever connection sent it
+            // (the engine's flush covers the whole object), which is what multi-conn means.
+            | TFLAG_CAN_MULTI_CONN;
+        if self.target.is_read_only() {
+            f |= TFLAG_READ_ONLY;
+        } else {
+            f |= TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES;
+        }
+        f
+    }
+
+    /// Accepts and serves connections until [`ShutdownHandle::shutdown`] is called, then
+    /// drains: stops accepting, lets every connection finish the requests it has read,
+    /// and returns when all connection threads are done.
+    pub fn run(self) -> Result<ServeSummary, NbdError> {
+        let mut summary = ServeSummary::default();
+        let next_id = AtomicU64::new(0);
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            let mut pfd = [
+                libc::pollfd {
+                    fd: self.listener.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.shared.waker.rd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: pfd is a live array of two pollfd structures.
+            let rc = unsafe { libc::poll(pfd.as_mut_ptr(), 2, -1) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            if pfd[0].revents == 0 {
+                continue;
+            }
+            let stream = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => {
+                    // EMFILE and friends: report and keep serving existing clients.
+                    eprintln!("dhrd nbd: accept failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                }
+            };
+            if self.shared.conns.lock().len() >= MAX_CONNECTIONS {
+                summary.refused += 1;
+                eprintln!("dhrd nbd: refusing a connection: {MAX_CONNECTIONS} already open");
+                stream.shutdown(Shutdown::Both);
+                continue;
+            }
+            let id = next_id.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.spawn_connection(id, stream) {
+                eprintln!("dhrd nbd: cannot start a connection thread: {e}");
+                continue;
+            }
+            summary.connections += 1;
+        }
+        drop(self.listener);
+        summary.abandoned = drain(&self.shared);
+        Ok(summary)
+    }
+
+    fn spawn_connection(&self, id: u64, stream: Stream) -> Result<(), NbdError> {
+        let control = stream.try_clone()?;
+        self.shared.conns.lock().insert(id, control);
+        let shared = Arc::clone(&self.shared);
+        let target = Arc::clone(&self.target);
+        let view = ExportView {
+            name: self.cfg.name.clone(),
+            description: self.cfg.description.clone(),
+            size: self.target.size(),
+            tflags: self.tflags(),
+        };
+        let verbose = self.cfg.verbose;
+        let r = std::thread::Builder::new()
+            .name(format!("dhrd-nbd-conn{id}"))
+            .stack_size(THREAD_STACK_BYTES)
+            .spawn(move || {
+                // Deregisters even if the connection panics, so a drain never waits for
+                // a connection that no longer exists.
+                let _reg = Registration { shared, id };
+                let res = connection(stream, target, &view);
+                match &res {
+                    Ok(()) if verbose => eprintln!("dhrd nbd: connection {id} closed"),
+                    Ok(()) => {}
+                    Err(e) => eprintln!("dhrd nbd: connection {id} closed: {e}"),
+                }
+            });
+        if let Err(e) = r {
+            self.shared.conns.lock().remove(&id);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+/// Closes the read side of every connection and waits for them to finish their
+/// in-flight requests; returns how many were still running at the deadline.
+fn drain(shared: &Shared) -> usize {
+    let deadline = Instant::now() + SHUTDOWN_DRAIN_TIMEOUT;
+    let mut conns = shared.conns.lock();
+    for s in conns.values() {
+        s.shutdown(Shutdown::Read);
+    }
+    while !conns.is_empty() {
+        if shared.drained.wait_until(&mut conns, deadline).timed_out() {
+            break;
+        }
+    }
+    conns.len()
+}
+
+/// One connection from greeting to close.
+fn connection<T: Target>(
+    stream: Stream,
+    target: Arc<T>,
+    view: &ExportView,
+) -> Result<(), NbdError> {
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    stream.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    let framing = match handshake::negotiate(&mut reader, &mut writer, view)? {
+        Outcome::Closed => return Ok(()),
+        Outcome::Transmission(f) => f,
+    };
+    // Transmission: a client may idle between requests for as long as it likes.
+    reader.get_ref().set_read_timeout(None)?;
+    let params = ConnParams {
+        framing,
+        read_only: view.tflags & TFLAG_READ_ONLY != 0,
+        size: view.size,
+    };
+    match conn::serve(reader, writer, target, params) {
+        End::Clean => Ok(()),
+        End::Error(e) => Err(e),
+    }
+}
