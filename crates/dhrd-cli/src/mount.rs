@@ -1,14 +1,59 @@
-//! `dhrd mount`, `dhrd umount`, `dhrd status`: argument parsing for the FUSE frontend.
+//! `dhrd mount`, `dhrd umount`, `dhrd status`: argument parsing for the FUSE frontend. All
+//! logic lives in `dhrd_fuse`; this module only turns flags into a `MountConfig`.
 
+use anyhow::{bail, Context};
 use clap::Args;
+use dhrd_engine::Durability;
+use dhrd_fuse::{FsConfig, MountConfig, ReadPath};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long `--daemon` waits for the background daemon to have mounted.
+const DAEMON_START_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Args)]
 pub struct MountArgs {
-    /// Directory holding the durable copy of every file.
+    /// Directory holding the durable copy of every file (a plain directory, readable
+    /// without dhrd).
     pub backing_dir: PathBuf,
-    /// Where the file system appears.
+    /// Where the file system appears (an empty directory).
     pub mountpoint: PathBuf,
+    /// When writes and metadata changes are durable: sync (before each call returns),
+    /// fsync (at fsync/unmount), periodic:N (fsync plus every N seconds).
+    #[arg(long, default_value = "sync")]
+    pub durability: Durability,
+    /// Kernel read path: auto (passthrough for read-only opens of loaded files, else
+    /// direct), passthrough, direct (FOPEN_DIRECT_IO, no page cache), cached (page cache).
+    #[arg(long, default_value = "auto")]
+    pub read_path: ReadPath,
+    /// RAM budget for file data shared by all files, e.g. 4G or 512M (default: half of
+    /// physical memory). Data beyond it is served from the backing.
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// Chunk size of the RAM tier per file (power of two, e.g. 1M; default: the engine's).
+    #[arg(long)]
+    pub chunk: Option<String>,
+    /// Background loader threads shared by all files.
+    #[arg(long, default_value_t = 2)]
+    pub loader_threads: usize,
+    /// Cap on the background load rate in bytes per second, e.g. 200M (default: none).
+    #[arg(long)]
+    pub load_rate: Option<String>,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = dhrd_fuse::daemon::FUSE_THREADS_DEFAULT)]
+    pub threads: usize,
+    /// Do not walk the tree at mount to preload files (they load when first opened).
+    #[arg(long)]
+    pub no_preload: bool,
+    /// Let other users access the mount (FUSE allow_other).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// No progress line on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Run in the background: return once the mount is up.
+    #[arg(long)]
+    pub daemon: bool,
 }
 
 #[derive(Args)]
@@ -21,14 +66,117 @@ pub struct StatusArgs {
     pub mountpoint: PathBuf,
 }
 
-pub fn run_mount(_a: MountArgs) -> anyhow::Result<()> {
-    anyhow::bail!("dhrd mount is not implemented yet")
+/// Parses sizes like 4096, 64K, 512M, 4G, 1T (powers of 1024).
+fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => bail!("bad size {s:?}: use a number with K, M, G or T"),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("bad size {s:?}"))?;
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} is too large"))
 }
 
-pub fn run_umount(_a: UmountArgs) -> anyhow::Result<()> {
-    anyhow::bail!("dhrd umount is not implemented yet")
+pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
+    if a.daemon {
+        return spawn_daemon(&a);
+    }
+    let mem_bytes = match &a.mem {
+        Some(s) => parse_size(s)?,
+        None => dhrd_fuse::default_mem_bytes(),
+    };
+    let chunk_bytes = a.chunk.as_deref().map(parse_size).transpose()?;
+    let cfg = MountConfig {
+        backing: a.backing_dir,
+        mountpoint: a.mountpoint,
+        fs: FsConfig {
+            durability: a.durability,
+            read_path: a.read_path,
+            mem_bytes,
+            chunk_bytes,
+            loader_threads: a.loader_threads.max(1),
+            load_rate: a.load_rate.as_deref().map(parse_size).transpose()?,
+            preload: !a.no_preload,
+        },
+        allow_other: a.allow_other,
+        threads: a.threads.max(1),
+        progress: !a.quiet,
+    };
+    dhrd_fuse::run(cfg)?;
+    Ok(())
 }
 
-pub fn run_status(_a: StatusArgs) -> anyhow::Result<()> {
-    anyhow::bail!("dhrd status is not implemented yet")
+/// `--daemon`: runs this same command without `--daemon` in a new session, with its output
+/// in a log file next to the control socket, and returns once the mount answers.
+fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("locating the dhrd binary")?;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|x| x != "--daemon")
+        .collect();
+    std::fs::create_dir_all(dhrd_fuse::daemon::CONTROL_DIR)?;
+    let sock = dhrd_fuse::daemon::control_socket(&a.mountpoint)?;
+    let log_path = sock.with_extension("log");
+    let log =
+        std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args)
+        .arg("--quiet")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the background daemon")?;
+    let t = Instant::now();
+    while t.elapsed() < DAEMON_START_WAIT {
+        if let Some(st) = child.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!("the daemon exited ({st}): {}", log.trim());
+        }
+        if dhrd_fuse::control_request(&a.mountpoint, "status").is_ok() {
+            eprintln!(
+                "dhrd: daemon {} serves {} (log: {})",
+                child.id(),
+                a.mountpoint.display(),
+                log_path.display()
+            );
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!(
+        "the daemon did not answer within {DAEMON_START_WAIT:?}; see {}",
+        log_path.display()
+    )
+}
+
+pub fn run_umount(a: UmountArgs) -> anyhow::Result<()> {
+    dhrd_fuse::umount(&a.mountpoint)?;
+    Ok(())
+}
+
+pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
+    let out = dhrd_fuse::control_request(&a.mountpoint, "status")?;
+    print!("{out}");
+    Ok(())
 }

@@ -1,0 +1,241 @@
+//! Shared helpers of the FUSE integration tests: scratch directories and a mount guard that
+//! always cleans up (unmount on Drop, even when the test panics).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a mount may take to appear.
+pub const MOUNT_WAIT: Duration = Duration::from_secs(20);
+
+pub fn dhrd() -> &'static str {
+    env!("CARGO_BIN_EXE_dhrd")
+}
+
+/// A scratch directory removed on drop (after any mount inside it is gone).
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::var("DHRD_TEST_DIR").unwrap_or_else(|_| "/var/tmp".into());
+        let p = PathBuf::from(base).join(format!(
+            "dhrd-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("scratch dir");
+        Self(p)
+    }
+    pub fn sub(&self, name: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::create_dir_all(&p).expect("sub dir");
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn is_mounted(mnt: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mnt.to_string_lossy().to_string();
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+/// Forcefully removes a (possibly dead) FUSE mount.
+pub fn force_unmount(mnt: &Path) {
+    for _ in 0..50 {
+        if !is_mounted(mnt) {
+            return;
+        }
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(mnt)
+            .stderr(Stdio::null())
+            .status();
+        if is_mounted(mnt) {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(mnt)
+                .stderr(Stdio::null())
+                .status();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running `dhrd mount`; unmounts (or kills and cleans up) on drop.
+pub struct Mount {
+    pub child: Option<Child>,
+    pub mnt: PathBuf,
+    pub backing: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Mount {
+    pub fn start(backing: &Path, mnt: &Path, extra: &[&str]) -> Self {
+        Self::try_start(backing, mnt, extra).expect("mount")
+    }
+
+    pub fn try_start(backing: &Path, mnt: &Path, extra: &[&str]) -> Result<Self, String> {
+        let log = mnt.with_extension("log");
+        let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let child = Command::new(dhrd())
+            .arg("mount")
+            .arg(backing)
+            .arg(mnt)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().map_err(|e| e.to_string())?)
+            .stderr(logf)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut m = Mount {
+            child: Some(child),
+            mnt: mnt.to_path_buf(),
+            backing: backing.to_path_buf(),
+            log,
+        };
+        let t = Instant::now();
+        while t.elapsed() < MOUNT_WAIT {
+            if is_mounted(mnt) && std::fs::metadata(mnt).is_ok() {
+                return Ok(m);
+            }
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    m.child = None;
+                    return Err(format!("dhrd mount exited {st}: {}", m.log_text()));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Err(format!("mount did not appear: {}", m.log_text()))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn status(&self) -> String {
+        let o = Command::new(dhrd())
+            .arg("status")
+            .arg(&self.mnt)
+            .output()
+            .expect("status");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    }
+
+    /// Waits until `dhrd status` reports the load complete.
+    pub fn wait_loaded(&self) {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            let s = self.status();
+            if s.contains("complete") && s.contains("tree walk:       done") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("load did not complete: {}", self.status());
+    }
+
+    /// `dhrd umount`, then waits for the daemon; returns its exit status.
+    pub fn umount(mut self) -> std::process::ExitStatus {
+        let st = Command::new(dhrd())
+            .arg("umount")
+            .arg(&self.mnt)
+            .status()
+            .expect("umount");
+        assert!(st.success(), "dhrd umount failed; log: {}", self.log_text());
+        let mut c = self.child.take().expect("child");
+        c.wait().expect("wait")
+    }
+
+    /// SIGKILL the daemon but leave the dead mount in place (requests on it fail with
+    /// ENOTCONN); returns the mountpoint to clean up with `force_unmount`.
+    pub fn kill9_keep_mount(mut self) -> PathBuf {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let mnt = self.mnt.clone();
+        // Drop would unmount: skip it, the caller cleans up.
+        self.mnt = PathBuf::new();
+        mnt
+    }
+
+    /// SIGKILL the daemon and clean up the dead mount.
+    pub fn kill9(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        force_unmount(&self.mnt);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    pub fn take_child(&mut self) -> Option<Child> {
+        self.child.take()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new(dhrd())
+                .arg("umount")
+                .arg(&self.mnt)
+                .stderr(Stdio::null())
+                .status();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !self.mnt.as_os_str().is_empty() {
+            force_unmount(&self.mnt);
+        }
+    }
+}
+
+/// Runs a shell command, returning (success, stdout+stderr).
+pub fn sh(cmd: &str) -> (bool, String) {
+    let o = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
+    let mut s = String::from_utf8_lossy(&o.stdout).to_string();
+    s.push_str(&String::from_utf8_lossy(&o.stderr));
+    (o.status.success(), s)
+}
+
+/// Tiny deterministic RNG for the tests.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}

@@ -1,0 +1,282 @@
+//! Symlink confinement and bad input: a symlink planted in the backing directory never makes
+//! the daemon read or write outside it; every bad command line fails with a clear message
+//! and changes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod common;
+use common::*;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::process::Command;
+
+#[test]
+fn planted_symlinks_never_lead_the_daemon_outside() {
+    let s = Scratch::new("escape");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let outside = s.sub("outside");
+    fs::write(outside.join("secret"), b"secret").expect("secret");
+    fs::create_dir(backing.join("d")).expect("d");
+    fs::write(backing.join("d/inner"), b"inner").expect("inner");
+    // Planted before the mount: shown as a symlink, never followed by the daemon.
+    symlink(&outside, backing.join("link")).expect("link");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let md = fs::symlink_metadata(mnt.join("link")).expect("lstat link");
+    assert!(
+        md.file_type().is_symlink(),
+        "a symlink is shown as a symlink"
+    );
+    assert_eq!(fs::read_link(mnt.join("link")).expect("readlink"), outside);
+    // Cache the directory `d` in the kernel, then swap it for a symlink to the outside
+    // behind the daemon's back: requests on the cached node must not follow it.
+    assert_eq!(fs::read(mnt.join("d/inner")).expect("inner"), b"inner");
+    fs::rename(backing.join("d"), backing.join("d.moved")).expect("move d");
+    symlink(&outside, backing.join("d")).expect("plant d");
+    let r = fs::read(mnt.join("d/secret"));
+    assert!(
+        r.is_err(),
+        "read through a swapped-in symlink must fail, got {:?}",
+        r.ok()
+    );
+    let w = fs::write(mnt.join("d/created"), b"x");
+    assert!(w.is_err(), "create through a swapped-in symlink must fail");
+    let l = fs::read_dir(mnt.join("d")).map(|it| it.count());
+    assert!(
+        !matches!(l, Ok(n) if n > 0),
+        "listing through the symlink must not show the outside: {l:?}"
+    );
+    // Nothing outside changed.
+    assert!(
+        !outside.join("created").exists(),
+        "the daemon wrote outside the backing dir"
+    );
+    assert_eq!(fs::read(outside.join("secret")).expect("secret"), b"secret");
+    let names: Vec<_> = fs::read_dir(&outside)
+        .expect("outside")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names.len(), 1);
+    drop(m);
+}
+
+fn mount_fails(args: &[&std::path::Path], want: &str) {
+    let o = Command::new(dhrd())
+        .arg("mount")
+        .args(args)
+        .arg("--quiet")
+        .output()
+        .expect("dhrd");
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "mount {args:?} should fail");
+    assert!(
+        err.contains(want),
+        "mount {args:?}: expected {want:?} in: {err}"
+    );
+    if let Some(m) = args.get(1) {
+        if !want.contains("busy") {
+            assert!(
+                !is_mounted(m),
+                "nothing may be mounted after a refused mount"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_input_fails_with_a_clear_error() {
+    let s = Scratch::new("badinput");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("keep"), b"keep").expect("keep");
+    // Missing backing directory.
+    mount_fails(&[&s.0.join("missing"), &mnt], "backing directory");
+    // Backing directory is a file.
+    mount_fails(&[&backing.join("keep"), &mnt], "not a directory");
+    // Backing equal to the mountpoint, and inside it.
+    mount_fails(&[&mnt, &mnt], "inside (or equal to) the mountpoint");
+    let nested = mnt.join("b");
+    fs::create_dir(&nested).expect("nested");
+    mount_fails(&[&nested, &mnt], "inside (or equal to) the mountpoint");
+    fs::remove_dir(&nested).expect("rm nested");
+    // Mountpoint inside the backing directory.
+    let inner_mnt = backing.join("m");
+    fs::create_dir(&inner_mnt).expect("inner mnt");
+    mount_fails(&[&backing, &inner_mnt], "inside the backing directory");
+    fs::remove_dir(&inner_mnt).expect("rm inner");
+    // Non-empty mountpoint.
+    let full = s.sub("full");
+    fs::write(full.join("x"), b"x").expect("x");
+    mount_fails(&[&backing, &full], "not empty");
+    // Unreadable backing directory (a mode the daemon cannot read even as root is not
+    // possible; use a directory below a file instead).
+    mount_fails(&[&backing.join("keep/sub"), &mnt], "backing directory");
+    // A second daemon on the same backing directory, and a busy mountpoint.
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let mnt2 = s.sub("mnt2");
+    mount_fails(&[&backing, &mnt2], "already served by another dhrd daemon");
+    let backing2 = s.sub("backing2");
+    mount_fails(&[&backing2, &mnt], "busy");
+    // Nothing was lost or changed.
+    assert_eq!(fs::read(mnt.join("keep")).expect("keep"), b"keep");
+    drop(m);
+    assert_eq!(fs::read(backing.join("keep")).expect("keep"), b"keep");
+    // status / umount of something that is not a dhrd mount.
+    let o = Command::new(dhrd())
+        .arg("status")
+        .arg(&mnt2)
+        .output()
+        .expect("status");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no dhrd daemon"));
+}
+
+#[test]
+fn status_reports_load_ram_and_durability() {
+    let s = Scratch::new("status");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("f"), vec![1u8; 3 << 20]).expect("f");
+    let m = Mount::start(
+        &backing,
+        &mnt,
+        &["--quiet", "--mem", "64M", "--read-path", "direct"],
+    );
+    m.wait_loaded();
+    let _ = fs::read(mnt.join("f")).expect("read");
+    let st = m.status();
+    for want in [
+        "load:",
+        "100.0%",
+        "RAM:",
+        "64.0 MiB budget",
+        "durability:      sync",
+        "read path:       direct",
+        "read-only:       no",
+        "reads (daemon):",
+        "RAM ",
+        "write latency:",
+    ] {
+        assert!(st.contains(want), "status lacks {want:?}:\n{st}");
+    }
+    // The control socket is private.
+    let sock = fs::read_dir("/run/dhrd")
+        .expect("control dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().map(|x| x == "sock").unwrap_or(false))
+        .collect::<Vec<_>>();
+    for p in sock {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or(0);
+        assert_eq!(mode, 0o600, "{} mode {mode:o}", p.display());
+    }
+    drop(m);
+}
+
+#[test]
+fn backing_full_fails_that_write_with_enospc_and_keeps_the_file_writable() {
+    let s = Scratch::new("enospc");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let (ok, out) = sh(&format!(
+        "mount -t tmpfs -o size=2M tmpfs {}",
+        backing.display()
+    ));
+    assert!(ok, "tmpfs: {out}");
+    struct Umount(std::path::PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _t = Umount(backing.clone());
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mnt.join("fill"))
+        .expect("create");
+    use std::os::unix::fs::FileExt;
+    let chunk = vec![7u8; 64 << 10];
+    let mut written = 0u64;
+    let err = loop {
+        match f.write_all_at(&chunk, written) {
+            Ok(()) => written += chunk.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(written < (8 << 20), "tmpfs of 2 MiB never filled up");
+    };
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "expected ENOSPC, got {err}"
+    );
+    // Everything acknowledged reads back; nothing of the failed write is visible past it.
+    let mut buf = vec![0u8; written as usize];
+    f.read_exact_at(&mut buf, 0).expect("read back");
+    assert!(buf.iter().all(|b| *b == 7));
+    // Free space: the same file is writable again (no sticky failure for ENOSPC).
+    f.set_len(0).expect("truncate");
+    f.write_all_at(b"again", 0)
+        .expect("write after freeing space");
+    let st = m.status();
+    assert!(st.contains("read-only:       no"), "{st}");
+    drop(f);
+    drop(m);
+}
+
+#[test]
+fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
+    let s = Scratch::new("daemon");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("f"), b"data").expect("f");
+    let st = Command::new(dhrd())
+        .arg("mount")
+        .arg(&backing)
+        .arg(&mnt)
+        .arg("--daemon")
+        .status()
+        .expect("dhrd mount --daemon");
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if is_mounted(&self.0) {
+                let _ = Command::new(dhrd()).arg("umount").arg(&self.0).status();
+                force_unmount(&self.0);
+            }
+        }
+    }
+    let _c = Cleanup(mnt.clone());
+    assert!(st.success());
+    assert!(is_mounted(&mnt), "mounted when --daemon returns");
+    assert_eq!(fs::read(mnt.join("f")).expect("read"), b"data");
+    let st = Command::new(dhrd())
+        .arg("umount")
+        .arg(&mnt)
+        .status()
+        .expect("umount");
+    assert!(st.success());
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn data_beyond_the_ram_budget_is_served_from_the_backing_and_reported() {
+    let s = Scratch::new("budget");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+    fs::write(backing.join("f"), &data).expect("f");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--mem", "2M", "--chunk", "1M"]);
+    m.wait_loaded();
+    assert_eq!(fs::read(mnt.join("f")).expect("read"), data);
+    let st = m.status();
+    assert!(st.contains("6.0 MiB over the budget"), "{st}");
+    assert!(st.contains("complete"), "{st}");
+    drop(m);
+}

@@ -1,0 +1,765 @@
+//! Running a mount: checks of the command-line input, the backing-directory lock, the FUSE
+//! session with its worker threads, the control socket (`dhrd status`, `dhrd umount`), the
+//! background walk that preloads files, the progress line, and orderly shutdown on
+//! SIGTERM / SIGINT / `dhrd umount`.
+//!
+//! Invariants:
+//! - Nothing is mounted unless every check passed and the exclusive `flock` on the backing
+//!   directory descriptor is held (one daemon per backing directory; the lock needs no file
+//!   in the visible tree and is released by the kernel if the daemon dies).
+//! - Shutdown order: flush every object and sync metadata, unmount, then (in `destroy`)
+//!   close every object; the process exits 0 only when that succeeded.
+//! - The control socket is created mode 0600 in a 0700 directory; only root (or the
+//!   mounting user) can ask for status or an unmount.
+//!
+//! Crash semantics: a SIGKILL leaves a dead FUSE mount (clean it with `fusermount3 -uz` or
+//! `umount -l`) and a backing directory holding every acknowledged write (sync mode) or
+//! every write up to the last flush (fsync / periodic modes). Nothing needs recovery.
+
+use crate::error::{FsError, Result};
+use crate::fs::{DhrdFs, FsConfig, Shared};
+use crate::sys::{self, BackingDir};
+use dhrd_io::Durable as _;
+use rustix::fs::OFlags;
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Directory of the control sockets.
+pub const CONTROL_DIR: &str = "/run/dhrd";
+/// Default number of FUSE worker threads.
+pub const FUSE_THREADS_DEFAULT: usize = 8;
+/// Default RAM budget when `--mem` is not given: half of physical memory.
+pub const MEM_DEFAULT_FRACTION_DIV: u64 = 2;
+/// Longest command or reply line on the control socket.
+pub const CONTROL_LINE_MAX: usize = 256;
+/// How long a control client waits for the daemon.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the foreground progress line is refreshed.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// Directories the preload walk keeps queued at most (breadth-first; more are skipped and
+/// loaded on first open instead).
+pub const PRELOAD_QUEUE_MAX: usize = 1 << 20;
+/// Allocations at least this large get their own mapping (see `run`).
+pub const MALLOC_MMAP_THRESHOLD_BYTES: i32 = 64 * 1024;
+/// How long `dhrd umount` waits for the daemon to exit after the unmount.
+pub const UMOUNT_EXIT_WAIT: Duration = Duration::from_secs(120);
+
+/// Everything `dhrd mount` needs.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    pub backing: PathBuf,
+    pub mountpoint: PathBuf,
+    pub fs: FsConfig,
+    pub allow_other: bool,
+    pub threads: usize,
+    /// Show the progress line on stderr.
+    pub progress: bool,
+}
+
+/// Physical memory in bytes (for the default budget).
+pub fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    (pages.max(0) as u64).saturating_mul(page.max(0) as u64)
+}
+
+pub fn default_mem_bytes() -> u64 {
+    physical_memory() / MEM_DEFAULT_FRACTION_DIV
+}
+
+fn setup(msg: String) -> FsError {
+    FsError::Setup(msg)
+}
+
+/// The control socket path of a mountpoint (the canonical path, hashed so any path fits).
+pub fn control_socket(mountpoint: &Path) -> Result<PathBuf> {
+    let canon = mountpoint
+        .canonicalize()
+        .map_err(|e| setup(format!("mountpoint {}: {e}", mountpoint.display())))?;
+    // FNV-1a: stable across builds and platforms, unlike the std hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in canon.as_os_str().as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Ok(Path::new(CONTROL_DIR).join(format!("mnt-{h:016x}.sock")))
+}
+
+/// Whether `path` is a mount point, from /proc/self/mountinfo (exact path match).
+fn is_mountpoint(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.as_os_str().as_bytes();
+    info.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .map(|m| unescape_mountinfo(m).as_slice() == want)
+            .unwrap_or(false)
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Checks the input and takes the lock. Returns the opened backing directory and the
+/// canonical mountpoint.
+pub fn prepare(cfg: &MountConfig) -> Result<(BackingDir, PathBuf)> {
+    if std::fs::metadata("/dev/fuse").is_err() {
+        return Err(setup(
+            "/dev/fuse is missing: load the fuse module (modprobe fuse) or run the container with --device /dev/fuse".into(),
+        ));
+    }
+    let backing = cfg
+        .backing
+        .canonicalize()
+        .map_err(|e| setup(format!("backing directory {}: {e}", cfg.backing.display())))?;
+    if !backing.is_dir() {
+        return Err(setup(format!(
+            "backing directory {} is not a directory",
+            backing.display()
+        )));
+    }
+    let mnt = cfg
+        .mountpoint
+        .canonicalize()
+        .map_err(|e| setup(format!("mountpoint {}: {e}", cfg.mountpoint.display())))?;
+    if !mnt.is_dir() {
+        return Err(setup(format!(
+            "mountpoint {} is not a directory",
+            mnt.display()
+        )));
+    }
+    if backing.starts_with(&mnt) {
+        return Err(setup(format!(
+            "backing directory {} is inside (or equal to) the mountpoint {}: the mount would hide it",
+            backing.display(),
+            mnt.display()
+        )));
+    }
+    if mnt.starts_with(&backing) {
+        return Err(setup(format!(
+            "mountpoint {} is inside the backing directory {}: the tree would contain itself",
+            mnt.display(),
+            backing.display()
+        )));
+    }
+    if is_mountpoint(&mnt) {
+        return Err(setup(format!(
+            "mountpoint {} is busy: something is already mounted there",
+            mnt.display()
+        )));
+    }
+    let mut it =
+        std::fs::read_dir(&mnt).map_err(|e| setup(format!("mountpoint {}: {e}", mnt.display())))?;
+    if it.next().is_some() {
+        return Err(setup(format!(
+            "mountpoint {} is not empty (dhrd would hide its contents)",
+            mnt.display()
+        )));
+    }
+    let dir = BackingDir::open(&backing)?;
+    match rustix::fs::flock(
+        dir.root_fd(),
+        rustix::fs::FlockOperation::NonBlockingLockExclusive,
+    ) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            return Err(setup(format!(
+                "backing directory {} is already served by another dhrd daemon (its lock is held)",
+                backing.display()
+            )))
+        }
+        Err(e) => {
+            return Err(setup(format!(
+                "cannot lock backing directory {}: {}",
+                backing.display(),
+                std::io::Error::from(e)
+            )))
+        }
+    }
+    Ok((dir, mnt))
+}
+
+/// Raises the soft descriptor limit to the hard one: each cached object holds descriptors.
+fn raise_nofile() {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    );
+}
+
+fn human(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// Load totals over every object in the cache: (bytes loaded, bytes total, settled).
+fn load_totals(sh: &Shared) -> (u64, u64, bool) {
+    let (loaded, total, all, _) = load_totals_ext(sh);
+    (loaded, total, all)
+}
+
+/// `load_totals` plus the bytes left on the backing because of the RAM budget (I11).
+fn load_totals_ext(sh: &Shared) -> (u64, u64, bool, u64) {
+    let mut loaded = 0u64;
+    let mut total = 0u64;
+    let mut all = true;
+    let mut over = 0u64;
+    for o in sh.objects.snapshot() {
+        let p = o.progress();
+        over += p.chunks_over_budget.saturating_mul(p.chunk_bytes);
+        // Chunks in RAM, not bytes copied by the loader: writes also fill chunks.
+        loaded += ((p.fraction() * p.bytes_total as f64) as u64).min(p.bytes_total);
+        total += p.bytes_total;
+        // Settled: every chunk is loaded, or left on the backing for good (over the RAM
+        // budget, or failed every retry); nothing more will load by itself.
+        let settled = p.chunks_loaded + p.chunks_over_budget + p.chunks_failed >= p.chunks_total;
+        if !(o.is_fully_loaded() || settled) {
+            all = false;
+        }
+    }
+    (loaded, total, all, over)
+}
+
+/// The text `dhrd status` prints.
+pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
+    let mut s = String::new();
+    let (loaded, total, all, over) = load_totals_ext(sh);
+    let pct = if total == 0 {
+        100.0
+    } else {
+        loaded as f64 * 100.0 / total as f64
+    };
+    let _ = writeln!(
+        s,
+        "mount:           {} (backing {})",
+        mountpoint.display(),
+        backing.display()
+    );
+    let _ = writeln!(s, "durability:      {}", sh.cfg.durability);
+    let _ = writeln!(
+        s,
+        "read path:       {} (passthrough negotiated: {}, mmap on direct opens: {})",
+        sh.cfg.read_path,
+        yes(sh.passthrough_negotiated.load(Ordering::Acquire)),
+        yes(sh.mmap_on_direct.load(Ordering::Acquire))
+    );
+    let pre = &sh.preload;
+    let _ = writeln!(
+        s,
+        "load:            {pct:.1}% of cached files in RAM ({} of {}, {} objects){}",
+        human(loaded),
+        human(total),
+        sh.objects.len(),
+        if all { ", complete" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "tree walk:       {} ({} files, {} found, {} preloaded)",
+        if pre.done.load(Ordering::Acquire) {
+            "done"
+        } else {
+            "running"
+        },
+        pre.files_seen.load(Ordering::Relaxed),
+        human(pre.bytes_seen.load(Ordering::Relaxed)),
+        pre.files_preloaded.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        s,
+        "RAM:             {} in RAM of a {} budget; {} over the budget, served from the backing",
+        human(sh.budget.used_bytes()),
+        human(sh.budget.limit_bytes()),
+        human(over)
+    );
+    let failed: Vec<String> = sh
+        .objects
+        .snapshot()
+        .iter()
+        .filter_map(|o| {
+            o.failure()
+                .map(|c| format!("{}: {c}", o.backing().describe()))
+        })
+        .collect();
+    if failed.is_empty() {
+        let _ = writeln!(s, "read-only:       no");
+    } else {
+        let _ = writeln!(
+            s,
+            "read-only:       {} file(s) after backing failures:",
+            failed.len()
+        );
+        for f in failed {
+            let _ = writeln!(s, "  {f}");
+        }
+    }
+    sh.stats.render(&mut s);
+    s
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// Breadth-first walk of the tree: counts files and creates objects (which the shared loader
+/// then fills) while the closed-object cache and the RAM budget have room.
+fn preload_walk(sh: Arc<Shared>) {
+    let mut queue: std::collections::VecDeque<PathBuf> = std::collections::VecDeque::new();
+    queue.push_back(PathBuf::new());
+    while let Some(rel) = queue.pop_front() {
+        if sh.shutdown.load(Ordering::Acquire) {
+            break;
+        }
+        let Ok(fd) = sh.dir.open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY) else {
+            continue;
+        };
+        let Ok(mut d) = rustix::fs::Dir::read_from(&fd) else {
+            continue;
+        };
+        while let Some(Ok(ent)) = d.read() {
+            if sh.shutdown.load(Ordering::Acquire) {
+                break;
+            }
+            let name = OsStr::from_bytes(ent.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            let Ok(st) = sys::stat_at(fd.as_fd(), name) else {
+                continue;
+            };
+            if st.st_dev != sh.dir.dev() {
+                continue;
+            }
+            match st.st_mode & libc::S_IFMT {
+                libc::S_IFDIR if queue.len() < PRELOAD_QUEUE_MAX => {
+                    queue.push_back(rel.join(name));
+                }
+                libc::S_IFREG => {
+                    sh.preload.files_seen.fetch_add(1, Ordering::Relaxed);
+                    sh.preload
+                        .bytes_seen
+                        .fetch_add(st.st_size as u64, Ordering::Relaxed);
+                    let room = sh.objects.has_room()
+                        && sh.budget.used_bytes().saturating_add(st.st_size as u64)
+                            <= sh.budget.limit_bytes();
+                    if room && st.st_size > 0 && sh.objects.get(st.st_ino).is_none() {
+                        let path = rel.join(name);
+                        let label = path.display().to_string();
+                        let r = sh.objects.touch(st.st_ino, &label, || {
+                            let f = sys::open_confined(
+                                fd.as_fd(),
+                                name,
+                                OFlags::RDWR,
+                                rustix::fs::Mode::empty(),
+                            )?;
+                            let fst = sys::fstat(f.as_fd())?;
+                            if fst.st_ino != st.st_ino {
+                                return Err(FsError::Stale);
+                            }
+                            Ok(std::fs::File::from(f))
+                        });
+                        if r.is_ok() {
+                            sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    sh.preload.done.store(true, Ordering::Release);
+}
+
+fn progress_loop(sh: Arc<Shared>) {
+    let tty = std::io::stderr().is_terminal();
+    let start = Instant::now();
+    let mut last_print = Instant::now() - Duration::from_secs(3600);
+    loop {
+        std::thread::sleep(PROGRESS_INTERVAL);
+        if sh.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        let (loaded, total, all) = load_totals(&sh);
+        let done = all && sh.preload.done.load(Ordering::Acquire);
+        let pct = if total == 0 {
+            100.0
+        } else {
+            loaded as f64 * 100.0 / total as f64
+        };
+        let secs = start.elapsed().as_secs_f64().max(0.001);
+        let rate = loaded as f64 / secs;
+        let eta = if rate > 0.0 {
+            (total.saturating_sub(loaded)) as f64 / rate
+        } else {
+            0.0
+        };
+        let line = format!(
+            "dhrd: loading {pct:5.1}% {} / {} ({}/s, ETA {eta:.0} s, {} files found)",
+            human(loaded),
+            human(total),
+            human(rate as u64),
+            sh.preload.files_seen.load(Ordering::Relaxed)
+        );
+        if tty {
+            eprint!("\r{line}\x1b[K");
+            if done {
+                eprintln!();
+            }
+        } else if done || last_print.elapsed() >= Duration::from_secs(5) {
+            eprintln!("{line}");
+            last_print = Instant::now();
+        }
+        if done {
+            eprintln!(
+                "dhrd: load complete in {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+            return;
+        }
+    }
+}
+
+/// Events that end the mount.
+enum Stop {
+    Signal(i32),
+    Control(UnixStream),
+}
+
+fn control_server(
+    listener: UnixListener,
+    sh: Arc<Shared>,
+    mnt: PathBuf,
+    backing: PathBuf,
+    stop: mpsc::Sender<Stop>,
+) {
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let _ = conn.set_read_timeout(Some(CONTROL_TIMEOUT));
+        let mut line = String::new();
+        let mut rd = BufReader::new((&conn).take(CONTROL_LINE_MAX as u64));
+        if rd.read_line(&mut line).is_err() {
+            continue;
+        }
+        match line.trim() {
+            "status" => {
+                let _ = conn.write_all(status_text(&sh, &mnt, &backing).as_bytes());
+            }
+            "umount" => {
+                // The reply is written by the main thread once the unmount is done.
+                if stop.send(Stop::Control(conn)).is_err() {
+                    return;
+                }
+            }
+            other => {
+                let _ = writeln!(conn, "error: unknown command {other:?}");
+            }
+        }
+        if sh.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+    }
+}
+
+/// Mounts and serves until SIGTERM, SIGINT or `dhrd umount`. Returns Ok after a clean
+/// flush and unmount.
+pub fn run(cfg: MountConfig) -> Result<()> {
+    let (dir, mnt) = prepare(&cfg)?;
+    // Each engine object allocates a few hundred KiB of histograms; with glibc's dynamic
+    // mmap threshold those end up in per-thread arenas that never shrink while objects
+    // churn through the cache. A fixed threshold keeps large blocks in their own mappings,
+    // returned to the kernel when an object is dropped.
+    // SAFETY: mallopt only tunes the allocator; called before any worker thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES);
+    }
+    let backing = cfg
+        .backing
+        .canonicalize()
+        .unwrap_or_else(|_| cfg.backing.clone());
+    raise_nofile();
+
+    // Block the stop signals in every thread (the mask is inherited); one thread waits for
+    // them with sigwait so they never interrupt a request half-way.
+    // SAFETY: sigset manipulation on a local set, then pthread_sigmask for this thread.
+    unsafe {
+        let mut ss: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut ss);
+        libc::sigaddset(&mut ss, libc::SIGTERM);
+        libc::sigaddset(&mut ss, libc::SIGINT);
+        libc::sigaddset(&mut ss, libc::SIGHUP);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &ss, std::ptr::null_mut());
+    }
+
+    std::fs::create_dir_all(CONTROL_DIR).map_err(|e| setup(format!("{CONTROL_DIR}: {e}")))?;
+    let _ = std::fs::set_permissions(CONTROL_DIR, std::fs::Permissions::from_mode(0o700));
+    let sock_path = control_socket(&mnt)?;
+    if UnixStream::connect(&sock_path).is_ok() {
+        return Err(setup(format!(
+            "mountpoint {} is busy: another dhrd daemon serves it",
+            mnt.display()
+        )));
+    }
+    let _ = std::fs::remove_file(&sock_path);
+    let listener = UnixListener::bind(&sock_path)
+        .map_err(|e| setup(format!("control socket {}: {e}", sock_path.display())))?;
+    std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| setup(format!("control socket {}: {e}", sock_path.display())))?;
+    let _sock_guard = RemoveOnDrop(sock_path.clone());
+
+    let sh = Shared::new(dir, cfg.fs.clone())?;
+    let mut options = vec![
+        fuser::MountOption::FSName(format!("dhrd:{}", backing.display())),
+        fuser::MountOption::Subtype("dhrd".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+        fuser::MountOption::RW,
+    ];
+    let acl = if cfg.allow_other {
+        options.push(fuser::MountOption::CUSTOM("allow_other".into()));
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    let mut fcfg = fuser::Config::default();
+    fcfg.mount_options = options;
+    fcfg.acl = acl;
+    fcfg.n_threads = Some(cfg.threads.max(1));
+    fcfg.clone_fd = true;
+    let mut session = fuser::Session::new(DhrdFs { sh: sh.clone() }, &mnt, &fcfg)
+        .map_err(|e| setup(format!("mounting {}: {e}", mnt.display())))?;
+    let unmounter = session.unmount_callable();
+
+    let (stop_tx, stop_rx) = mpsc::channel::<Stop>();
+    {
+        let tx = stop_tx.clone();
+        std::thread::Builder::new()
+            .name("dhrd-signals".into())
+            .spawn(move || loop {
+                // SAFETY: sigwait on a set built locally; the signals are blocked.
+                let sig = unsafe {
+                    let mut ss: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut ss);
+                    libc::sigaddset(&mut ss, libc::SIGTERM);
+                    libc::sigaddset(&mut ss, libc::SIGINT);
+                    libc::sigaddset(&mut ss, libc::SIGHUP);
+                    let mut sig: libc::c_int = 0;
+                    if libc::sigwait(&ss, &mut sig) != 0 {
+                        continue;
+                    }
+                    sig
+                };
+                if tx.send(Stop::Signal(sig)).is_err() {
+                    return;
+                }
+            })
+            .map_err(|e| setup(format!("spawning the signal thread: {e}")))?;
+    }
+    {
+        let (sh2, m2, b2, tx) = (sh.clone(), mnt.clone(), backing.clone(), stop_tx.clone());
+        std::thread::Builder::new()
+            .name("dhrd-control".into())
+            .spawn(move || control_server(listener, sh2, m2, b2, tx))
+            .map_err(|e| setup(format!("spawning the control thread: {e}")))?;
+    }
+    if cfg.fs.preload {
+        let sh2 = sh.clone();
+        std::thread::Builder::new()
+            .name("dhrd-preload".into())
+            .spawn(move || preload_walk(sh2))
+            .map_err(|e| setup(format!("spawning the preload thread: {e}")))?;
+    }
+    if cfg.progress {
+        let sh2 = sh.clone();
+        let _ = std::thread::Builder::new()
+            .name("dhrd-progress".into())
+            .spawn(move || progress_loop(sh2));
+    }
+    if let dhrd_engine::Durability::Periodic(p) = cfg.fs.durability {
+        let sh2 = sh.clone();
+        let _ = std::thread::Builder::new()
+            .name("dhrd-periodic".into())
+            .spawn(move || {
+                while !sh2.shutdown.load(Ordering::Acquire) {
+                    std::thread::sleep(p);
+                    // Data of every object, then the metadata (syncfs).
+                    if let Err(e) = sh2.flush_all() {
+                        eprintln!("dhrd: periodic flush failed: {e}");
+                    }
+                }
+            });
+    }
+
+    // The stopper: waits for a stop event, flushes, unmounts; the session loop then ends.
+    let stop_requested = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopper = {
+        let sh2 = sh.clone();
+        let requested = stop_requested.clone();
+        let mnt2 = mnt.clone();
+        let mut unmounter = unmounter;
+        std::thread::Builder::new()
+            .name("dhrd-stop".into())
+            .spawn(move || {
+                while let Ok(ev) = stop_rx.recv() {
+                    let flushed = sh2.flush_all();
+                    if let Err(e) = &flushed {
+                        sh2.record_final_error(format!("flush before unmount failed: {e}"));
+                    }
+                    // Set before the unmount lets the session end; cleared if it failed.
+                    requested.store(true, Ordering::Release);
+                    let r = unmounter.unmount();
+                    if r.is_err() && matches!(ev, Stop::Control(_)) {
+                        requested.store(false, Ordering::Release);
+                    }
+                    match ev {
+                        Stop::Control(mut c) => {
+                            let msg = match (&flushed, &r) {
+                                (Ok(()), Ok(())) => "ok\n".to_string(),
+                                (Err(e), _) => format!("error: flush failed: {e}\n"),
+                                (_, Err(e)) => {
+                                    format!("error: unmount of {} failed: {e}\n", mnt2.display())
+                                }
+                            };
+                            let _ = c.write_all(msg.as_bytes());
+                            if r.is_ok() {
+                                return;
+                            }
+                        }
+                        Stop::Signal(sig) => {
+                            if r.is_ok() {
+                                return;
+                            }
+                            // Busy mount: detach it lazily so the daemon can finish; the data
+                            // is flushed already.
+                            eprintln!(
+                                "dhrd: signal {sig}: mount busy, detaching lazily: {}",
+                                r.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
+                            );
+                            let _ =
+                                rustix::mount::unmount(&mnt2, rustix::mount::UnmountFlags::DETACH);
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| setup(format!("spawning the stop thread: {e}")))?
+    };
+    drop(stop_tx);
+
+    eprintln!(
+        "dhrd: mounted {} on {} (durability {}, read path {})",
+        backing.display(),
+        mnt.display(),
+        cfg.fs.durability,
+        cfg.fs.read_path
+    );
+    let r = session.run();
+    sh.shutdown.store(true, Ordering::Release);
+    // A stop request being handled must finish writing its reply before the process exits.
+    if stop_requested.load(Ordering::Acquire) {
+        let _ = stopper.join();
+    }
+    r.map_err(|e| FsError::io("FUSE session", e))?;
+    if let Some(msg) = sh.final_error() {
+        // Unmounted, but not everything may be on the backing: say so and exit non-zero.
+        return Err(setup(msg));
+    }
+    Ok(())
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Sends one command to the daemon of `mountpoint` and returns its reply.
+pub fn control_request(mountpoint: &Path, cmd: &str) -> Result<String> {
+    let path = control_socket(mountpoint)?;
+    let mut c = UnixStream::connect(&path).map_err(|e| {
+        setup(format!(
+            "no dhrd daemon answers for {} ({}: {e})",
+            mountpoint.display(),
+            path.display()
+        ))
+    })?;
+    let _ = c.set_read_timeout(Some(CONTROL_TIMEOUT));
+    writeln!(c, "{cmd}").map_err(|e| FsError::io("control socket write", e))?;
+    let mut out = String::new();
+    c.read_to_string(&mut out)
+        .map_err(|e| FsError::io("control socket read", e))?;
+    Ok(out)
+}
+
+/// `dhrd umount`: asks the daemon to flush and unmount, then waits for it to exit (its
+/// control socket disappears). Without a daemon, falls back to `fusermount3 -u`.
+pub fn umount(mountpoint: &Path) -> Result<()> {
+    let path = control_socket(mountpoint)?;
+    match control_request(mountpoint, "umount") {
+        Ok(reply) if reply.trim() == "ok" => {
+            let t = Instant::now();
+            while path.exists() && t.elapsed() < UMOUNT_EXIT_WAIT {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        }
+        Ok(reply) => Err(setup(reply.trim().to_string())),
+        Err(e) => {
+            let st = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(mountpoint)
+                .status();
+            match st {
+                Ok(s) if s.success() => Ok(()),
+                _ => Err(e),
+            }
+        }
+    }
+}

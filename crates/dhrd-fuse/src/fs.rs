@@ -1,0 +1,1517 @@
+//! The FUSE request handlers: each request becomes either engine calls on the file's hybrid
+//! object (file data) or confined `*at` system calls on the backing directory (metadata).
+//!
+//! Invariants:
+//! - The daemon is the only writer of the tree while mounted; the kernel caches entries and
+//!   attributes for `ATTR_TTL` because every change passes through here.
+//! - Data: every read and write of a regular file goes to its `HybridObject` (one per backing
+//!   inode, see `objects.rs`), or, for passthrough opens, the kernel reads the object's
+//!   memfd, which is the RAM copy the engine writes into before a write is acknowledged;
+//!   so a read that starts after a write returned sees it, on every read path (SPEC D3).
+//! - Metadata: in `sync` durability every change (create, mkdir, mknod, symlink, link,
+//!   rename, unlink, rmdir, setattr, setxattr, removexattr) is followed by `fsync` of the
+//!   changed inode and of the parent directory (both parents for rename) before the reply.
+//!   In `fsync` / `periodic:N` the backing file system is `syncfs`'ed at fsync, fsyncdir,
+//!   every period and at unmount instead.
+//!
+//! Crash semantics: a reply that reported success in `sync` mode is on the backing device.
+//! A crash between the backing operation and its fsync leaves whatever the backing file
+//! system recovers, which is either the old or the new state of that one operation.
+
+use crate::error::{FsError, Result};
+use crate::nodes::{Fh, Ino, NodeTable};
+use crate::objects::{Obj, Objects};
+use crate::stats::FsStats;
+use crate::sys::{self, BackingDir, FUSE_ROOT_INO};
+use dhrd_engine::{Durability, RamBudget, Served};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::{Mutex, RwLock};
+use rustix::fs::{AtFlags, Mode, OFlags};
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel may cache entries and attributes. Long, because nothing changes the
+/// tree except requests through this daemon (see docs/fuse.md for changes behind its back).
+pub const ATTR_TTL: Duration = Duration::from_secs(3600);
+/// How long a read-only open in `--read-path passthrough` waits for its file to finish
+/// loading before it falls back to the direct path.
+pub const PASSTHROUGH_LOAD_WAIT: Duration = Duration::from_secs(2);
+/// Largest write the kernel sends in one request.
+pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Kernel stacking depth announced with passthrough (1: the memfd is on shmem, depth 0).
+pub const PASSTHROUGH_STACK_DEPTH: u32 = 1;
+/// Block size reported by stat for regular files.
+pub const STAT_BLKSIZE: u32 = 4096;
+
+/// Which kernel read path opens use (SPEC D4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadPath {
+    /// Passthrough for read-only opens of fully loaded files, direct otherwise.
+    #[default]
+    Auto,
+    /// Like auto, but a read-only open waits up to `PASSTHROUGH_LOAD_WAIT` for the load.
+    Passthrough,
+    /// Every read goes to the daemon (FOPEN_DIRECT_IO): byte range, no page cache.
+    Direct,
+    /// Kernel page cache in front of the RAM tier (the paper's "DHRD without DBR").
+    Cached,
+}
+
+impl FromStr for ReadPath {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(ReadPath::Auto),
+            "passthrough" => Ok(ReadPath::Passthrough),
+            "direct" => Ok(ReadPath::Direct),
+            "cached" => Ok(ReadPath::Cached),
+            _ => Err(format!(
+                "bad read path {s:?}: use auto, passthrough, direct or cached"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ReadPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReadPath::Auto => "auto",
+            ReadPath::Passthrough => "passthrough",
+            ReadPath::Direct => "direct",
+            ReadPath::Cached => "cached",
+        })
+    }
+}
+
+/// Options of the file system (the mount options live in `daemon.rs`).
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    pub durability: Durability,
+    pub read_path: ReadPath,
+    /// RAM budget shared by all files (SPEC I11).
+    pub mem_bytes: u64,
+    /// Chunk size of each object; None = the engine's default.
+    pub chunk_bytes: Option<u64>,
+    pub loader_threads: usize,
+    /// Cap on the background load rate (bytes/s), shared by all files.
+    pub load_rate: Option<u64>,
+    /// Walk the tree after mounting and load files in the background.
+    pub preload: bool,
+}
+
+/// One open file.
+struct Handle {
+    key: u64,
+    obj: Obj,
+    passthrough: bool,
+    writable: bool,
+}
+
+/// Entries of an open directory, read once at opendir (offsets are indexes into it).
+struct DirHandle {
+    entries: Vec<(u64, FileType, OsString)>,
+}
+
+/// Progress of the background walk that finds and preloads files.
+#[derive(Default)]
+pub struct PreloadState {
+    pub files_seen: AtomicU64,
+    pub bytes_seen: AtomicU64,
+    pub files_preloaded: AtomicU64,
+    pub done: AtomicBool,
+}
+
+/// State shared by the FUSE handlers, the control socket and the background threads.
+pub struct Shared {
+    pub dir: BackingDir,
+    pub cfg: FsConfig,
+    pub objects: Objects,
+    pub budget: Arc<RamBudget>,
+    pub stats: FsStats,
+    pub preload: PreloadState,
+    nodes: Mutex<NodeTable>,
+    handles: RwLock<HashMap<Fh, Handle>>,
+    dirs: Mutex<HashMap<Fh, DirHandle>>,
+    next_fh: AtomicU64,
+    pub shutdown: AtomicBool,
+    pub passthrough_negotiated: AtomicBool,
+    pub mmap_on_direct: AtomicBool,
+    /// Metadata changed since the last syncfs (non-sync modes).
+    meta_dirty: AtomicBool,
+    /// First failure of the flush at unmount; makes the daemon exit non-zero.
+    final_error: Mutex<Option<String>>,
+}
+
+fn kind_of(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_of_dirent(t: rustix::fs::FileType) -> FileType {
+    use rustix::fs::FileType as T;
+    match t {
+        T::Directory => FileType::Directory,
+        T::Symlink => FileType::Symlink,
+        T::Fifo => FileType::NamedPipe,
+        T::Socket => FileType::Socket,
+        T::CharacterDevice => FileType::CharDevice,
+        T::BlockDevice => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn systime(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec.clamp(0, 999_999_999) as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs())
+    }
+}
+
+fn timestamp(t: Option<TimeOrNow>) -> rustix::fs::Timespec {
+    match t {
+        None => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        Some(TimeOrNow::Now) => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        },
+        Some(TimeOrNow::SpecificTime(st)) => {
+            let (sec, nsec) = match st.duration_since(UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, i64::from(d.subsec_nanos())),
+                Err(e) => (-(e.duration().as_secs() as i64), 0),
+            };
+            rustix::fs::Timespec {
+                tv_sec: sec,
+                tv_nsec: nsec as _,
+            }
+        }
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+impl Shared {
+    pub fn new(dir: BackingDir, cfg: FsConfig) -> Result<Arc<Self>> {
+        let budget = RamBudget::new(cfg.mem_bytes);
+        let loader = dhrd_engine::Loader::new(dhrd_engine::LoaderConfig {
+            threads: cfg.loader_threads,
+            rate_bytes_per_s: cfg.load_rate,
+            ..Default::default()
+        })?;
+        // periodic:N: the engine would start one flusher thread per object; with thousands
+        // of files the daemon runs a single flusher over all objects instead (daemon.rs)
+        // and the objects themselves use `fsync` semantics.
+        let object_durability = match cfg.durability {
+            Durability::Periodic(_) => Durability::Fsync,
+            d => d,
+        };
+        let mut base = dhrd_engine::ObjectConfig {
+            durability: object_durability,
+            budget: Some(budget.clone()),
+            loader: Some(loader),
+            ..Default::default()
+        };
+        if let Some(c) = cfg.chunk_bytes {
+            base.chunk_bytes = c;
+        }
+        Ok(Arc::new(Self {
+            dir,
+            cfg,
+            objects: Objects::new(base),
+            budget,
+            stats: FsStats::default(),
+            preload: PreloadState::default(),
+            nodes: Mutex::new(NodeTable::new()),
+            handles: RwLock::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            shutdown: AtomicBool::new(false),
+            passthrough_negotiated: AtomicBool::new(false),
+            mmap_on_direct: AtomicBool::new(false),
+            meta_dirty: AtomicBool::new(false),
+            final_error: Mutex::new(None),
+        }))
+    }
+
+    fn sync_mode(&self) -> bool {
+        self.cfg.durability == Durability::Sync
+    }
+
+    /// Makes a metadata change durable per the durability mode (see module header).
+    fn meta_durable(&self, fds: &[&OwnedFd]) -> Result<()> {
+        if self.sync_mode() {
+            for fd in fds {
+                sys::fsync(fd.as_fd())
+                    .map_err(|e| FsError::io("fsync after metadata change", e))?;
+            }
+            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.meta_dirty.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Remembers the first unmount-time failure (reported by the daemon's exit status).
+    pub fn record_final_error(&self, msg: String) {
+        eprintln!("dhrd: {msg}");
+        let mut g = self.final_error.lock();
+        if g.is_none() {
+            *g = Some(msg);
+        }
+    }
+
+    pub fn final_error(&self) -> Option<String> {
+        self.final_error.lock().clone()
+    }
+
+    /// syncfs of the backing file system if metadata changed (non-sync modes).
+    pub fn sync_metadata(&self) -> Result<()> {
+        if self.meta_dirty.swap(false, Ordering::AcqRel) {
+            if let Err(e) = sys::syncfs(self.dir.root_fd()) {
+                self.meta_dirty.store(true, Ordering::Release);
+                return Err(FsError::io("syncfs of the backing file system", e));
+            }
+            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn new_fh(&self) -> Fh {
+        Fh(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Opens node `ino` confined and checks it is still the same backing inode.
+    fn node_fd(&self, ino: Ino, flags: OFlags) -> Result<(OwnedFd, libc::stat)> {
+        let path = self.nodes.lock().path(ino)?;
+        let fd = self
+            .dir
+            .open_rel(&path, flags)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOENT) => FsError::Stale,
+                _ => FsError::io("open below the backing directory", e),
+            })?;
+        let st = sys::fstat(fd.as_fd())?;
+        if self.dir.fuse_ino(st.st_ino) != ino.0 || st.st_dev != self.dir.dev() {
+            return Err(FsError::Stale);
+        }
+        Ok((fd, st))
+    }
+
+    /// Opens the directory `parent` (readable, so it can be fsync'ed).
+    fn dir_fd(&self, parent: Ino) -> Result<OwnedFd> {
+        let (fd, st) = self.node_fd(parent, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(FsError::Errno(libc::ENOTDIR));
+        }
+        Ok(fd)
+    }
+
+    fn attr(&self, st: &libc::stat) -> FileAttr {
+        let ino = self.dir.fuse_ino(st.st_ino);
+        let kind = kind_of(st.st_mode);
+        let mut size = st.st_size as u64;
+        if kind == FileType::RegularFile {
+            // The RAM copy is authoritative for the size (ahead of the backing in the
+            // non-sync modes).
+            if let Some(o) = self.objects.get(st.st_ino) {
+                size = o.len();
+            }
+        }
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: st.st_blocks as u64,
+            atime: systime(st.st_atime, st.st_atime_nsec),
+            mtime: systime(st.st_mtime, st.st_mtime_nsec),
+            ctime: systime(st.st_ctime, st.st_ctime_nsec),
+            crtime: UNIX_EPOCH,
+            kind,
+            perm: (st.st_mode & 0o7777) as u16,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: st.st_rdev as u32,
+            blksize: STAT_BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// Stats `parent/name`, records the node and returns its attributes.
+    fn lookup_in(&self, parent: Ino, pfd: &OwnedFd, name: &OsStr) -> Result<FileAttr> {
+        let st = sys::stat_at(pfd.as_fd(), name)?;
+        if st.st_dev != self.dir.dev() {
+            // Another file system mounted below the backing directory is not part of it.
+            return Err(FsError::Errno(libc::EXDEV));
+        }
+        let attr = self.attr(&st);
+        self.nodes.lock().remember(Ino(attr.ino.0), parent, name);
+        Ok(attr)
+    }
+
+    /// Opens the backing file of regular-file node `ino` for the engine.
+    fn open_backing_file(&self, ino: Ino) -> Result<File> {
+        let (fd, st) = self.node_fd(ino, OFlags::RDWR)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(FsError::Errno(libc::EINVAL));
+        }
+        Ok(File::from(fd))
+    }
+
+    fn display_name(&self, ino: Ino) -> String {
+        match self.nodes.lock().path(ino) {
+            Ok(p) => p.display().to_string(),
+            Err(_) => format!("inode {}", ino.0),
+        }
+    }
+
+    /// The object of regular-file node `ino`, created if needed, without counting an open.
+    fn object_of(&self, ino: Ino) -> Result<Obj> {
+        let key = self.dir.backing_ino(ino.0);
+        if let Some(o) = self.objects.get(key) {
+            return Ok(o);
+        }
+        let name = self.display_name(ino);
+        self.objects
+            .touch(key, &name, || self.open_backing_file(ino))
+    }
+
+    /// Stat of node `ino`, falling back to the descriptor of its object when the name is
+    /// gone (an unlinked file that is still open).
+    fn stat_node(&self, ino: Ino) -> Result<libc::stat> {
+        match self.node_fd(ino, OFlags::PATH) {
+            Ok((_, st)) => Ok(st),
+            Err(FsError::Stale) => {
+                let key = self.dir.backing_ino(ino.0);
+                match self.objects.get(key) {
+                    Some(o) => Ok(sys::fstat(o.backing().file().as_fd())?),
+                    None => Err(FsError::Stale),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives a newly created inode to the caller (the daemon runs as root), inheriting the
+    /// group of a set-group-id parent directory as the kernel would.
+    fn chown_new(
+        &self,
+        req: &Request,
+        pfd: &OwnedFd,
+        fd: Option<&OwnedFd>,
+        name: &OsStr,
+    ) -> Result<()> {
+        if !rustix::process::geteuid().is_root() {
+            return Ok(());
+        }
+        let pst = sys::fstat(pfd.as_fd())?;
+        let gid = if pst.st_mode & libc::S_ISGID != 0 {
+            pst.st_gid
+        } else {
+            req.gid()
+        };
+        let uid = Some(rustix::fs::Uid::from_raw(req.uid()));
+        let gid = Some(rustix::fs::Gid::from_raw(gid));
+        match fd {
+            Some(fd) => rustix::fs::fchown(fd, uid, gid)?,
+            None => rustix::fs::chownat(pfd, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?,
+        }
+        Ok(())
+    }
+
+    fn handle_obj(&self, fh: FileHandle) -> Result<Obj> {
+        self.handles
+            .read()
+            .get(&Fh(fh.0))
+            .map(|h| h.obj.clone())
+            .ok_or(FsError::Errno(libc::EBADF))
+    }
+
+    /// Chooses the read path of one open and registers the handle.
+    fn open_reply(&self, key: u64, obj: Obj, writable: bool, mode: u32, reply: ReplyOpen) {
+        let fh = self.new_fh();
+        // auto: only files nobody is meant to write (no write permission bits), because a
+        // later writable open of an inode with passthrough opens must be refused (see
+        // objects.rs); passthrough: every read-only open of a loaded file.
+        let no_write_bits = mode & 0o222 == 0;
+        let want_pt = !writable
+            && self.passthrough_negotiated.load(Ordering::Acquire)
+            && match self.cfg.read_path {
+                ReadPath::Auto => no_write_bits && obj.is_fully_loaded(),
+                ReadPath::Passthrough => {
+                    obj.is_fully_loaded() || obj.wait_loaded(Some(PASSTHROUGH_LOAD_WAIT))
+                }
+                _ => false,
+            };
+        if want_pt {
+            match self
+                .objects
+                .passthrough_id(key, self.cfg.read_path == ReadPath::Auto, |o| {
+                    reply.open_backing(o.ram_fd())
+                }) {
+                Ok(id) => {
+                    self.handles.write().insert(
+                        fh,
+                        Handle {
+                            key,
+                            obj,
+                            passthrough: true,
+                            writable,
+                        },
+                    );
+                    self.stats.opens_passthrough.fetch_add(1, Ordering::Relaxed);
+                    reply.opened_passthrough(FileHandle(fh.0), FopenFlags::empty(), &id);
+                    return;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) => {
+                    // Fall back to the direct path: correct, only slower.
+                    eprintln!("dhrd: passthrough registration failed ({e}); using the direct path");
+                }
+            }
+        }
+        let flags = self.data_open_flags();
+        self.handles.write().insert(
+            fh,
+            Handle {
+                key,
+                obj,
+                passthrough: false,
+                writable,
+            },
+        );
+        reply.opened(FileHandle(fh.0), flags);
+    }
+
+    fn data_open_flags(&self) -> FopenFlags {
+        if self.cfg.read_path == ReadPath::Cached {
+            self.stats.opens_cached.fetch_add(1, Ordering::Relaxed);
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            self.stats.opens_direct.fetch_add(1, Ordering::Relaxed);
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        }
+    }
+
+    fn count_err(&self, e: &FsError) -> Errno {
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        errno(e)
+    }
+
+    /// Flushes every object and the metadata (unmount, SIGTERM). Returns the first error.
+    pub fn flush_all(&self) -> Result<()> {
+        let mut first = Ok(());
+        for o in self.objects.snapshot() {
+            if let Err(e) = o.flush() {
+                if first.is_ok() {
+                    first = Err(e.into());
+                }
+            }
+        }
+        self.meta_dirty.store(true, Ordering::Release);
+        if let Err(e) = self.sync_metadata() {
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+        first
+    }
+
+    // ----- operations, each returning a Result so the handlers stay one-liners -----
+
+    #[allow(clippy::too_many_arguments)] // mirrors the FUSE setattr request
+    fn do_setattr(
+        &self,
+        ino: Ino,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        fh: Option<FileHandle>,
+    ) -> Result<FileAttr> {
+        let st = self.stat_node(ino)?;
+        let kind = kind_of(st.st_mode);
+        if let Some(size) = size {
+            if kind != FileType::RegularFile {
+                return Err(FsError::Errno(if kind == FileType::Directory {
+                    libc::EISDIR
+                } else {
+                    libc::EINVAL
+                }));
+            }
+            let obj = match fh.map(|f| self.handle_obj(f)) {
+                Some(Ok(o)) => o,
+                _ => self.object_of(ino)?,
+            };
+            obj.set_len(size)?;
+        }
+        let changes_inode =
+            mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some();
+        if changes_inode {
+            match kind {
+                FileType::RegularFile | FileType::Directory => {
+                    let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
+                    if let Some(m) = mode {
+                        rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
+                    }
+                    if uid.is_some() || gid.is_some() {
+                        rustix::fs::fchown(
+                            &fd,
+                            uid.map(rustix::fs::Uid::from_raw),
+                            gid.map(rustix::fs::Gid::from_raw),
+                        )?;
+                    }
+                    if atime.is_some() || mtime.is_some() {
+                        let ts = rustix::fs::Timestamps {
+                            last_access: timestamp(atime),
+                            last_modification: timestamp(mtime),
+                        };
+                        rustix::fs::futimens(&fd, &ts)?;
+                    }
+                    self.meta_durable(&[&fd])?;
+                }
+                _ => {
+                    // Symlinks, FIFOs, sockets: act on the name with NOFOLLOW in the parent.
+                    let (parent, name) = self.parent_and_name(ino)?;
+                    let pfd = self.dir_fd(parent)?;
+                    if let Some(m) = mode {
+                        rustix::fs::chmodat(
+                            &pfd,
+                            &name,
+                            Mode::from_raw_mode(m & 0o7777),
+                            AtFlags::SYMLINK_NOFOLLOW,
+                        )?;
+                    }
+                    if uid.is_some() || gid.is_some() {
+                        rustix::fs::chownat(
+                            &pfd,
+                            &name,
+                            uid.map(rustix::fs::Uid::from_raw),
+                            gid.map(rustix::fs::Gid::from_raw),
+                            AtFlags::SYMLINK_NOFOLLOW,
+                        )?;
+                    }
+                    if atime.is_some() || mtime.is_some() {
+                        let ts = rustix::fs::Timestamps {
+                            last_access: timestamp(atime),
+                            last_modification: timestamp(mtime),
+                        };
+                        rustix::fs::utimensat(&pfd, &name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
+                    }
+                    // The inode of a symlink cannot be fsync'ed by descriptor; syncfs covers it.
+                    if self.sync_mode() {
+                        sys::syncfs(pfd.as_fd()).map_err(|e| FsError::io("syncfs", e))?;
+                    }
+                }
+            }
+        }
+        let st = self.stat_node(ino)?;
+        Ok(self.attr(&st))
+    }
+
+    fn parent_and_name(&self, ino: Ino) -> Result<(Ino, OsString)> {
+        let nodes = self.nodes.lock();
+        let path = nodes.path(ino)?;
+        drop(nodes);
+        // Rebuild the parent from the path: the node table stores it, but reading it via
+        // the path keeps one source of truth.
+        let name = path
+            .file_name()
+            .ok_or(FsError::Errno(libc::EPERM))?
+            .to_owned();
+        let parent_path = path.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+        let fd = self
+            .dir
+            .open_rel(&parent_path, OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(|_| FsError::Stale)?;
+        let st = sys::fstat(fd.as_fd())?;
+        Ok((Ino(self.dir.fuse_ino(st.st_ino)), name))
+    }
+
+    fn do_mknod(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<FileAttr> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        let perm = Mode::from_raw_mode(mode & !umask & 0o7777);
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                let fd = sys::open_confined(
+                    pfd.as_fd(),
+                    name,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
+                    perm,
+                )?;
+                self.chown_new(req, &pfd, Some(&fd), name)?;
+                self.meta_durable(&[&fd, &pfd])?;
+            }
+            libc::S_IFIFO | libc::S_IFSOCK => {
+                let ft = if mode & libc::S_IFMT == libc::S_IFIFO {
+                    rustix::fs::FileType::Fifo
+                } else {
+                    rustix::fs::FileType::Socket
+                };
+                rustix::fs::mknodat(&pfd, name, ft, perm, 0)?;
+                self.chown_new(req, &pfd, None, name)?;
+                self.meta_durable(&[&pfd])?;
+            }
+            // Device nodes would give access to devices through the backing directory.
+            _ => return Err(FsError::Errno(libc::EPERM)),
+        }
+        self.lookup_in(parent, &pfd, name)
+    }
+
+    fn do_mkdir(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<FileAttr> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(mode & !umask & 0o7777))?;
+        let fd = sys::open_confined(
+            pfd.as_fd(),
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )?;
+        self.chown_new(req, &pfd, Some(&fd), name)?;
+        self.meta_durable(&[&fd, &pfd])?;
+        self.lookup_in(parent, &pfd, name)
+    }
+
+    fn do_unlink(&self, parent: Ino, name: &OsStr, dir: bool) -> Result<()> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        let st = sys::stat_at(pfd.as_fd(), name)?;
+        let flags = if dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        rustix::fs::unlinkat(&pfd, name, flags)?;
+        self.meta_durable(&[&pfd])?;
+        let ino = Ino(self.dir.fuse_ino(st.st_ino));
+        self.nodes.lock().unlinked(ino, parent, name);
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink <= 1 {
+            self.objects.forget_if_closed(st.st_ino);
+        }
+        Ok(())
+    }
+
+    fn do_symlink(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        target: &std::path::Path,
+    ) -> Result<FileAttr> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        rustix::fs::symlinkat(target, &pfd, name)?;
+        self.chown_new(req, &pfd, None, name)?;
+        self.meta_durable(&[&pfd])?;
+        self.lookup_in(parent, &pfd, name)
+    }
+
+    fn do_rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        sys::check_name(name)?;
+        sys::check_name(newname)?;
+        let pfd = self.dir_fd(parent)?;
+        let npfd = if newparent == parent {
+            None
+        } else {
+            Some(self.dir_fd(newparent)?)
+        };
+        let nfd = npfd.as_ref().unwrap_or(&pfd);
+        let moved = sys::stat_at(pfd.as_fd(), name)?;
+        let replaced = sys::stat_at(nfd.as_fd(), newname).ok();
+        let rflags = rustix::fs::RenameFlags::from_bits_retain(flags.bits());
+        rustix::fs::renameat_with(&pfd, name, nfd, newname, rflags)?;
+        match &npfd {
+            Some(n) => self.meta_durable(&[n, &pfd])?,
+            None => self.meta_durable(&[&pfd])?,
+        }
+        let moved_ino = Ino(self.dir.fuse_ino(moved.st_ino));
+        let mut nodes = self.nodes.lock();
+        if let Some(r) = replaced {
+            let r_ino = Ino(self.dir.fuse_ino(r.st_ino));
+            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                nodes.renamed(r_ino, newparent, newname, parent, name);
+            } else if r_ino != moved_ino {
+                nodes.unlinked(r_ino, newparent, newname);
+                drop(nodes);
+                if r.st_mode & libc::S_IFMT == libc::S_IFREG && r.st_nlink <= 1 {
+                    self.objects.forget_if_closed(r.st_ino);
+                }
+                nodes = self.nodes.lock();
+            }
+        }
+        if replaced.map(|r| r.st_ino) != Some(moved.st_ino) {
+            // (Renaming a name onto another link of the same inode changes nothing.)
+            nodes.renamed(moved_ino, parent, name, newparent, newname);
+        }
+        Ok(())
+    }
+
+    fn do_link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<FileAttr> {
+        sys::check_name(newname)?;
+        let npfd = self.dir_fd(newparent)?;
+        let (fd, _) = self.node_fd(ino, OFlags::PATH)?;
+        rustix::fs::linkat(&fd, "", &npfd, newname, AtFlags::EMPTY_PATH)?;
+        // The link count lives in the inode: syncfs covers it for every file type.
+        if self.sync_mode() {
+            sys::fsync(npfd.as_fd()).map_err(|e| FsError::io("fsync", e))?;
+            sys::syncfs(npfd.as_fd()).map_err(|e| FsError::io("syncfs", e))?;
+            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.meta_dirty.store(true, Ordering::Release);
+        }
+        self.lookup_in(newparent, &npfd, newname)
+    }
+
+    fn do_create(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(FileAttr, u64, Obj)> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        let perm = Mode::from_raw_mode(mode & !umask & 0o7777);
+        // Exclusive first, so we know whether this call created the file (and must give
+        // it to the caller); without O_EXCL an existing file is opened as it is.
+        let excl = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR;
+        let (fd, created) = match sys::open_confined(pfd.as_fd(), name, excl, perm) {
+            Ok(fd) => (fd, true),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => (
+                sys::open_confined(pfd.as_fd(), name, OFlags::RDWR, Mode::empty())?,
+                false,
+            ),
+            Err(e) => return Err(e.into()),
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(FsError::Errno(libc::EINVAL));
+        }
+        if created {
+            self.chown_new(req, &pfd, Some(&fd), name)?;
+        }
+        self.meta_durable(&[&fd, &pfd])?;
+        let attr = self.lookup_in(parent, &pfd, name)?;
+        let key = st.st_ino;
+        let label = self.display_name(Ino(attr.ino.0));
+        let obj = self
+            .objects
+            .acquire(key, &label, true, || Ok(File::from(fd)))?;
+        Ok((attr, key, obj))
+    }
+
+    fn do_read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let obj = self.handle_obj(fh)?;
+        let t = Instant::now();
+        let mut buf = vec![0u8; size as usize];
+        let out = obj.read_at(&mut buf, offset)?;
+        buf.truncate(out.bytes);
+        let s = &self.stats;
+        s.reads.fetch_add(1, Ordering::Relaxed);
+        s.read_bytes.fetch_add(out.bytes as u64, Ordering::Relaxed);
+        match out.served {
+            Served::Ram => s.reads_ram.fetch_add(1, Ordering::Relaxed),
+            Served::Backing => s.reads_backing.fetch_add(1, Ordering::Relaxed),
+            Served::Mixed => s.reads_mixed.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        s.read_latency.record(t.elapsed());
+        Ok(buf)
+    }
+
+    fn do_write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32> {
+        let obj = self.handle_obj(fh)?;
+        let t = Instant::now();
+        obj.write_at(data, offset)?;
+        let s = &self.stats;
+        s.writes.fetch_add(1, Ordering::Relaxed);
+        s.write_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        s.write_latency.record(t.elapsed());
+        Ok(data.len() as u32)
+    }
+
+    fn do_fsync(&self, fh: FileHandle) -> Result<()> {
+        let obj = self.handle_obj(fh)?;
+        let t = Instant::now();
+        obj.flush()?;
+        if !self.sync_mode() {
+            // Attribute changes of this file and the entry that names it.
+            self.meta_dirty.store(true, Ordering::Release);
+            self.sync_metadata()?;
+        }
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        self.stats.fsync_latency.record(t.elapsed());
+        Ok(())
+    }
+
+    fn do_opendir(&self, ino: Ino) -> Result<Fh> {
+        let (fd, st) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let parent_ino = if ino.0 == FUSE_ROOT_INO {
+            FUSE_ROOT_INO
+        } else {
+            match sys::stat_at(fd.as_fd(), OsStr::new("..")) {
+                Ok(p) => self.dir.fuse_ino(p.st_ino),
+                Err(_) => FUSE_ROOT_INO,
+            }
+        };
+        let mut entries = vec![
+            (
+                self.dir.fuse_ino(st.st_ino),
+                FileType::Directory,
+                OsString::from("."),
+            ),
+            (parent_ino, FileType::Directory, OsString::from("..")),
+        ];
+        let mut d = rustix::fs::Dir::read_from(&fd)?;
+        while let Some(ent) = d.read() {
+            let ent = ent?;
+            let name = OsStr::from_bytes(ent.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            entries.push((
+                self.dir.fuse_ino(ent.ino()),
+                kind_of_dirent(ent.file_type()),
+                name.to_owned(),
+            ));
+        }
+        let fh = self.new_fh();
+        self.dirs.lock().insert(fh, DirHandle { entries });
+        Ok(fh)
+    }
+
+    #[allow(clippy::type_complexity)] // the argument list of ReplyStatfs::statfs
+    fn do_statfs(&self) -> Result<(u64, u64, u64, u64, u64, u32, u32, u32)> {
+        let s = rustix::fs::fstatvfs(self.dir.root_fd())?;
+        Ok((
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            s.f_namemax as u32,
+            s.f_frsize as u32,
+        ))
+    }
+
+    /// Descriptor for xattr calls: only regular files and directories carry user xattrs
+    /// reachable without following a link.
+    fn xattr_fd(&self, ino: Ino) -> Result<Option<OwnedFd>> {
+        let st = self.stat_node(ino)?;
+        match kind_of(st.st_mode) {
+            FileType::RegularFile | FileType::Directory => Ok(Some(
+                self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?.0,
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    fn do_getxattr(&self, ino: Ino, name: &OsStr, size: u32) -> Result<Vec<u8>> {
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Err(FsError::Errno(libc::ENODATA));
+        };
+        if size == 0 {
+            let n = rustix::fs::fgetxattr_query(&fd, name)?;
+            return Ok(vec![0u8; n]);
+        }
+        let mut buf = vec![0u8; size as usize];
+        let n = rustix::fs::fgetxattr(&fd, name, &mut buf[..])?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    fn do_listxattr(&self, ino: Ino, size: u32) -> Result<Vec<u8>> {
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Ok(Vec::new());
+        };
+        if size == 0 {
+            let n = rustix::fs::flistxattr_query(&fd)?;
+            return Ok(vec![0u8; n]);
+        }
+        let mut buf = vec![0u8; size as usize];
+        let n = rustix::fs::flistxattr(&fd, &mut buf[..])?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    fn do_setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Err(FsError::Errno(libc::EPERM));
+        };
+        let f = rustix::fs::XattrFlags::from_bits_retain(flags as _);
+        rustix::fs::fsetxattr(&fd, name, value, f)?;
+        self.meta_durable(&[&fd])
+    }
+
+    fn do_removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Err(FsError::Errno(libc::ENODATA));
+        };
+        rustix::fs::fremovexattr(&fd, name)?;
+        self.meta_durable(&[&fd])
+    }
+
+    fn do_fallocate(&self, fh: FileHandle, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let obj = self.handle_obj(fh)?;
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let end = offset
+            .checked_add(length)
+            .ok_or(FsError::Errno(libc::EFBIG))?;
+        let rest = mode & !libc::FALLOC_FL_KEEP_SIZE;
+        if rest == 0 {
+            // Allocation: the RAM tier holds the data; only the size matters to readers.
+            if !keep && end > obj.len() {
+                obj.set_len(end)?;
+            }
+            return Ok(());
+        }
+        if rest == libc::FALLOC_FL_PUNCH_HOLE {
+            if !keep {
+                return Err(FsError::Errno(libc::EOPNOTSUPP));
+            }
+            let stop = end.min(obj.len());
+            if stop > offset {
+                obj.zero_range(offset, stop - offset)?;
+            }
+            return Ok(());
+        }
+        if rest == libc::FALLOC_FL_ZERO_RANGE {
+            let len = obj.len();
+            let stop = end.min(len);
+            if stop > offset {
+                obj.zero_range(offset, stop - offset)?;
+            }
+            if !keep && end > len {
+                obj.set_len(end)?;
+            }
+            return Ok(());
+        }
+        Err(FsError::Errno(libc::EOPNOTSUPP))
+    }
+}
+
+/// The `fuser::Filesystem` adapter; all state lives in [`Shared`].
+pub struct DhrdFs {
+    pub sh: Arc<Shared>,
+}
+
+impl Filesystem for DhrdFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let caps = config.capabilities();
+        if caps.contains(InitFlags::FUSE_PARALLEL_DIROPS) {
+            let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        }
+        if caps.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            && config
+                .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+                .is_ok()
+        {
+            self.sh.mmap_on_direct.store(true, Ordering::Release);
+        }
+        let want_pt = matches!(
+            self.sh.cfg.read_path,
+            ReadPath::Auto | ReadPath::Passthrough
+        );
+        if want_pt
+            && caps.contains(InitFlags::FUSE_PASSTHROUGH)
+            && config.set_max_stack_depth(PASSTHROUGH_STACK_DEPTH).is_ok()
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        {
+            self.sh
+                .passthrough_negotiated
+                .store(true, Ordering::Release);
+        }
+        if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
+            let _ = config.set_max_write(max);
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.sh.shutdown.store(true, Ordering::Release);
+        if let Err(e) = self.sh.objects.close_everything() {
+            self.sh
+                .record_final_error(format!("flushing file data at unmount failed: {e}"));
+        }
+        if let Err(e) = self.sh.flush_all() {
+            self.sh
+                .record_final_error(format!("syncing metadata at unmount failed: {e}"));
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = sys::check_name(name)
+            .and_then(|_| self.sh.dir_fd(Ino(parent.0)))
+            .and_then(|pfd| self.sh.lookup_in(Ino(parent.0), &pfd, name));
+        match r {
+            Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.sh.nodes.lock().forget(Ino(ino.0), nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = match fh.and_then(|f| self.sh.handle_obj(f).ok()) {
+            Some(o) => sys::fstat(o.backing().file().as_fd()).map_err(FsError::from),
+            None => self.sh.stat_node(Ino(ino.0)),
+        };
+        match r {
+            Ok(st) => reply.attr(&ATTR_TTL, &self.sh.attr(&st)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        match self
+            .sh
+            .do_setattr(Ino(ino.0), mode, uid, gid, size, atime, mtime, fh)
+        {
+            Ok(a) => reply.attr(&ATTR_TTL, &a),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let r = self
+            .sh
+            .node_fd(Ino(ino.0), OFlags::PATH)
+            .and_then(|(fd, _)| Ok(rustix::fs::readlinkat(&fd, "", Vec::new())?));
+        match r {
+            Ok(t) => reply.data(t.as_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        match self.sh.do_mknod(req, Ino(parent.0), name, mode, umask) {
+            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        match self.sh.do_mkdir(req, Ino(parent.0), name, mode, umask) {
+            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.sh.do_unlink(Ino(parent.0), name, false) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.sh.do_unlink(Ino(parent.0), name, true) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        match self.sh.do_symlink(req, Ino(parent.0), link_name, target) {
+            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self
+            .sh
+            .do_rename(Ino(parent.0), name, Ino(newparent.0), newname, flags)
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        match self.sh.do_link(Ino(ino.0), Ino(newparent.0), newname) {
+            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let sh = &self.sh;
+        let ino = Ino(ino.0);
+        let key = sh.dir.backing_ino(ino.0);
+        let name = sh.display_name(ino);
+        let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        let mut mode = 0u32;
+        let r = sh.objects.acquire(key, &name, writable, || {
+            let f = sh.open_backing_file(ino)?;
+            Ok(f)
+        });
+        match r {
+            Ok(obj) => {
+                if let Ok(st) = sys::fstat(obj.backing().file().as_fd()) {
+                    mode = st.st_mode;
+                }
+                sh.open_reply(key, obj, writable, mode, reply);
+            }
+            Err(e) => reply.error(sh.count_err(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.sh.do_read(fh, offset, size) {
+            Ok(b) => reply.data(&b),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.sh.do_write(fh, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close(2) does not promise durability; fsync does (and sync mode already has it).
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let h = self.sh.handles.write().remove(&Fh(fh.0));
+        if let Some(h) = h {
+            if h.passthrough {
+                self.sh.objects.passthrough_release(h.key);
+            }
+            drop(h.obj);
+            self.sh.objects.release(h.key, h.writable);
+        }
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.sh.do_fsync(fh) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.sh.do_opendir(Ino(ino.0)) {
+            Ok(fh) => reply.opened(FileHandle(fh.0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dirs = self.sh.dirs.lock();
+        let Some(d) = dirs.get(&Fh(fh.0)) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        for (i, (ino, kind, name)) in d.entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        drop(dirs);
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.sh.dirs.lock().remove(&Fh(fh.0));
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = self
+            .sh
+            .node_fd(Ino(ino.0), OFlags::RDONLY | OFlags::DIRECTORY)
+            .and_then(|(fd, _)| sys::fsync(fd.as_fd()).map_err(FsError::from))
+            .and_then(|_| {
+                if self.sh.sync_mode() {
+                    Ok(())
+                } else {
+                    self.sh.meta_dirty.store(true, Ordering::Release);
+                    self.sh.sync_metadata()
+                }
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.sh.do_statfs() {
+            Ok((b, bf, ba, f, ff, bs, nl, fr)) => reply.statfs(b, bf, ba, f, ff, bs, nl, fr),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        match self.sh.do_setxattr(Ino(ino.0), name, value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.sh.do_getxattr(Ino(ino.0), name, size) {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.sh.do_listxattr(Ino(ino.0), size) {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.sh.do_removexattr(Ino(ino.0), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // default_permissions: the kernel has already checked the mode bits.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let sh = &self.sh;
+        match sh.do_create(req, Ino(parent.0), name, mode, umask, flags) {
+            Ok((attr, key, obj)) => {
+                let fh = sh.new_fh();
+                let fl = sh.data_open_flags();
+                sh.handles.write().insert(
+                    fh,
+                    Handle {
+                        key,
+                        obj,
+                        passthrough: false,
+                        writable: true,
+                    },
+                );
+                reply.created(&ATTR_TTL, &attr, Generation(0), FileHandle(fh.0), fl);
+            }
+            Err(e) => reply.error(sh.count_err(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.sh.do_fallocate(fh, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+}

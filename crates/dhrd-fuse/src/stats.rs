@@ -1,0 +1,115 @@
+//! Mount-wide counters kept by the FUSE layer (objects come and go with the cache, so
+//! per-object engine statistics alone would lose history).
+//!
+//! Invariant: counters only grow; latency is kept in power-of-two microsecond buckets, so
+//! percentiles are upper bounds within a factor of two. No disk state, no crash semantics.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Number of power-of-two latency buckets (bucket i holds latencies < 2^i microseconds;
+/// the last one everything longer, about 9 minutes).
+pub const LATENCY_BUCKETS: usize = 30;
+
+#[derive(Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS],
+}
+
+impl Histogram {
+    pub fn record(&self, d: Duration) {
+        let us = d.as_micros().min(u128::from(u64::MAX)) as u64;
+        let idx = (64 - us.leading_zeros()) as usize;
+        if let Some(b) = self.buckets.get(idx.min(LATENCY_BUCKETS - 1)) {
+            b.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Upper bound of the `q` quantile in microseconds; None when empty.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let want = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return Some(1u64 << i);
+            }
+        }
+        None
+    }
+
+    fn line(&self) -> String {
+        match (
+            self.quantile_us(0.5),
+            self.quantile_us(0.99),
+            self.quantile_us(0.999),
+        ) {
+            (Some(a), Some(b), Some(c)) => format!("p50 <= {a} us, p99 <= {b} us, p99.9 <= {c} us"),
+            _ => String::from("-"),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct FsStats {
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub reads_ram: AtomicU64,
+    pub reads_backing: AtomicU64,
+    pub reads_mixed: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub metadata_syncs: AtomicU64,
+    pub errors: AtomicU64,
+    pub opens_passthrough: AtomicU64,
+    pub opens_direct: AtomicU64,
+    pub opens_cached: AtomicU64,
+    pub read_latency: Histogram,
+    pub write_latency: Histogram,
+    pub fsync_latency: Histogram,
+}
+
+impl FsStats {
+    pub fn render(&self, out: &mut String) {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        let _ = writeln!(
+            out,
+            "reads (daemon):  {} ({} bytes): RAM {}, backing {}, mixed {}",
+            g(&self.reads),
+            g(&self.read_bytes),
+            g(&self.reads_ram),
+            g(&self.reads_backing),
+            g(&self.reads_mixed)
+        );
+        let _ = writeln!(
+            out,
+            "opens:           passthrough {}, direct {}, cached {} (passthrough reads never reach the daemon)",
+            g(&self.opens_passthrough),
+            g(&self.opens_direct),
+            g(&self.opens_cached)
+        );
+        let _ = writeln!(
+            out,
+            "writes:          {} ({} bytes)",
+            g(&self.writes),
+            g(&self.write_bytes)
+        );
+        let _ = writeln!(
+            out,
+            "syncs:           fsync {}, metadata {}",
+            g(&self.fsyncs),
+            g(&self.metadata_syncs)
+        );
+        let _ = writeln!(out, "errors:          {}", g(&self.errors));
+        let _ = writeln!(out, "read latency:    {}", self.read_latency.line());
+        let _ = writeln!(out, "write latency:   {}", self.write_latency.line());
+        let _ = writeln!(out, "fsync latency:   {}", self.fsync_latency.line());
+    }
+}

@@ -1,0 +1,181 @@
+//! Confined access to the backing directory.
+//!
+//! Invariant: after [`BackingDir::open`], the daemon never resolves a path from `/` or from
+//! its working directory for the backing tree. Every access starts at the backing root
+//! descriptor and goes through `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`, or through a `*at` call on a directory
+//! descriptor obtained that way with a single name component and `AT_SYMLINK_NOFOLLOW` /
+//! `O_NOFOLLOW`. A symlink planted in the backing directory is therefore only ever read as a
+//! link (readlink), never followed, and nothing outside the backing tree (including other
+//! mounts below it) is reached.
+//!
+//! Crash semantics: this module only performs single system calls; the callers decide when
+//! to `fsync` what (see `fs.rs`).
+
+use crate::error::{FsError, Result};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// How every path below the backing root is resolved: never leave the root, never follow
+/// a symlink (the kernel side follows symlinks of the mount, we only show them), never
+/// cross into another mount (in particular never into our own FUSE mount).
+pub const RESOLVE_CONFINED: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS)
+    .union(ResolveFlags::NO_XDEV);
+
+/// The FUSE root node id. The kernel fixes it to 1.
+pub const FUSE_ROOT_INO: u64 = 1;
+
+/// The backing root directory, opened once.
+#[derive(Debug)]
+pub struct BackingDir {
+    root: OwnedFd,
+    dev: u64,
+    root_ino: u64,
+}
+
+/// `fstatat(fd, name, AT_SYMLINK_NOFOLLOW)`; with an empty name, `fstat(fd)`.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<libc::stat> {
+    let c = cstr(name)?;
+    let mut st = MaybeUninit::<libc::stat>::zeroed();
+    let flags = if name.is_empty() {
+        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW
+    } else {
+        libc::AT_SYMLINK_NOFOLLOW
+    };
+    // SAFETY: valid fd, NUL-terminated name, and a buffer of the right type.
+    let r = unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), flags) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatat succeeded and filled the struct.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `fstat` of a descriptor (works on O_PATH descriptors too).
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    stat_at(fd, OsStr::new(""))
+}
+
+pub fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Rejects names that are not a single component: the kernel never sends them, but a
+/// name with '/' or a dot-dot would defeat the single-component rule of the `*at` calls.
+pub fn check_name(name: &OsStr) -> Result<()> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+        return Err(FsError::Errno(libc::EINVAL));
+    }
+    Ok(())
+}
+
+impl BackingDir {
+    /// Opens the backing root. The path given by the user is resolved normally (it is the
+    /// user's choice); everything below it is confined.
+    pub fn open(path: &Path) -> Result<Self> {
+        let root = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            FsError::Setup(format!(
+                "cannot open backing directory {}: {}",
+                path.display(),
+                io::Error::from(e)
+            ))
+        })?;
+        let st = fstat(root.as_fd()).map_err(|e| {
+            FsError::Setup(format!(
+                "cannot stat backing directory {}: {e}",
+                path.display()
+            ))
+        })?;
+        // Reading the directory proves it is usable (permission, I/O) before we mount.
+        let mut probe = rustix::fs::Dir::read_from(root.as_fd()).map_err(|e| {
+            FsError::Setup(format!(
+                "cannot read backing directory {}: {}",
+                path.display(),
+                io::Error::from(e)
+            ))
+        })?;
+        if let Some(Err(e)) = probe.read() {
+            return Err(FsError::Setup(format!(
+                "cannot read backing directory {}: {}",
+                path.display(),
+                io::Error::from(e)
+            )));
+        }
+        Ok(Self {
+            root,
+            dev: st.st_dev,
+            root_ino: st.st_ino,
+        })
+    }
+
+    pub fn root_fd(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+
+    /// Maps a backing inode number to the FUSE node id: the root swaps places with 1 so that
+    /// node ids stay equal to backing inode numbers (readdir's d_ino matches stat's st_ino).
+    pub fn fuse_ino(&self, backing_ino: u64) -> u64 {
+        if backing_ino == self.root_ino {
+            FUSE_ROOT_INO
+        } else if backing_ino == FUSE_ROOT_INO {
+            self.root_ino
+        } else {
+            backing_ino
+        }
+    }
+
+    /// The inverse of [`fuse_ino`](Self::fuse_ino) (the swap is its own inverse).
+    pub fn backing_ino(&self, fuse_ino: u64) -> u64 {
+        self.fuse_ino(fuse_ino)
+    }
+
+    /// Opens a path relative to the backing root, confined.
+    pub fn open_rel(&self, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+        open_confined(self.root.as_fd(), rel.as_os_str(), flags, Mode::empty())
+    }
+}
+
+/// `openat2` confined below `dir`, never following a symlink, close-on-exec.
+pub fn open_confined(
+    dir: BorrowedFd<'_>,
+    rel: &OsStr,
+    flags: OFlags,
+    mode: Mode,
+) -> io::Result<OwnedFd> {
+    let rel: &OsStr = if rel.is_empty() { OsStr::new(".") } else { rel };
+    rustix::fs::openat2(
+        dir,
+        rel,
+        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        mode,
+        RESOLVE_CONFINED,
+    )
+    .map_err(io::Error::from)
+}
+
+/// `fsync` that reports the failure instead of ignoring it.
+pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    rustix::fs::fsync(fd).map_err(io::Error::from)
+}
+
+/// `syncfs` of the file system holding `fd`.
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    rustix::fs::syncfs(fd).map_err(io::Error::from)
+}
