@@ -143,9 +143,12 @@ fn fio_verify_crc32c() {
     let backing = s.sub("backing");
     let mnt = s.sub("mnt");
     let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
+    // fio leaves verify-state files in its working directory: run it in the scratch dir.
     let (ok, out) = sh(&format!(
-        "fio --name=verify --directory={} --size=32M --bs=4k --rw=randwrite --ioengine=psync \
-         --numjobs=2 --verify=crc32c --verify_fatal=1 --do_verify=1 --fsync=64 2>&1",
+        "cd {} && fio --name=verify --directory={} --size=32M --bs=4k --rw=randwrite \
+         --ioengine=psync --numjobs=2 --verify=crc32c --verify_fatal=1 --do_verify=1 \
+         --fsync=64 2>&1",
+        s.sub("fio-cwd").display(),
         mnt.display()
     ));
     assert!(

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 const COUNTER_SHARDS: usize = 16;
 pub(crate) const READ_RAM_SAMPLE_EVERY: u64 = 64;
-/// Histogram range: 1 ns .. 100 s at 2 significant digits (1% resolution), about 30 KB
-/// each, allocated on first use: a file system may hold many objects.
+/// Histogram range: 1 ns .. 100 s at 2 significant digits (1% resolution) with 32-bit
+/// counts (saturating), about 16 KB each, allocated on first use: a file system may hold
+/// thousands of objects.
 const HIST_MAX_NS: u64 = 100_000_000_000;
 const HIST_SIGFIG: u8 = 2;
 
@@ -89,14 +90,14 @@ impl Counters {
 
 #[derive(Default)]
 struct Hists {
-    read_ram_ns: Option<Histogram<u64>>,
-    read_backing_ns: Option<Histogram<u64>>,
-    write_ns: Option<Histogram<u64>>,
-    sync_ns: Option<Histogram<u64>>,
-    commit_batch: Option<Histogram<u64>>,
+    read_ram_ns: Option<Histogram<u32>>,
+    read_backing_ns: Option<Histogram<u32>>,
+    write_ns: Option<Histogram<u32>>,
+    sync_ns: Option<Histogram<u32>>,
+    commit_batch: Option<Histogram<u32>>,
 }
 
-fn record_into(slot: &mut Option<Histogram<u64>>, v: u64) {
+fn record_into(slot: &mut Option<Histogram<u32>>, v: u64) {
     if slot.is_none() {
         // The bounds are valid constants; if hdrhistogram ever refused them we would only
         // lose latency reporting, never I/O.
@@ -148,7 +149,7 @@ impl Stats {
 
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let g = self.hists.lock();
-        let lat = |h: &Option<Histogram<u64>>| h.as_ref().map(Latency::of).unwrap_or_default();
+        let lat = |h: &Option<Histogram<u32>>| h.as_ref().map(Latency::of).unwrap_or_default();
         StatsSnapshot {
             reads_ram: self.counters.get(C::ReadsRam),
             reads_backing: self.counters.get(C::ReadsBacking),
@@ -186,7 +187,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn of(h: &Histogram<u64>) -> Self {
+    fn of(h: &Histogram<u32>) -> Self {
         let us = |ns: u64| ns as f64 / 1000.0;
         Self {
             count: h.len(),

@@ -31,10 +31,10 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 /// Closed files whose objects (RAM copy, backing fd, memfd) are kept. Each costs two or
-/// three file descriptors (the daemon raises RLIMIT_NOFILE to its hard limit at start) and,
-/// with the engine as it is, about 1.15 MiB of heap for its five latency histograms, so
-/// 256 cached objects cost about 300 MiB besides their data (see docs/fuse.md).
-pub const CLOSED_OBJECTS_MAX: usize = 256;
+/// three file descriptors (the daemon raises RLIMIT_NOFILE to its hard limit at start, and
+/// 1024 objects stay well inside a hard limit of 4096) and a few KB of engine statistics
+/// (up to about 80 KB once all its latency histograms are in use), besides its data.
+pub const CLOSED_OBJECTS_MAX: usize = 1024;
 
 pub type Obj = HybridObject<ConfinedFile>;
 
