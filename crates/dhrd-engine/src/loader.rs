@@ -206,7 +206,17 @@ fn rate_limit(s: &Shared, bytes: u64) {
     }
 }
 
+/// Nice value of loader threads: background loading yields the CPU to foreground
+/// requests (on a 2-core machine two busy loader threads otherwise delay the very first
+/// read, and more so the larger the object, since the loader has more chunks to walk).
+const LOADER_NICE: libc::c_int = 10;
+
 fn worker(s: &Shared) {
+    // SAFETY: setpriority on this thread's own id; failure only leaves the default nice.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, LOADER_NICE);
+    }
     while let Some((t, c)) = next_job(s) {
         rate_limit(s, t.chunk_bytes());
         let _ = t.load(c);

@@ -32,7 +32,7 @@ use crate::config::{Durability, ObjectConfig, DEMAND_QUEUE_MAX, OBJECT_BYTES_MAX
 use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
 use crate::loader::{LoadResult, LoadTarget, Loader, NextJob};
 use crate::ram::RamRegion;
-use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, WriteHold};
+use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, SlotTable, WriteHold};
 use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
@@ -66,10 +66,12 @@ enum ZeroMode {
 
 struct Layout {
     ram: RamRegion,
-    slots: Vec<Slot>,
+    slots: SlotTable,
 }
 
 impl Layout {
+    /// The slot of chunk `c` (allocating its table page on first use): for writers, the
+    /// loader and state changes.
     #[inline]
     fn slot(&self, c: ChunkIndex) -> &Slot {
         let s = self.slots.get(c.0 as usize);
@@ -79,6 +81,17 @@ impl Layout {
             self.slots.len()
         );
         s.unwrap_or_else(|| unreachable!())
+    }
+
+    /// The state word of chunk `c`, without allocating: for readers.
+    #[inline]
+    fn word(&self, c: ChunkIndex) -> u32 {
+        self.slots.word(c.0 as usize)
+    }
+
+    #[inline]
+    fn state(&self, c: ChunkIndex) -> ChunkState {
+        state_of(self.word(c))
     }
 }
 
@@ -279,9 +292,7 @@ impl<D: Durable> HybridObject<D> {
         let map_bytes = geo.chunks_for(len).max(1) * geo.chunk_bytes();
         let ram = RamRegion::new(&cfg.name, len, map_bytes, &cfg.ram)?;
         let ram_fd = ram.fd().as_raw_fd();
-        let slots = (0..geo.chunks_for(map_bytes))
-            .map(|_| Slot::new())
-            .collect();
+        let slots = SlotTable::new(geo.chunks_for(map_bytes) as usize);
         let loader = match (&cfg.loader, cfg.load_disabled) {
             (_, true) => None,
             (Some(l), false) => Some(l.clone()),
@@ -445,7 +456,7 @@ impl<D: Durable> HybridObject<D> {
     /// State of one chunk (tests, status output).
     pub fn chunk_state(&self, c: ChunkIndex) -> Option<ChunkState> {
         let l = read_guard(&self.inner.layout);
-        l.slots.get(c.0 as usize).map(Slot::state)
+        ((c.0 as usize) < l.slots.len()).then(|| l.state(c))
     }
 
     /// Flushes (non-`sync` modes), stops the periodic flusher and further loading.
@@ -517,7 +528,7 @@ impl<D: Durable> Inner<D> {
         let want = want.div_ceil(cb) * cb;
         w.ram.grow_map(want)?;
         let n = self.geo.chunks_for(want) as usize;
-        w.slots.resize_with(n, Slot::new);
+        w.slots.resize(n);
         Ok(())
     }
 
@@ -541,15 +552,14 @@ impl<D: Durable> Inner<D> {
         while pos < end {
             let c = self.geo.index_of(pos);
             let piece_end = self.geo.end_of(c).min(end);
-            let slot = layout.slot(c);
-            let w = slot.word.load(Ordering::Acquire);
+            let w = layout.word(c);
             if state_of(w) == ChunkState::Loaded {
                 let dst = buf.get_mut((pos - offset) as usize..(piece_end - offset) as usize);
                 if let Some(dst) = dst {
                     layout.ram.copy_out(pos, dst);
                 }
                 fence(Ordering::Acquire);
-                if slot.word.load(Ordering::Relaxed) == w {
+                if layout.word(c) == w {
                     ram_bytes += piece_end - pos;
                     pos = piece_end;
                     continue;
@@ -560,7 +570,7 @@ impl<D: Durable> Inner<D> {
             let mut run_end = piece_end;
             while run_end < end {
                 let c2 = self.geo.index_of(run_end);
-                if layout.slot(c2).state() == ChunkState::Loaded {
+                if layout.state(c2) == ChunkState::Loaded {
                     break;
                 }
                 run_end = self.geo.end_of(c2).min(end);
@@ -633,7 +643,7 @@ impl<D: Durable> Inner<D> {
         let n = (size - offset).min(len as u64);
         let g = read_guard(&self.layout);
         for p in self.geo.pieces(offset, n) {
-            if g.slot(p.chunk).state() != ChunkState::Loaded {
+            if g.state(p.chunk) != ChunkState::Loaded {
                 return Ok(View::NotLoaded(p.chunk));
             }
         }
@@ -1023,9 +1033,8 @@ impl<D: Durable> Inner<D> {
             layout.ram.set_file_bytes_exclusive(new_len)?;
             let first_gone = self.geo.chunks_for(new_len);
             for i in first_gone..self.geo.chunks_for(old) {
-                let slot = layout.slot(ChunkIndex(i));
-                if slot.state() == ChunkState::Loaded {
-                    slot.set_state(ChunkState::Unloaded);
+                if layout.state(ChunkIndex(i)) == ChunkState::Loaded {
+                    layout.slot(ChunkIndex(i)).set_state(ChunkState::Unloaded);
                     self.budget.release(self.geo.chunk_bytes());
                     self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
                 }
@@ -1290,7 +1299,6 @@ impl<D: Durable> Inner<D> {
         let mut loaded = 0u64;
         for i in 0..self.geo.chunks_for(len) {
             let c = ChunkIndex(i);
-            let slot = layout.slot(c);
             let start = self.geo.start_of(c);
             let n = (self.geo.end_of(c).min(len) - start) as usize;
             let (r, d) = (
@@ -1298,7 +1306,7 @@ impl<D: Durable> Inner<D> {
                 disk.get_mut(..n).unwrap_or(&mut []),
             );
             layout.ram.copy_out(start, r);
-            match slot.state() {
+            match layout.state(c) {
                 ChunkState::Loaded => {
                     loaded += 1;
                     let got = read_full(&self.backing, d, start).map_err(|e| e.to_string())?;

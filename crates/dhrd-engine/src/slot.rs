@@ -219,3 +219,96 @@ impl Slot {
         MutexGuard::unlocked(g, f)
     }
 }
+
+/// Slots per page of the chunk table (1 GiB of data at the default 1 MiB chunk).
+const SLOTS_PER_PAGE: usize = 1024;
+
+/// The chunk table: pages of slots allocated when a writer or the loader first touches one
+/// of their chunks, so opening an object costs the same whatever its size (SPEC I7).
+/// Readers of a chunk in a page never touched see Unloaded without allocating.
+pub(crate) struct SlotTable {
+    pages: Vec<std::sync::OnceLock<Box<[Slot]>>>,
+    chunks: usize,
+}
+
+impl SlotTable {
+    pub(crate) fn new(chunks: usize) -> Self {
+        let mut t = Self {
+            pages: Vec::new(),
+            chunks: 0,
+        };
+        t.resize(chunks);
+        t
+    }
+
+    /// Grows (never shrinks) to cover `chunks` chunks. Needs exclusive access.
+    pub(crate) fn resize(&mut self, chunks: usize) {
+        let pages = chunks.div_ceil(SLOTS_PER_PAGE);
+        if pages > self.pages.len() {
+            self.pages.resize_with(pages, std::sync::OnceLock::new);
+        }
+        self.chunks = self.chunks.max(chunks);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.chunks
+    }
+
+    /// The slot of chunk `i`, allocating its page on first use.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&Slot> {
+        if i >= self.chunks {
+            return None;
+        }
+        let page = self.pages.get(i / SLOTS_PER_PAGE)?;
+        let slots = page.get_or_init(|| (0..SLOTS_PER_PAGE).map(|_| Slot::new()).collect());
+        slots.get(i % SLOTS_PER_PAGE)
+    }
+
+    /// The state word of chunk `i` without allocating (0, Unloaded, for untouched pages).
+    #[inline]
+    pub(crate) fn word(&self, i: usize) -> u32 {
+        self.pages
+            .get(i / SLOTS_PER_PAGE)
+            .and_then(|p| p.get())
+            .and_then(|s| s.get(i % SLOTS_PER_PAGE))
+            .map_or(0, |s| s.word.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_pages_are_lazy_and_cross_boundaries() {
+        let mut t = SlotTable::new(3 * SLOTS_PER_PAGE + 5);
+        assert_eq!(t.len(), 3 * SLOTS_PER_PAGE + 5);
+        assert!(
+            t.pages.iter().all(|p| p.get().is_none()),
+            "open allocated slots"
+        );
+        // Readers see Unloaded without allocating.
+        assert_eq!(
+            state_of(t.word(2 * SLOTS_PER_PAGE + 7)),
+            ChunkState::Unloaded
+        );
+        assert!(t.pages.iter().all(|p| p.get().is_none()));
+        let last = 3 * SLOTS_PER_PAGE + 4;
+        t.get(last).map(|s| s.set_state(ChunkState::Loaded));
+        t.get(SLOTS_PER_PAGE - 1)
+            .map(|s| s.set_state(ChunkState::Loaded));
+        assert_eq!(state_of(t.word(last)), ChunkState::Loaded);
+        assert_eq!(state_of(t.word(SLOTS_PER_PAGE - 1)), ChunkState::Loaded);
+        assert_eq!(state_of(t.word(SLOTS_PER_PAGE)), ChunkState::Unloaded);
+        assert_eq!(t.pages.iter().filter(|p| p.get().is_some()).count(), 2);
+        assert!(t.get(last + 1).is_none());
+        t.resize(4 * SLOTS_PER_PAGE + 1);
+        assert_eq!(
+            state_of(t.word(last)),
+            ChunkState::Loaded,
+            "growth lost a state"
+        );
+        assert!(t.get(4 * SLOTS_PER_PAGE).is_some());
+    }
+}
