@@ -295,9 +295,11 @@ mod tests {
         );
         assert!(t.pages.iter().all(|p| p.get().is_none()));
         let last = 3 * SLOTS_PER_PAGE + 4;
-        t.get(last).map(|s| s.set_state(ChunkState::Loaded));
-        t.get(SLOTS_PER_PAGE - 1)
-            .map(|s| s.set_state(ChunkState::Loaded));
+        for i in [last, SLOTS_PER_PAGE - 1] {
+            if let Some(s) = t.get(i) {
+                s.set_state(ChunkState::Loaded);
+            }
+        }
         assert_eq!(state_of(t.word(last)), ChunkState::Loaded);
         assert_eq!(state_of(t.word(SLOTS_PER_PAGE - 1)), ChunkState::Loaded);
         assert_eq!(state_of(t.word(SLOTS_PER_PAGE)), ChunkState::Unloaded);
