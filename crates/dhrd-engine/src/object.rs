@@ -36,7 +36,7 @@ use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, SlotTable, Write
 use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
-use dhrd_io::{read_full, Durable};
+use dhrd_io::{read_full, Durable, Persistence};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
@@ -830,20 +830,18 @@ impl<D: Durable> Inner<D> {
         let len_locked = self.len.load(Ordering::Acquire);
 
         // 1. Backing first (C3).
-        if let Err(e) = self.backing.write_at(buf, offset) {
-            let err = self.fail_request(
-                &layout,
-                &plan,
-                BackingOp::Write,
-                backing_err(BackingOp::Write, e),
-                len_locked,
-            );
-            return Err(err);
-        }
-        // 2. Durable before RAM and before the reply in sync mode; shared sync (unless
-        // the backing's writes are durable on return).
+        let persisted = match self.backing.write_durably(buf, offset) {
+            Ok(p) => p,
+            Err(e) => {
+                let err = backing_err(BackingOp::Write, e);
+                return Err(self.fail_request(&layout, &plan, BackingOp::Write, err, len_locked));
+            }
+        };
+        // 2. Durable before RAM and before the reply in sync mode; shared sync, unless the
+        // backing says this write is durable already.
         let ticket = self.commit.issue();
-        if self.cfg.durability == Durability::Sync && !self.backing.writes_are_durable() {
+        let needs_sync = persisted == Persistence::NeedsSync;
+        if self.cfg.durability == Durability::Sync && needs_sync {
             if let Err(e) = self.sync_through(ticket) {
                 let op = BackingOp::Sync;
                 let err = match e {

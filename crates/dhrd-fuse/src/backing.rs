@@ -20,7 +20,7 @@
 //!
 //! Crash semantics are the kernel's: what `fdatasync` returned `Ok` for is on the device.
 
-use dhrd_io::Durable;
+use dhrd_io::{Durable, Persistence};
 use parking_lot::Mutex;
 use std::alloc::Layout;
 use std::fs::File;
@@ -181,13 +181,19 @@ impl Durable for ConfinedFile {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_durably(buf, offset).map(|_| ())
+    }
+
+    /// Aligned writes are durable on return (O_DIRECT|O_DSYNC), so the engine need not
+    /// wait for a shared sync after them; others are buffered and need one.
+    fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<Persistence> {
         if self.write_direct(buf, offset)? {
-            return Ok(());
+            return Ok(Persistence::Durable);
         }
         self.file.write_all_at(buf, offset)?;
         self.mark_dirty(offset, buf.len() as u64);
         self.pending.store(true, Ordering::Release);
-        Ok(())
+        Ok(Persistence::NeedsSync)
     }
 
     fn sync(&self) -> io::Result<()> {

@@ -30,6 +30,15 @@ use std::io;
 /// Sector size at which simulated crashes tear writes, and the unit device timing uses.
 pub const SECTOR_BYTES: u64 = 512;
 
+/// Whether a completed write is already durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// On stable storage already (O_DSYNC, O_DIRECT|O_DSYNC, non-volatile memory).
+    Durable,
+    /// Durable once a later `sync` succeeds.
+    NeedsSync,
+}
+
 /// The narrow durable-storage interface the engine is generic over.
 ///
 /// All methods take `&self` and must be safe to call from many threads at once; callers
@@ -81,6 +90,18 @@ pub trait Durable: Send + Sync + 'static {
     /// (`set_len`, `zero_range`) still need `sync`.
     fn writes_are_durable(&self) -> bool {
         false
+    }
+
+    /// `write_at`, saying whether this write is already durable. The default derives it
+    /// from `writes_are_durable`; a backing that makes only some writes durable on return
+    /// (e.g. aligned ones through O_DIRECT|O_DSYNC) says so per write.
+    fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<Persistence> {
+        self.write_at(buf, offset)?;
+        Ok(if self.writes_are_durable() {
+            Persistence::Durable
+        } else {
+            Persistence::NeedsSync
+        })
     }
 
     /// Zeroes a range and keeps it allocated (NBD WRITE_ZEROES with NO_HOLE, fallocate
@@ -141,6 +162,9 @@ impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
     }
     fn writes_are_durable(&self) -> bool {
         (**self).writes_are_durable()
+    }
+    fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<Persistence> {
+        (**self).write_durably(buf, offset)
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -179,6 +179,12 @@ impl<D: Durable> Durable for Timed<D> {
     fn writes_are_durable(&self) -> bool {
         self.inner.writes_are_durable()
     }
+    fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<crate::Persistence> {
+        let t = Instant::now();
+        let r = self.inner.write_durably(buf, offset);
+        self.delay(t, self.profile.write_latency_ns, buf.len() as u64);
+        r
+    }
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         let t = Instant::now();
         let r = self.inner.write_zeroes(offset, len);
