@@ -60,6 +60,7 @@ start_server() { # name sock: starts it in the background
   rm -f "$sock"
   case $name in
     dhrd-sync)  "$DHRD" nbd --backing "$WORK/$name.img" --size "$SIZE" --socket "$sock" --durability sync  >/dev/null 2>"$WORK/$name.log" & ;;
+    dhrd-dsync) "$DHRD" nbd --backing "$WORK/$name.img" --size "$SIZE" --socket "$sock" --durability sync --backing-sync dsync >/dev/null 2>"$WORK/$name.log" & ;;
     dhrd-fsync) "$DHRD" nbd --backing "$WORK/$name.img" --size "$SIZE" --socket "$sock" --durability fsync >/dev/null 2>"$WORK/$name.log" & ;;
     nbdkit-memory) nbdkit -f -U "$sock" memory "$SIZE" 2>"$WORK/$name.log" & ;;
     nbdkit-file) truncate -s "$SIZE" "$WORK/$name.img"; nbdkit -f -U "$sock" file "$WORK/$name.img" 2>"$WORK/$name.log" & ;;
@@ -78,7 +79,7 @@ TESTS=(
   "seqread 1048576 4 0"
   "seqwrite 1048576 4 1"
 )
-SERVERS=(dhrd-sync dhrd-fsync nbdkit-memory nbdkit-file qemu-nbd)
+SERVERS=(dhrd-sync dhrd-dsync dhrd-fsync nbdkit-memory nbdkit-file qemu-nbd)
 
 # All servers run at once and every test visits them in turn, so a change of load on a
 # shared machine during the run hits every server alike instead of the last ones.
@@ -156,9 +157,13 @@ for k in tests:
     mine = "dhrd-fsync" if ("write" in wl and not fua) else "dhrd-sync"
     d, b = val.get((mine, k)), val.get((base, k))
     ratio = f"{mine} {d['iops'] / b['iops']:.2f}x {base}" if d and b and b["iops"] else "-"
+    if "write" in wl and fua:
+        dd = val.get(("dhrd-dsync", k))
+        if dd and b and b["iops"]:
+            ratio += f"; dhrd-dsync {dd['iops'] / b['iops']:.2f}x"
     lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
 lines.append("")
-lines.append("dhrd-sync: every write durable before its reply (FUA is free). dhrd-fsync: durable at FLUSH/FUA (FUA = write + flush).")
+lines.append("dhrd-sync: every write durable before its reply (FUA is free). dhrd-dsync: the same with an O_DSYNC backing (each write durable on return, no shared sync). dhrd-fsync: durable at FLUSH/FUA (FUA = write + flush).")
 open(out + "/table.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
