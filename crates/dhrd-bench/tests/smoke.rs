@@ -21,7 +21,7 @@ fn engine_quick_profile_runs_and_writes_results() -> Result<(), Box<dyn std::err
         "read 4 KiB random",
         "write 4 KiB random",
         "full load",
-        "open to first read",
+        "open to ready",
         "chunk sweep",
         "I10",
     ] {
