@@ -30,8 +30,6 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-/// Size of the zero buffer used when the file system cannot punch holes.
-const ZERO_FALLBACK_BUF_BYTES: u64 = 64 * 1024;
 /// Largest page-cache folio (PMD size on x86-64); drop-behind ranges are widened to it.
 pub const PAGE_CACHE_FOLIO_MAX_BYTES: u64 = 2 << 20;
 /// Alignment of offsets, lengths and buffers for the O_DIRECT write descriptor.
@@ -251,16 +249,7 @@ impl Durable for ConfinedFile {
                 self.mark_dirty(offset, len);
                 Ok(())
             }
-            Err(rustix::io::Errno::OPNOTSUPP) => {
-                let zeros = vec![0u8; ZERO_FALLBACK_BUF_BYTES.min(len.max(1)) as usize];
-                let mut done = 0u64;
-                while done < len {
-                    let n = (len - done).min(zeros.len() as u64) as usize;
-                    self.write_at(zeros.get(..n).unwrap_or(&[]), offset + done)?;
-                    done += n as u64;
-                }
-                Ok(())
-            }
+            Err(rustix::io::Errno::OPNOTSUPP) => dhrd_io::write_zero_bytes(self, offset, len),
             Err(e) => Err(e.into()),
         }
     }
