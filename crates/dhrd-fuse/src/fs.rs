@@ -1048,6 +1048,16 @@ pub struct DhrdFs {
     pub sh: Arc<Shared>,
 }
 
+impl DhrdFs {
+    /// Replies to a request that creates a directory entry (mknod, mkdir, symlink, link).
+    fn reply_new_entry(&self, r: Result<FileAttr>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+}
+
 impl Filesystem for DhrdFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let caps = config.capabilities();
@@ -1165,10 +1175,10 @@ impl Filesystem for DhrdFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        match self.sh.do_mknod(req, Ino(parent.0), name, mode, umask) {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.reply_new_entry(
+            self.sh.do_mknod(req, Ino(parent.0), name, mode, umask),
+            reply,
+        );
     }
 
     fn mkdir(
@@ -1180,10 +1190,10 @@ impl Filesystem for DhrdFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.sh.do_mkdir(req, Ino(parent.0), name, mode, umask) {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.reply_new_entry(
+            self.sh.do_mkdir(req, Ino(parent.0), name, mode, umask),
+            reply,
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1208,10 +1218,10 @@ impl Filesystem for DhrdFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        match self.sh.do_symlink(req, Ino(parent.0), link_name, target) {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.reply_new_entry(
+            self.sh.do_symlink(req, Ino(parent.0), link_name, target),
+            reply,
+        );
     }
 
     fn rename(
@@ -1241,10 +1251,10 @@ impl Filesystem for DhrdFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self.sh.do_link(Ino(ino.0), Ino(newparent.0), newname) {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.reply_new_entry(
+            self.sh.do_link(Ino(ino.0), Ino(newparent.0), newname),
+            reply,
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
