@@ -799,6 +799,20 @@ impl<D: Durable> Inner<D> {
         }
     }
 
+    /// Makes a request that reached the backing as durable as the mode promises: in `sync`
+    /// mode wait for a shared sync, unless the backing made it durable already; otherwise
+    /// note that the next flush has work to do. Errors come from the sync (ReadOnly after
+    /// a sticky failure, NoSpace for the batch an ENOSPC sync covered).
+    fn commit_request(&self, persisted: Persistence) -> Result<()> {
+        let ticket = self.commit.issue();
+        if self.cfg.durability == Durability::Sync && persisted == Persistence::NeedsSync {
+            self.sync_through(ticket)
+        } else {
+            self.dirty.store(true, Ordering::Release);
+            Ok(())
+        }
+    }
+
     fn sync_through(&self, t: crate::commit::Ticket) -> Result<()> {
         self.commit
             .wait_durable(t, || self.backing.sync(), &self.failure, &self.stats)
@@ -839,19 +853,8 @@ impl<D: Durable> Inner<D> {
         };
         // 2. Durable before RAM and before the reply in sync mode; shared sync, unless the
         // backing says this write is durable already.
-        let ticket = self.commit.issue();
-        let needs_sync = persisted == Persistence::NeedsSync;
-        if self.cfg.durability == Durability::Sync && needs_sync {
-            if let Err(e) = self.sync_through(ticket) {
-                let op = BackingOp::Sync;
-                let err = match e {
-                    Error::NoSpace => backing_err(op, io::Error::from_raw_os_error(libc::ENOSPC)),
-                    other => other,
-                };
-                return Err(self.fail_request(&layout, &plan, op, err, len_locked));
-            }
-        } else {
-            self.dirty.store(true, Ordering::Release);
+        if let Err(e) = self.commit_request(persisted) {
+            return Err(self.fail_request(&layout, &plan, BackingOp::Sync, e, len_locked));
         }
         // 3. RAM.
         if end > len_locked {
@@ -935,19 +938,8 @@ impl<D: Durable> Inner<D> {
                 len_locked,
             ));
         }
-        let ticket = self.commit.issue();
-        if self.cfg.durability == Durability::Sync {
-            if let Err(e) = self.sync_through(ticket) {
-                let err = match e {
-                    Error::NoSpace => {
-                        backing_err(BackingOp::Sync, io::Error::from_raw_os_error(libc::ENOSPC))
-                    }
-                    other => other,
-                };
-                return Err(self.fail_request(&layout, &plan, BackingOp::Sync, err, len_locked));
-            }
-        } else {
-            self.dirty.store(true, Ordering::Release);
+        if let Err(e) = self.commit_request(Persistence::NeedsSync) {
+            return Err(self.fail_request(&layout, &plan, BackingOp::Sync, e, len_locked));
         }
         for (p, (c, how, _)) in self.geo.pieces(offset, end - offset).zip(&plan) {
             if *how != WritePlan::Mirror {
@@ -1019,13 +1011,7 @@ impl<D: Durable> Inner<D> {
                 backing_err(BackingOp::SetLen, e)
             });
         }
-        let ticket = self.commit.issue();
-        let durable = if self.cfg.durability == Durability::Sync {
-            self.sync_through(ticket)
-        } else {
-            self.dirty.store(true, Ordering::Release);
-            Ok(())
-        };
+        let durable = self.commit_request(Persistence::NeedsSync);
         // The backing now has the new size (at least in its cache): mirror it in RAM.
         if new_len < old {
             layout.ram.set_file_bytes_exclusive(new_len)?;
