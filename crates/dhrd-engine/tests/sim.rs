@@ -209,6 +209,17 @@ impl World {
     /// A clean restart: the object reloads what the device holds (the engine drops the
     /// backing's cache at open), so bytes lost to a failed sync may vanish now; everything
     /// else must be exactly as before.
+    /// A one-off fault on one of the next few mutating backing operations.
+    fn inject_soon(&mut self, kind: FaultKind) {
+        let at = self.sim.stats().ops + self.r.below(4);
+        self.sim.inject(Fault {
+            at_op: at,
+            kind,
+            persist: false,
+            reads: false,
+        });
+    }
+
     fn restart(&mut self, ctx: &str) -> Result<(), String> {
         let _ = self.obj.close();
         self.obj = open(&self.sim, self.cb, self.durability, self.budget_chunks);
@@ -254,23 +265,11 @@ fn simulate(seed: u64) -> Result<(), String> {
                 if std::env::var_os("DHRD_TRACE").is_some() {
                     eprintln!("{ctx}: enospc soon");
                 }
-                let at = w.sim.stats().ops + w.r.below(4);
-                w.sim.inject(Fault {
-                    at_op: at,
-                    kind: FaultKind::Enospc,
-                    persist: false,
-                    reads: false,
-                });
+                w.inject_soon(FaultKind::Enospc);
             }
             _ => {
                 if w.r.chance(1, 3) {
-                    let at = w.sim.stats().ops + w.r.below(4);
-                    w.sim.inject(Fault {
-                        at_op: at,
-                        kind: FaultKind::Eio,
-                        persist: false,
-                        reads: false,
-                    });
+                    w.inject_soon(FaultKind::Eio);
                 }
             }
         }
