@@ -123,10 +123,16 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
 /// in a log file next to the control socket, and returns once the mount answers.
 fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("locating the dhrd binary")?;
-    let args: Vec<String> = std::env::args()
+    // args_os: paths need not be UTF-8.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os()
         .skip(1)
         .filter(|x| x != "--daemon")
         .collect();
+    // The background daemon has no terminal for a progress line; clap rejects a repeated
+    // --quiet, so it is added only when the user did not pass it.
+    if !a.quiet {
+        args.push("--quiet".into());
+    }
     std::fs::create_dir_all(dhrd_fuse::daemon::CONTROL_DIR)?;
     let sock = dhrd_fuse::daemon::control_socket(&a.mountpoint)?;
     let log_path = sock.with_extension("log");
@@ -134,7 +140,6 @@ fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
         std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(&args)
-        .arg("--quiet")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

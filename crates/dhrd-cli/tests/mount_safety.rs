@@ -241,6 +241,8 @@ fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
         .arg(&backing)
         .arg(&mnt)
         .arg("--daemon")
+        // The daemon adds --quiet itself; a user's own --quiet must not be passed twice.
+        .arg("--quiet")
         .status()
         .expect("dhrd mount --daemon");
     struct Cleanup(std::path::PathBuf);
