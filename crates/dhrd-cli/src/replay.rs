@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// Requests one replay holds in memory at most (after --repeat): 32 bytes each.
+pub const MAX_REPLAY_REQUESTS: u64 = 1 << 24;
 /// Trace LBAs (SPC, DiskSim) count 512-byte sectors; buffered replay aligns to this too.
 pub const SECTOR_BYTES: u64 = 512;
 /// O_DIRECT alignment of offsets, lengths and buffers (the common logical block size).
@@ -123,6 +125,11 @@ pub struct ReplayArgs {
     /// Replay only the first N requests (zero-size records do not count).
     #[arg(long)]
     pub max_requests: Option<u64>,
+    /// Replay the whole trace this many times in a row (short traces otherwise finish in
+    /// milliseconds, too short to measure); with original timing each pass starts where the
+    /// previous one ended.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
     /// Skip malformed lines (counted) instead of failing.
     #[arg(long)]
     pub skip_bad: bool,
@@ -430,6 +437,26 @@ pub fn fold(
 
 // ---------------------------------------------------------------------------------------
 // Verification
+
+/// The request list `passes` times over; pass k's times are shifted by k times the span
+/// of one pass (plus one request's gap, so passes do not start at the same instant).
+pub fn repeat_passes(reqs: &[Request], passes: u32) -> Vec<Request> {
+    let span_ns = reqs.last().map_or(0, |r| r.time_ns);
+    let gap_ns = if reqs.len() > 1 {
+        span_ns / (reqs.len() as u64 - 1)
+    } else {
+        0
+    };
+    let mut out = Vec::with_capacity(reqs.len().saturating_mul(passes.max(1) as usize));
+    for k in 0..u64::from(passes.max(1)) {
+        let shift = k.saturating_mul(span_ns.saturating_add(gap_ns));
+        out.extend(reqs.iter().map(|r| Request {
+            time_ns: r.time_ns.saturating_add(shift),
+            ..*r
+        }));
+    }
+    out
+}
 
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -1004,6 +1031,9 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     if a.queue_depth == 0 || a.queue_depth > MAX_QUEUE_DEPTH {
         bail!("--queue-depth must be 1 to {MAX_QUEUE_DEPTH}");
     }
+    if a.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
     if !a.speedup.is_finite() || a.speedup <= 0.0 {
         bail!("--speedup must be a positive number");
     }
@@ -1019,7 +1049,15 @@ pub fn run(a: ReplayArgs) -> Result<()> {
 
     let align = if a.direct { DIRECT_ALIGN } else { SECTOR_BYTES };
     let target = open_target(&a.target, a.size, a.direct, align)?;
-    let (reqs, fst) = fold(&trace.records, target.span, align, a.direct);
+    let (one_pass, fst) = fold(&trace.records, target.span, align, a.direct);
+    if (one_pass.len() as u64).saturating_mul(u64::from(a.repeat)) > MAX_REPLAY_REQUESTS {
+        bail!(
+            "{} requests x --repeat {} is over the limit of {MAX_REPLAY_REQUESTS} requests in one replay",
+            one_pass.len(),
+            a.repeat
+        );
+    }
+    let reqs = repeat_passes(&one_pass, a.repeat);
     let buf_len = reqs.iter().map(|r| r.len).max().unwrap_or(align) as usize;
 
     let shared = Shared {
@@ -1153,6 +1191,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             "timing": match a.timing { Timing::Fast => "fast", Timing::Original => "original" },
             "speedup": a.speedup,
             "queue_depth": a.queue_depth,
+            "repeat": a.repeat,
             "requests": n,
             "reads": reads,
             "writes": writes,
@@ -1398,6 +1437,26 @@ mod tests {
             .iter()
             .all(|q| q.offset % 4096 == 0 && q.len % 4096 == 0 && q.offset + q.len <= span));
         assert_eq!(st.clipped, 0);
+    }
+
+    #[test]
+    fn repeat_shifts_each_pass_after_the_previous_one() {
+        let r = |t, off| Request {
+            time_ns: t,
+            offset: off,
+            len: 512,
+            op: Op::Read,
+        };
+        let one = [r(0, 0), r(100, 512), r(200, 1024)];
+        let three = repeat_passes(&one, 3);
+        assert_eq!(three.len(), 9);
+        let times: Vec<u64> = three.iter().map(|q| q.time_ns).collect();
+        // One pass spans 200 ns; the next starts one mean gap (100 ns) after it ends.
+        assert_eq!(times, [0, 100, 200, 300, 400, 500, 600, 700, 800]);
+        assert!(three.windows(2).all(|w| w[0].time_ns <= w[1].time_ns));
+        assert_eq!(three[4].offset, 512);
+        assert_eq!(repeat_passes(&one, 1), one.to_vec());
+        assert!(repeat_passes(&[], 5).is_empty());
     }
 
     #[test]
