@@ -2,10 +2,17 @@
 //! machine and report ratios (the machines are shared and noisy; absolute numbers from
 //! different runs are not comparable). Writes `results.json` and `report.md` into the
 //! output directory and prints the table.
+//!
+//! The file workloads (`fileserver`, `video`) are the exception: they measure one
+//! directory on any file system and print one JSON object on stdout, for an orchestrator
+//! that runs them on each target and makes the comparison.
 
 mod engine;
+mod fileio;
+mod fileserver;
 mod machine;
 mod report;
+mod video;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -22,6 +29,12 @@ enum Cmd {
     /// Core engine: read_at vs memcpy, sync write vs pwrite+fdatasync/O_DSYNC, load rate vs
     /// O_DIRECT read, open-to-first-read vs size, chunk-size sweep.
     Engine(engine::EngineArgs),
+    /// Filebench's fileserver personality on any directory (FUSE mount, tmpfs, ext4, ...):
+    /// prints one JSON object on stdout.
+    Fileserver(fileserver::FileserverArgs),
+    /// The paper's video-editing experiment (read, modify 10%, write a new file; rounds)
+    /// on any directory: prints one JSON object on stdout.
+    Video(video::VideoArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -41,6 +54,8 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Engine(a) => engine::run(a),
+        Cmd::Fileserver(a) => fileserver::run(a),
+        Cmd::Video(a) => video::run(a),
     };
     if let Err(e) = r {
         eprintln!("dhrd-bench: {e:#}");
