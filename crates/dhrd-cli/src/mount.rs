@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 /// How long `--daemon` waits for the background daemon to have mounted.
 const DAEMON_START_WAIT: Duration = Duration::from_secs(30);
+/// How often `--daemon` asks the new daemon whether the mount answers (the mount is
+/// usually up within a few milliseconds; this is what the caller waits beyond that).
+const DAEMON_POLL_INTERVAL: Duration = Duration::from_millis(2);
 
 #[derive(Args)]
 pub struct MountArgs {
@@ -167,7 +170,7 @@ fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(DAEMON_POLL_INTERVAL);
     }
     bail!(
         "the daemon did not answer within {DAEMON_START_WAIT:?}; see {}",

@@ -1,0 +1,364 @@
+"""The configurations the suite compares: dhrd and the tools users pick instead.
+
+Each configuration turns a set of files (name -> size) into a directory holding those files
+with the same incompressible content, ready for a workload, and undoes everything on
+`stop()`. `durable` says what a completed write guarantees in that configuration, so the
+report never compares a durable write with a volatile one without saying so.
+
+| name | what | a write is durable |
+|---|---|---|
+| dhrd-<path> | `dhrd mount` (sync durability), read path cached/direct/passthrough/auto | on return |
+| dhrd-<path>-fsync | `dhrd mount --durability fsync` | at fsync |
+| tmpfs | a tmpfs mount (RAM disk without durability) | never |
+| tmpfs-copyback | tmpfs filled by `cp -a` from the disk, copied back at stop (log2ram's way) | at copy-back |
+| ext4-fsync | the disk's ext4, buffered, fsync after every write, cold cache | on return |
+| ext4-buffered | the disk's ext4, buffered, no fsync (Filebench's default) | at writeback |
+| ext4-direct | the disk's ext4 with O_DIRECT; writes O_DIRECT+O_DSYNC | on return |
+| ext4-vmtouch | ext4 with the files preloaded by `vmtouch -t`; writes fsync'd | on return |
+| ramdisk-ext4 | ext4 on a loop device over a tmpfs file (the papers' RAMDisk) | never |
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import lib
+from lib import BenchError, run
+
+
+class Workspace:
+    """Directories of one suite run: `disk` is on the disk under test."""
+
+    def __init__(self, disk_dir, dhrd, dhrd_bench):
+        self.disk = os.path.join(disk_dir, f"dhrd-suite.{os.getpid()}")
+        self.dhrd = dhrd
+        self.dhrd_bench = dhrd_bench
+        self.src = os.path.join(self.disk, "src")
+        os.makedirs(self.src, exist_ok=True)
+        self._sources = {}
+
+    def source(self, nbytes):
+        """A file of `nbytes` incompressible bytes on the disk, made once per size."""
+        p = self._sources.get(nbytes)
+        if p is None:
+            p = os.path.join(self.src, f"data-{nbytes}")
+            lib.fill_file(p, nbytes)
+            self._sources[nbytes] = p
+        return p
+
+    def cleanup(self):
+        # Something left mounted by a failed step must be unmounted first, or the removal
+        # would walk into it.
+        for line in reversed(run(["findmnt", "-rno", "TARGET"], check=False).splitlines()):
+            if line == self.disk or line.startswith(self.disk + "/"):
+                run(["umount", "-l", line], check=False)
+        for loop in run(["losetup", "-nO", "NAME,BACK-FILE"], check=False).splitlines():
+            parts = loop.split(None, 1)
+            if len(parts) == 2 and parts[1].startswith(self.disk + "/"):
+                run(["losetup", "-d", parts[0]], check=False)
+        shutil.rmtree(self.disk, ignore_errors=True)
+
+
+def place(ws, root, files):
+    """Copies the source data for `files` under `root`."""
+    for rel, size in files.items():
+        dst = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if size == 0:
+            open(dst, "wb").close()
+        else:
+            run(["cp", "--sparse=never", ws.source(size), dst])
+
+
+def is_mounted(path):
+    return subprocess.run(["mountpoint", "-q", path]).returncode == 0
+
+
+class Config:
+    name = "?"
+    durable = "?"
+    # fio flags for reads and for writes in this configuration.
+    fio_read = []
+    fio_write = []
+    # dhrd-bench workload flags (fsync after whole-file writes where the config is durable).
+    workload_fsync = False
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.dir = None
+
+    def start(self, files, room=0):
+        """Creates `files` (name -> bytes); `room` is what the workload will add."""
+        raise NotImplementedError
+
+    def stop(self):
+        pass
+
+    def ram_bytes(self):
+        """RAM held for the data right now (see experiment 7), or None."""
+        return None
+
+    def info(self):
+        return {"name": self.name, "durable": self.durable}
+
+
+class Dhrd(Config):
+    def __init__(self, ws, read_path, durability="sync", extra=()):
+        super().__init__(ws)
+        self.read_path = read_path
+        self.durability = durability
+        self.extra = list(extra)
+        self.name = f"dhrd-{read_path}" + ("" if durability == "sync" else f"-{durability}")
+        self.durable = "on return" if durability == "sync" else "at fsync"
+        self.workload_fsync = durability != "sync"
+        self.backing = os.path.join(ws.disk, "dhrd-backing")
+        self.mnt = os.path.join(ws.disk, "dhrd-mnt")
+        self.pid = None
+
+    def start(self, files, room=0, wait_loaded=True):
+        os.makedirs(self.backing, exist_ok=True)
+        os.makedirs(self.mnt, exist_ok=True)
+        place(self.ws, self.backing, files)
+        lib.drop_caches()
+        self.mount()
+        if wait_loaded:
+            self.wait_loaded()
+        self.dir = self.mnt
+
+    def mount(self):
+        out = subprocess.run(
+            [self.ws.dhrd, "mount", self.backing, self.mnt, "--daemon", "--quiet",
+             "--read-path", self.read_path, "--durability", self.durability] + self.extra,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=lib.MOUNT_WAIT_S,
+        )
+        if out.returncode != 0:
+            raise BenchError(f"dhrd mount failed: {out.stdout.strip()}")
+        m = re.search(r"daemon (\d+) serves", out.stdout)
+        self.pid = int(m.group(1)) if m else None
+
+    def mount_foreground(self):
+        """Starts the daemon without waiting for anything; returns the process."""
+        self.log = open(os.path.join(self.ws.disk, f"{self.name}.log"), "a")
+        proc = subprocess.Popen(
+            [self.ws.dhrd, "mount", self.backing, self.mnt, "--quiet", "--read-path", self.read_path,
+             "--durability", self.durability] + self.extra, stdout=self.log, stderr=subprocess.STDOUT)
+        self.pid = proc.pid
+        return proc
+
+    def status(self):
+        return run([self.ws.dhrd, "status", self.mnt], check=False)
+
+    def load_complete(self):
+        return ", complete" in self.status()
+
+    def wait_loaded(self):
+        return lib.wait_for(self.load_complete, lib.LOAD_WAIT_S, f"{self.name} load", 0.05)
+
+    def umount(self):
+        if is_mounted(self.mnt):
+            run([self.ws.dhrd, "umount", self.mnt], check=False, timeout=300)
+            if is_mounted(self.mnt):
+                run(["fusermount3", "-uz", self.mnt], check=False)
+        self.pid = None
+
+    def stop(self):
+        self.umount()
+        shutil.rmtree(self.backing, ignore_errors=True)
+        self.dir = None
+
+    def ram_bytes(self):
+        """Daemon anonymous memory + its memfds' resident pages + backing page cache."""
+        if not self.pid:
+            return None
+        st = lib.proc_status(self.pid)
+        anon = st.get("RssAnon", 0) + st.get("RssFile", 0)
+        memfd = 0
+        fd_dir = f"/proc/{self.pid}/fd"
+        for fd in os.listdir(fd_dir):
+            try:
+                if os.readlink(os.path.join(fd_dir, fd)).startswith("/memfd:"):
+                    memfd += lib.resident_bytes(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+        return anon + memfd + lib.tree_resident_bytes(self.backing)
+
+
+class Tmpfs(Config):
+    name = "tmpfs"
+    durable = "never"
+
+    def __init__(self, ws, name=None):
+        super().__init__(ws)
+        if name:
+            self.name = name
+        self.mnt = os.path.join(ws.disk, f"{self.name}-mnt")
+
+    def mount_tmpfs(self, nbytes):
+        os.makedirs(self.mnt, exist_ok=True)
+        run(["mount", "-t", "tmpfs", "-o", f"size={nbytes + nbytes // 4 + (64 << 20)}", "tmpfs", self.mnt])
+
+    def start(self, files, room=0):
+        self.mount_tmpfs(sum(files.values()) + room)
+        place(self.ws, self.mnt, files)
+        self.dir = self.mnt
+
+    def stop(self):
+        if is_mounted(self.mnt):
+            run(["umount", self.mnt])
+        self.dir = None
+
+    def ram_bytes(self):
+        st = os.statvfs(self.mnt)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+class TmpfsCopyback(Tmpfs):
+    """log2ram's way: the files live on the disk; at start they are copied into tmpfs, and
+    at stop (or periodically) copied back. Durable only at copy-back."""
+
+    durable = "at copy-back"
+
+    def __init__(self, ws):
+        super().__init__(ws, name="tmpfs-copyback")
+        self.disk_dir = os.path.join(ws.disk, "copyback-disk")
+        self.copy_in_s = None
+        self.copy_back_s = None
+
+    def start(self, files, room=0, cold=True):
+        os.makedirs(self.disk_dir, exist_ok=True)
+        place(self.ws, self.disk_dir, files)
+        if cold:
+            lib.drop_caches()
+        self.mount_tmpfs(sum(files.values()) + room)
+        t = time.monotonic()
+        run(["cp", "-a", self.disk_dir + "/.", self.mnt])
+        self.copy_in_s = time.monotonic() - t
+        self.dir = self.mnt
+
+    def copy_back(self):
+        """Makes the tmpfs content durable on the disk, as log2ram does at shutdown."""
+        t = time.monotonic()
+        run(["rsync", "-a", "--delete", "--inplace", self.mnt + "/", self.disk_dir + "/"]
+            if shutil.which("rsync") else ["cp", "-a", self.mnt + "/.", self.disk_dir])
+        os.sync()
+        self.copy_back_s = time.monotonic() - t
+        return self.copy_back_s
+
+    def stop(self):
+        super().stop()
+        shutil.rmtree(self.disk_dir, ignore_errors=True)
+
+
+class Ext4(Config):
+    """A directory on the disk's own file system (ext4 here)."""
+
+    def __init__(self, ws, mode):
+        super().__init__(ws)
+        self.mode = mode
+        self.name = f"ext4-{mode}"
+        self.dir_path = os.path.join(ws.disk, f"ext4-{mode}")
+        if mode == "fsync":
+            self.durable = "on return"
+            self.fio_write = ["--fsync=1"]
+            self.workload_fsync = True
+        elif mode == "buffered":
+            self.durable = "at writeback"
+        elif mode == "direct":
+            self.durable = "on return"
+            self.fio_read = ["--direct=1"]
+            self.fio_write = ["--direct=1", "--sync=dsync"]
+            self.workload_fsync = True
+        elif mode == "vmtouch":
+            self.durable = "on return"
+            self.fio_write = ["--fsync=1"]
+            self.workload_fsync = True
+        else:
+            raise BenchError(f"unknown ext4 mode {mode}")
+        self.vmtouch_s = None
+
+    def start(self, files, room=0):
+        os.makedirs(self.dir_path, exist_ok=True)
+        place(self.ws, self.dir_path, files)
+        lib.drop_caches()
+        if self.mode == "vmtouch":
+            t = time.monotonic()
+            run(["vmtouch", "-tq", self.dir_path])
+            self.vmtouch_s = time.monotonic() - t
+        self.dir = self.dir_path
+
+    def stop(self):
+        shutil.rmtree(self.dir_path, ignore_errors=True)
+        self.dir = None
+
+    def ram_bytes(self):
+        return lib.tree_resident_bytes(self.dir_path)
+
+
+class RamdiskExt4(Config):
+    """The papers' RAMDisk with a file system: ext4 on a loop device over a tmpfs file."""
+
+    name = "ramdisk-ext4"
+    durable = "never"
+    # The image's slack for ext4 metadata and journal.
+    IMAGE_SLACK_BYTES = 256 << 20
+
+    def __init__(self, ws, name=None):
+        super().__init__(ws)
+        if name:
+            self.name = name
+        self.tmpfs = os.path.join(ws.disk, f"{self.name}-tmpfs")
+        self.mnt = os.path.join(ws.disk, f"{self.name}-mnt")
+        self.image = os.path.join(self.tmpfs, "image")
+        self.loop = None
+
+    def attach(self, nbytes):
+        os.makedirs(self.tmpfs, exist_ok=True)
+        img = nbytes + nbytes // 8 + self.IMAGE_SLACK_BYTES
+        run(["mount", "-t", "tmpfs", "-o", f"size={img + (64 << 20)}", "tmpfs", self.tmpfs])
+        with open(self.image, "wb") as f:
+            f.truncate(img)
+        self.loop = run(["losetup", "--find", "--show", self.image]).strip()
+
+    def start(self, files, room=0):
+        self.attach(sum(files.values()) + room)
+        os.makedirs(self.mnt, exist_ok=True)
+        run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", self.loop])
+        run(["mount", self.loop, self.mnt])
+        place(self.ws, self.mnt, files)
+        self.dir = self.mnt
+
+    def stop(self):
+        if is_mounted(self.mnt):
+            run(["umount", self.mnt])
+        if self.loop:
+            run(["losetup", "-d", self.loop], check=False)
+            self.loop = None
+        if is_mounted(self.tmpfs):
+            run(["umount", self.tmpfs])
+        self.dir = None
+
+    def ram_bytes(self):
+        st = os.statvfs(self.tmpfs)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize + lib.tree_resident_bytes(self.mnt)
+
+
+def file_configs(ws, names):
+    """Configurations by name (see the module table)."""
+    out = []
+    for n in names:
+        if n.startswith("dhrd-"):
+            parts = n.split("-")
+            out.append(Dhrd(ws, parts[1], parts[2] if len(parts) > 2 else "sync"))
+        elif n == "tmpfs":
+            out.append(Tmpfs(ws))
+        elif n == "tmpfs-copyback":
+            out.append(TmpfsCopyback(ws))
+        elif n.startswith("ext4-"):
+            out.append(Ext4(ws, n[5:]))
+        elif n == "ramdisk-ext4":
+            out.append(RamdiskExt4(ws))
+        else:
+            raise BenchError(f"unknown configuration {n}")
+    return out

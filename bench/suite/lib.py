@@ -1,0 +1,245 @@
+"""Shared helpers of the benchmark suite: running commands, fio, caches, memory, machine.
+
+Every helper raises `BenchError` with the command and its output when something fails, so a
+broken configuration stops the suite with a message that says what went wrong instead of
+producing a number that is not one.
+"""
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import time
+
+# fio settings shared by every run: synchronous I/O at queue depth 1 per process, as the
+# papers' figures measure, with random offsets drawn afresh each run.
+FIO_COMMON = [
+    "--ioengine=psync",
+    "--iodepth=1",
+    "--time_based",
+    "--group_reporting",
+    "--randrepeat=0",
+    "--norandommap",
+    "--output-format=json",
+]
+
+# How long a mount, an NBD server or a load may take before the suite gives up.
+MOUNT_WAIT_S = 20.0
+LOAD_WAIT_S = 1800.0
+
+
+class BenchError(Exception):
+    pass
+
+
+LOG = None  # an open file: every command and its output goes there
+
+
+def log(msg):
+    line = time.strftime("%H:%M:%S ") + msg
+    print(line, flush=True)
+    if LOG:
+        LOG.write(line + "\n")
+        LOG.flush()
+
+
+def run(cmd, check=True, capture=True, timeout=None, env=None):
+    """Runs a command; returns its stdout (text)."""
+    if LOG:
+        LOG.write("$ " + " ".join(str(c) for c in cmd) + "\n")
+        LOG.flush()
+    try:
+        p = subprocess.run(
+            [str(c) for c in cmd],
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.PIPE if capture else None,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(f"timed out after {timeout} s: {' '.join(map(str, cmd))}") from e
+    except FileNotFoundError as e:
+        raise BenchError(f"not installed: {cmd[0]}") from e
+    if capture and LOG and p.stderr:
+        LOG.write(p.stderr[-4000:])
+    if check and p.returncode != 0:
+        raise BenchError(
+            f"command failed ({p.returncode}): {' '.join(map(str, cmd))}\n{(p.stderr or '')[-2000:]}"
+        )
+    return p.stdout or ""
+
+
+def need_tools(tools):
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise BenchError(
+            "missing tools: " + ", ".join(missing) + " (bash .ci/run installs them; see docs/benchmarks.md)"
+        )
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+)([KMGT]?)i?B?", str(s).strip(), re.I)
+    if not m:
+        raise BenchError(f"bad size {s!r}")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(m.group(1)) * mult
+
+
+def fmt_size(n):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def fill_file(path, nbytes):
+    """Writes `nbytes` of incompressible data (fio's refill buffers), then syncs it."""
+    run(
+        [
+            "fio",
+            "--name=fill",
+            f"--filename={path}",
+            "--rw=write",
+            "--bs=1M",
+            f"--size={nbytes}",
+            "--refill_buffers",
+            "--end_fsync=1",
+            "--output=/dev/null",
+        ]
+    )
+    # fio leaves the pages cached; benchmarks decide themselves what is warm.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def fio(name, args, runtime_s):
+    """Runs one fio job; returns a flat dict of IOPS, MiB/s and latency (us) per direction."""
+    out = run(["fio", f"--name={name}", f"--runtime={int(runtime_s * 1000)}ms"] + FIO_COMMON + args)
+    try:
+        d = json.loads(out[out.index("{"):])
+    except (ValueError, json.JSONDecodeError) as e:
+        raise BenchError(f"fio {name}: unreadable output: {out[:500]}") from e
+    job = d["jobs"][0]
+    if job.get("error"):
+        raise BenchError(f"fio {name}: error {job['error']}")
+    r = {}
+    for k in ("read", "write"):
+        j = job[k]
+        if j["io_bytes"] == 0:
+            continue
+        pct = j["clat_ns"].get("percentile", {})
+        r[k + "_iops"] = j["iops"]
+        r[k + "_mib_s"] = j["bw_bytes"] / (1 << 20)
+        r[k + "_lat_mean_us"] = j["lat_ns"]["mean"] / 1000
+        r[k + "_lat_p50_us"] = pct.get("50.000000", 0) / 1000
+        r[k + "_lat_p99_us"] = pct.get("99.000000", 0) / 1000
+    sync = job.get("sync", {})
+    if sync.get("total_ios"):
+        # fio measures the fsync/fdatasync after a write separately; add it to the write's
+        # latency so durable configurations are compared whole.
+        r["sync_lat_mean_us"] = sync["lat_ns"]["mean"] / 1000
+    r["iops"] = r.get("read_iops", 0) + r.get("write_iops", 0)
+    r["mib_s"] = r.get("read_mib_s", 0) + r.get("write_mib_s", 0)
+    return r
+
+
+def meminfo():
+    m = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            m[k] = int(v.split()[0]) * 1024
+    return m
+
+
+def resident_bytes(path):
+    """Bytes of `path` held in the page cache (fincore); 0 if it cannot tell."""
+    try:
+        out = run(["fincore", "-bno", "RES", path], check=False).strip()
+        return int(out.split()[0]) if out else 0
+    except (BenchError, ValueError, IndexError):
+        return 0
+
+
+def tree_resident_bytes(root):
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            if os.path.isfile(p) and not os.path.islink(p):
+                total += resident_bytes(p)
+    return total
+
+
+def proc_status(pid):
+    st = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if v.strip().endswith("kB"):
+                st[k] = int(v.split()[0]) * 1024
+    return st
+
+
+def machine(disk_dir):
+    """What the run ran on, for the report."""
+
+    def sh(cmd):
+        try:
+            return run(cmd, check=False).strip()
+        except BenchError:
+            return ""
+
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    dev = sh(["findmnt", "-no", "SOURCE,FSTYPE", "-T", disk_dir])
+    disk = sh(["lsblk", "-dno", "NAME,MODEL,SIZE,ROTA"]).replace("\n", "; ")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_bytes": meminfo().get("MemTotal", 0),
+        "kernel": platform.release(),
+        "disk_dir": disk_dir,
+        "disk_dir_fs": dev,
+        "disks": disk,
+        "fio": sh(["fio", "--version"]),
+        "rustc": sh(["rustc", "--version"]),
+        "dhrd_commit": sh(["git", "-C", root, "rev-parse", "--short", "HEAD"]),
+        "dhrd_dirty": bool(sh(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"])),
+    }
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def wait_for(pred, timeout_s, what, interval_s=0.02):
+    t = time.monotonic()
+    while time.monotonic() - t < timeout_s:
+        if pred():
+            return time.monotonic() - t
+        time.sleep(interval_s)
+    raise BenchError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,262 @@
+"""report.md and the PNG plots from results.json.
+
+Can be run alone to redraw a committed run: /usr/bin/python3 bench/suite/report.py DIR
+"""
+
+import json
+import os
+import sys
+
+
+def fmt(v):
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        a = abs(v)
+        if a >= 100:
+            return f"{v:,.0f}"
+        if a >= 10:
+            return f"{v:.1f}"
+        if a >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10000 else str(v)
+    return "" if v is None else str(v)
+
+
+def table(rows, cols):
+    out = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(fmt(r.get(k)) for _, k in cols) + " |")
+    return "\n".join(out)
+
+
+def pivot(rows, row_keys, col_key, val_key):
+    """One line per distinct row_keys tuple, one column per col_key value."""
+    cols = sorted({r[col_key] for r in rows if col_key in r})
+    lines = {}
+    for r in rows:
+        k = tuple(r.get(x) for x in row_keys)
+        lines.setdefault(k, {})[r.get(col_key)] = r.get(val_key)
+    head = "| " + " | ".join(row_keys) + " | " + " | ".join(f"{col_key}={c}" for c in cols) + " |"
+    out = [head, "|" + "---|" * (len(row_keys) + len(cols))]
+    for k, vals in lines.items():
+        out.append("| " + " | ".join(fmt(x) for x in k) + " | " + " | ".join(fmt(vals.get(c)) for c in cols) + " |")
+    return "\n".join(out)
+
+
+# Columns of each experiment's main table: (heading, key).
+COLUMNS = {
+    "replay": [("config", "config"), ("trace", "trace"), ("QD", "qd"), ("IOPS", "iops"), ("MiB/s", "mib_s"),
+               ("read p50 us", "read_lat_p50_us"), ("read p99 us", "read_lat_p99_us"),
+               ("write p50 us", "write_lat_p50_us"), ("write p99 us", "write_lat_p99_us"),
+               ("verified", "verify_ok"), ("writes durable", "durable")],
+    "file": [("config", "config"), ("workload", "workload"), ("IOPS", "iops"), ("MiB/s", "mib_s"),
+             ("read mean us", "read_lat_mean_us"), ("read p99 us", "read_lat_p99_us"),
+             ("write mean us", "write_lat_mean_us"), ("write p99 us", "write_lat_p99_us"),
+             ("writes durable", "durable")],
+    "video": [("config", "config"), ("total s", "total_secs"), ("read s", "read_secs"), ("write s", "write_secs"),
+              ("MiB/s", "mib_per_sec"), ("copy back s", "copy_back_s"), ("total with copy back s", "total_with_copy_back_s"),
+              ("writes durable", "durable")],
+    "warmup": [("config", "config"), ("data", "size"), ("mount to first read ms", "mount_to_first_read_ms"),
+               ("full load s", "full_load_s"), ("reads during load IOPS", "during_read_iops"),
+               ("p50 us", "during_read_p50_us"), ("p99 us", "during_read_p99_us"),
+               ("after load IOPS", "after_read_iops"), ("p50 us ", "after_read_p50_us"),
+               ("p99 us ", "after_read_p99_us")],
+    "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
+               ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
+}
+
+
+def main_table(name, e):
+    rows = e.get("rows", [])
+    if not rows:
+        return ""
+    if name == "block":
+        return ("IOPS by number of processes:\n\n"
+                + pivot(rows, ["config", "mode", "op", "durable"], "procs", "iops")
+                + "\n\nMean latency (us) by number of processes:\n\n"
+                + pivot([dict(r, lat=r.get("read_lat_mean_us") or r.get("write_lat_mean_us")) for r in rows],
+                        ["config", "mode", "op"], "procs", "lat"))
+    if name == "fileserver":
+        return ("Operations per second by file count:\n\n"
+                + pivot(rows, ["config", "durable"], "files", "ops_per_sec")
+                + "\n\nMean latency (us) of each flowop, by file count:\n\n"
+                + flowop_table(rows))
+    return table(rows, COLUMNS.get(name, [(k, k) for k in rows[0] if not isinstance(rows[0][k], (dict, list))]))
+
+
+def flowop_table(rows):
+    ops = []
+    for r in rows:
+        for k in (r.get("flowops") or {}):
+            if k not in ops:
+                ops.append(k)
+    cols = [("config", "config"), ("files", "files")] + [(o, o) for o in ops]
+    flat = []
+    for r in rows:
+        f = {"config": r["config"], "files": r["files"]}
+        for o, v in (r.get("flowops") or {}).items():
+            f[o] = v.get("mean_us") if isinstance(v, dict) else v
+        flat.append(f)
+    return table(flat, cols)
+
+
+def write(results, out):
+    m = results["machine"]
+    lines = [
+        f"# dhrd benchmark suite: profile `{results['profile']}`",
+        "",
+        f"Run {m['date']} on {m['host']}: {m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / (1 << 30):.1f} GiB RAM, "
+        f"kernel {m['kernel']}; disk under test {m['disk_dir']} ({m['disk_dir_fs']}; {m['disks']}); "
+        f"{m['fio']}; {m['rustc']}; dhrd {m['dhrd_commit']}{' (uncommitted changes)' if m.get('dhrd_dirty') else ''}.",
+        "",
+        f"Command: `{results['command']}`; {results.get('seconds', '?')} s in all.",
+        "",
+        "Every ratio below divides two figures measured in this run, on this machine (shared and noisy: "
+        "absolute numbers from different runs are not comparable). Configurations are described in "
+        "`docs/benchmarks.md`; 'writes durable' says when a completed write survives a crash.",
+        "",
+    ]
+    summary = []
+    for name, e in results["experiments"].items():
+        lines.append(f"## {e.get('title', name)}")
+        lines.append("")
+        if e.get("error"):
+            lines += [f"**Failed:** {e['error']}", ""]
+            continue
+        if e.get("skipped"):
+            lines += [f"Skipped: {e['skipped']}", ""]
+            continue
+        lines += [f"Scaling: {e.get('scaling', '')}. Took {e.get('seconds', '?')} s.", ""]
+        if e.get("ratios"):
+            lines += ["| ratio | figure | baseline | value |", "|---|---|---|---|"]
+            for r in e["ratios"]:
+                lines.append(f"| {r['what']} | {r['figure']} | {r['baseline']} | {fmt(r['value'])}x |")
+                summary.append((name, r))
+            lines.append("")
+        lines += [main_table(name, e), ""]
+        for n in e.get("notes", []):
+            lines.append(f"- {n}")
+        png = plot(name, e, out)
+        if png:
+            lines += ["", f"![{name}]({png})"]
+        lines.append("")
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
+def plot(name, e, out):
+    """One PNG per experiment; None where matplotlib is missing or nothing was measured."""
+    rows = e.get("rows") or []
+    if not rows:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report: matplotlib not importable here (use /usr/bin/python3); no plots", file=sys.stderr)
+        return None
+    fn = f"{name}.png"
+    if name == "block":
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+        for ax, op in zip(axes, ("randread", "randwrite")):
+            series = {}
+            for r in rows:
+                if r["op"] == op:
+                    series.setdefault(f"{r['config']} ({r['mode']})", []).append((r["procs"], r["iops"]))
+            for lab, pts in series.items():
+                pts.sort()
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=lab)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("processes")
+            ax.set_ylabel("IOPS (4 KiB)")
+            ax.set_title(f"block level, random {op[4:]}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    elif name in ("file", "replay"):
+        def key(r):
+            return r["workload"] if name == "file" else f"{r['trace']} qd{r['qd']}"
+
+        groups = list(dict.fromkeys(key(r) for r in rows))
+        cfgs = list(dict.fromkeys(r["config"] for r in rows))
+        fig, ax = plt.subplots(figsize=(max(8, len(groups) * len(cfgs) * 0.35), 5))
+        w = 0.8 / max(1, len(cfgs))
+        for i, c in enumerate(cfgs):
+            ys = []
+            for g in groups:
+                v = next((r for r in rows if r["config"] == c and key(r) == g), None)
+                ys.append((v.get("mib_s") if name == "file" and g.startswith("seq") else v.get("iops")) if v else 0)
+            ax.bar([j + i * w for j in range(len(groups))], ys, w, label=c)
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
+        ax.set_xticklabels([g + (" (MiB/s)" if g.startswith("seq") else "") for g in groups], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("IOPS (seq: MiB/s)")
+        ax.set_title("file level" if name == "file" else "trace replay")
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    elif name == "fileserver":
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for c in dict.fromkeys(r["config"] for r in rows):
+            pts = sorted((r["files"], r.get("ops_per_sec", 0)) for r in rows if r["config"] == c)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=c)
+        ax.set_xscale("log")
+        ax.set_xlabel("files")
+        ax.set_ylabel("ops/s")
+        ax.set_title("fileserver")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    elif name == "video":
+        fig, ax = plt.subplots(figsize=(8, 5))
+        cfgs = [r["config"] for r in rows]
+        ax.bar(cfgs, [r.get("total_secs", 0) for r in rows], label="read, modify, save x rounds")
+        ax.bar(cfgs, [r.get("copy_back_s", 0) for r in rows], bottom=[r.get("total_secs", 0) for r in rows],
+               label="copy back (log2ram)")
+        ax.set_ylabel("seconds (lower is better)")
+        ax.set_title("video editing")
+        ax.legend(fontsize=8)
+        plt.setp(ax.get_xticklabels(), rotation=20, fontsize=8)
+    elif name == "warmup":
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+        for c in dict.fromkeys(r["config"] for r in rows):
+            pts = sorted((r["bytes"] / (1 << 30), r.get("full_load_s")) for r in rows if r["config"] == c)
+            axes[0].plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=c)
+            pts = sorted((r["bytes"] / (1 << 30), r.get("mount_to_first_read_ms")) for r in rows
+                         if r["config"] == c and r.get("mount_to_first_read_ms") is not None)
+            if pts:
+                axes[1].plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=c)
+        axes[0].set_title("time until all data is in RAM")
+        axes[0].set_ylabel("seconds")
+        axes[1].set_title("time until the first read is answered")
+        axes[1].set_ylabel("ms")
+        axes[1].set_yscale("log")
+        for ax in axes:
+            ax.set_xlabel("data (GiB)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    elif name == "memory":
+        fig, ax = plt.subplots(figsize=(8, 5))
+        ax.bar([r["config"] for r in rows], [r["ram_per_data_byte"] for r in rows])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_ylabel("bytes of RAM per byte of data")
+        ax.set_title("memory after the data was read once")
+        plt.setp(ax.get_xticklabels(), rotation=20, fontsize=8)
+    else:
+        return None
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, fn), dpi=110)
+    plt.close(fig)
+    return fn
+
+
+if __name__ == "__main__":
+    d = sys.argv[1]
+    with open(os.path.join(d, "results.json")) as f:
+        write(json.load(f), d)
+    print(f"wrote {d}/report.md")

@@ -1,0 +1,137 @@
+"""dhrd benchmark suite: dhrd and its baselines, same machine, same invocation.
+
+Usage (as root; `bench/suite.sh` builds the binaries first):
+    /usr/bin/python3 bench/suite/run.py PROFILE [--only EXP,...] [--configs NAME,...]
+        [--disk-dir DIR] [--out DIR] [--traces DIR] [--dhrd BIN] [--dhrd-bench BIN]
+
+PROFILE is `tiny` (seconds; the test suite's smoke run), `quick` (minutes) or `full` (the
+committed figures, about an hour). Writes results.json, report.md and one PNG per
+experiment into bench/results/<date>-<profile>/ (or --out), and a log of every command.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import configs  # noqa: E402
+import experiments  # noqa: E402
+import lib  # noqa: E402
+import report  # noqa: E402
+
+K, M, G = 1 << 10, 1 << 20, 1 << 30
+
+PROFILES = {
+    "tiny": dict(
+        runtime_s=0.3, block_bytes=32 * M, procs=[1, 2], replay_bytes=16 * M, replay_qd=[1],
+        replay_repeat=1, file_bytes=32 * M, fs_files=[200], fs_threads=4, fs_secs=1,
+        fs_mean_file_bytes=16 * K, video_bytes=16 * M, video_rounds=3, warm_bytes=[32 * M],
+        warm_rounds=1, mem_bytes=32 * M,
+    ),
+    "quick": dict(
+        runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
+        replay_repeat=5, file_bytes=1 * G, fs_files=[2000, 8000], fs_threads=50, fs_secs=10,
+        fs_mean_file_bytes=16 * K, video_bytes=512 * M, video_rounds=3, warm_bytes=[512 * M, 2 * G],
+        warm_rounds=1, mem_bytes=1 * G,
+    ),
+    "full": dict(
+        runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
+        replay_qd=[1, 8, 32], replay_repeat=20, file_bytes=4 * G, fs_files=[16000, 64000, 256000],
+        fs_threads=50, fs_secs=20, fs_mean_file_bytes=16 * K, video_bytes=2 * G, video_rounds=3,
+        warm_bytes=[1 * G, 4 * G, 8 * G], warm_rounds=3, mem_bytes=4 * G,
+    ),
+}
+ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory")
+TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
+
+
+class Context:
+    def __init__(self, profile, p, ws, out, traces, only_configs):
+        self.profile, self.p, self.ws, self.out, self.traces = profile, p, ws, out, traces
+        self.only_configs = only_configs
+
+    def pick(self, names):
+        return [n for n in names if not self.only_configs or n in self.only_configs]
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(root, "target"))
+    ap = argparse.ArgumentParser(description="dhrd benchmark suite")
+    ap.add_argument("profile", choices=sorted(PROFILES))
+    ap.add_argument("--only", help="comma-separated experiments: " + ",".join(ORDER))
+    ap.add_argument("--configs", help="comma-separated configuration names to keep")
+    ap.add_argument("--disk-dir", default="/var/tmp", help="directory on the disk under test")
+    ap.add_argument("--out", help="result directory (default bench/results/<date>-<profile>)")
+    ap.add_argument("--traces", default=os.environ.get("DHRD_TRACES_DIR",
+                                                       os.path.join(root, "..", "shared", "traces")))
+    ap.add_argument("--dhrd", default=os.path.join(target, "release", "dhrd"))
+    ap.add_argument("--dhrd-bench", default=os.path.join(target, "release", "dhrd-bench"))
+    a = ap.parse_args()
+
+    if os.geteuid() != 0:
+        sys.exit("bench suite: needs root (mounts, loop devices, dropping caches)")
+    only = a.only.split(",") if a.only else list(ORDER)
+    bad = [x for x in only if x not in experiments.EXPERIMENTS]
+    if bad:
+        sys.exit(f"bench suite: unknown experiment(s) {bad}; choose from {', '.join(ORDER)}")
+    for b in (a.dhrd, a.dhrd_bench):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"bench suite: {b} not found; run bench/suite.sh (it builds the release binaries)")
+    try:
+        lib.need_tools(TOOLS)
+    except lib.BenchError as e:
+        sys.exit(f"bench suite: {e}")
+
+    out = a.out or os.path.join(root, "bench", "results", time.strftime("%Y-%m-%d-") + a.profile)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    lib.LOG = open(os.path.join(out, "logs", "commands.log"), "w")
+    p = PROFILES[a.profile]
+    ws = configs.Workspace(a.disk_dir, a.dhrd, a.dhrd_bench)
+    ctx = Context(a.profile, p, ws, out, os.path.abspath(a.traces),
+                  set(a.configs.split(",")) if a.configs else None)
+    results = {
+        "profile": a.profile,
+        "parameters": p,
+        "command": " ".join(sys.argv),
+        "machine": lib.machine(a.disk_dir),
+        "experiments": {},
+    }
+    lib.log(f"bench suite: profile {a.profile}, results in {out}")
+    t0 = time.monotonic()
+    failed = []
+    try:
+        for name in ORDER:
+            if name not in only:
+                continue
+            te = time.monotonic()
+            try:
+                r = experiments.EXPERIMENTS[name](ctx)
+            except Exception as e:  # one broken experiment must not lose the others' results
+                lib.log(f"experiment {name} failed: {e}")
+                if lib.LOG:
+                    lib.LOG.write(traceback.format_exc())
+                r = {"title": name, "error": str(e)}
+                failed.append(name)
+            r["seconds"] = round(time.monotonic() - te, 1)
+            results["experiments"][name] = r
+            # Written after each experiment so an interrupted run keeps what it measured.
+            with open(os.path.join(out, "results.json"), "w") as f:
+                json.dump(results, f, indent=1, default=str)
+    finally:
+        ws.cleanup()
+    results["seconds"] = round(time.monotonic() - t0, 1)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    report.write(results, out)
+    lib.log(f"bench suite: done in {results['seconds']} s; {out}/report.md")
+    if failed:
+        sys.exit(f"bench suite: experiment(s) failed: {', '.join(failed)} (see {out}/logs/commands.log)")
+
+
+if __name__ == "__main__":
+    main()
