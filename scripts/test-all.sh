@@ -7,3 +7,20 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+
+# The benchmark suite's tiny profile, so the harness cannot rot: every experiment and
+# configuration runs with small sizes on the binaries the tests just built, and the report
+# and plots must come out. Speeds are not checked. Needs root (mounts, loop devices).
+if [ "$(id -u)" = 0 ]; then
+  TARGET=${CARGO_TARGET_DIR:-target}
+  cargo build --workspace --bins
+  SMOKE=$(mktemp -d /tmp/dhrd-suite-smoke.XXXXXX)
+  /usr/bin/python3 bench/suite/run.py tiny --out "$SMOKE" \
+    --dhrd "$TARGET/debug/dhrd" --dhrd-bench "$TARGET/debug/dhrd-bench"
+  for f in report.md results.json block.png file.png fileserver.png video.png warmup.png memory.png; do
+    [ -s "$SMOKE/$f" ] || { echo "bench suite smoke: $f missing in $SMOKE" >&2; exit 1; }
+  done
+  rm -rf "$SMOKE"
+else
+  echo "skipping the bench suite smoke run: needs root" >&2
+fi

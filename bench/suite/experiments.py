@@ -384,7 +384,7 @@ def exp_fileserver(ctx):
             log(f"[4 fileserver] {cfg.name} {nfiles} files: start")
             cfg.start({}, room=nfiles * p["fs_mean_file_bytes"] * 3 + (256 << 20))
             try:
-                out = run([ctx.ws.dhrd_bench, "fileserver", "--dir", os.path.join(cfg.dir, "fileset"),
+                out = run([ctx.ws.dhrd_bench, "fileserver", "--dir", cfg.dir,
                            "--files", str(nfiles), "--threads", str(p["fs_threads"]), "--secs", str(p["fs_secs"]),
                            "--mean-file-bytes", str(p["fs_mean_file_bytes"])]
                           + (["--fsync"] if cfg.name == "ext4-fsync" else []), timeout=7200)
