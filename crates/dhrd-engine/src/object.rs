@@ -233,6 +233,9 @@ struct Inner<D: Durable> {
     loader: Option<Loader>,
     me: Weak<Inner<D>>,
     closed: AtomicBool,
+    /// The backing file has no links left and no opener (`discard`): flushing it would
+    /// make durable data that nothing can reach, so nothing flushes it any more.
+    discarded: AtomicBool,
     /// fsync modes: some write reached the backing's page cache since the last flush.
     dirty: AtomicBool,
     /// A chunk was invalidated under the layout lock; wake the loader once it is released.
@@ -325,6 +328,7 @@ impl<D: Durable> HybridObject<D> {
             loader,
             me: me.clone(),
             closed: AtomicBool::new(false),
+            discarded: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             kick_pending: AtomicBool::new(false),
             written_since_drop: AtomicU64::new(0),
@@ -471,6 +475,17 @@ impl<D: Durable> HybridObject<D> {
         *m.lock() = true;
         cv.notify_all();
         r
+    }
+
+    /// Closes without flushing, for an object whose backing file was unlinked and is no
+    /// longer open anywhere: its data can never be read again, so a sync (in the non-`sync`
+    /// modes) would cost a device flush for nothing. Stops loading like `close`.
+    pub fn discard(&self) {
+        self.inner.discarded.store(true, Ordering::Release);
+        self.inner.closed.store(true, Ordering::Release);
+        let (m, cv) = &*self.inner.flusher_stop;
+        *m.lock() = true;
+        cv.notify_all();
     }
 
     /// Checks the mirror invariants against the backing: every Loaded chunk equals the
@@ -1348,6 +1363,7 @@ impl<D: Durable> Drop for Inner<D> {
         // backing's page cache either way; this only shortens the loss window.
         if self.cfg.durability != Durability::Sync
             && !self.failure.is_failed()
+            && !self.discarded.load(Ordering::Acquire)
             && !self.commit.is_clean()
         {
             let _ = self.backing.sync();

@@ -2,8 +2,8 @@
 //! with the loader gate, plus basic behaviour on a real file.
 
 use dhrd_engine::{
-    ChunkIndex, ChunkState, HybridObject, LoadGate, LoaderConfig, ObjectConfig, RamBudget, Served,
-    View,
+    ChunkIndex, ChunkState, Durability, HybridObject, LoadGate, LoaderConfig, ObjectConfig,
+    RamBudget, Served, View,
 };
 use dhrd_io::{Durable, FileBacking, FileOptions, SimBacking};
 use parking_lot::{Condvar, Mutex};
@@ -502,5 +502,42 @@ fn disjoint_writers_share_a_chunk_overlapping_ones_queue() -> Result<(), Box<dyn
     );
     assert!(buf[200..300].iter().all(|b| *b == 2));
     o.verify_mirror()?;
+    Ok(())
+}
+
+/// `discard` (an unlinked, closed file) drops the object without the sync that `close` and
+/// the drop of a dirty object do in the fsync modes; `close` still syncs.
+#[test]
+fn discard_skips_the_flush_that_close_does() -> Result<(), Box<dyn std::error::Error>> {
+    for discard in [false, true] {
+        let sim = sim_with(pattern(2 * CB as usize, 3));
+        let o: Obj = HybridObject::open(
+            sim.clone(),
+            ObjectConfig {
+                durability: Durability::Fsync,
+                ..cfg(None)
+            },
+        )?;
+        assert!(o.wait_loaded(Some(WAIT)));
+        // Open already synced once (the first flush after open always syncs).
+        o.flush()?;
+        o.write_at(&pattern(4096, 9), 100)?;
+        let syncs = sim.stats().syncs;
+        if discard {
+            o.discard();
+        } else {
+            o.close()?;
+        }
+        drop(o);
+        let added = sim.stats().syncs - syncs;
+        if discard {
+            assert_eq!(added, 0, "a discarded object was synced");
+        } else {
+            assert_eq!(
+                added, 1,
+                "close of a dirty fsync-mode object must sync once"
+            );
+        }
+    }
     Ok(())
 }

@@ -1322,8 +1322,11 @@ impl Filesystem for DhrdFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // close(2) does not promise durability; fsync does (and sync mode already has it).
-        reply.ok();
+        // close(2) does not promise durability (fsync does, and sync mode already has it)
+        // and no POSIX locks are held here, so there is nothing to do. ENOSYS makes the
+        // kernel stop sending FLUSH (fc->no_flush) and report success to close: one daemon
+        // round trip less per close, which small-file workloads feel.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(

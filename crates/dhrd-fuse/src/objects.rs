@@ -7,7 +7,8 @@
 //! - Objects of open files are never dropped. Objects of closed files stay in a bounded LRU
 //!   (`CLOSED_OBJECTS_MAX`); beyond it the oldest is flushed and dropped, and its data is
 //!   served from the backing again on the next open until it is reloaded.
-//! - An object whose backing file has no links left is dropped at its last close.
+//! - An object whose backing file has no links left is dropped at its last close without a
+//!   flush (`HybridObject::discard`): its data can never be read again.
 //! - Kernel rule for passthrough (fs/fuse/iomode.c): while an inode has passthrough opens,
 //!   every new open of it must be passthrough too. Passthrough writes would bypass the
 //!   daemon (and durability), so a writable open of an inode with passthrough opens is
@@ -176,6 +177,7 @@ impl Objects {
     /// its file has no links left.
     pub fn release(&self, key: u64, writable: bool) {
         let mut dropped = Vec::new();
+        let mut gone = None;
         {
             let mut g = self.inner.lock();
             let inner = &mut *g;
@@ -196,12 +198,15 @@ impl Objects {
                     }
                 }
             }
+            Self::evict_locked(inner, &mut dropped);
             if unlinked {
                 if let Some(e) = inner.map.remove(&key) {
-                    dropped.push(e.obj);
+                    gone = Some(e.obj);
                 }
             }
-            Self::evict_locked(inner, &mut dropped);
+        }
+        if let Some(o) = gone {
+            o.discard();
         }
         close_all(dropped);
     }
@@ -241,7 +246,18 @@ impl Objects {
                 _ => None,
             }
         };
-        close_all(dropped.into_iter().collect());
+        if let Some(o) = dropped {
+            // Unlinked (or renamed over) and closed: nothing can reach the data again, so
+            // it is not flushed. A file that is still linked elsewhere is closed normally.
+            let no_links = sys::fstat(o.backing().file().as_fd())
+                .map(|s| s.st_nlink == 0)
+                .unwrap_or(false);
+            if no_links {
+                o.discard();
+            } else {
+                close_all(vec![o]);
+            }
+        }
     }
 
     /// Registers (or reuses) the passthrough backing id of `key` for one more open.
