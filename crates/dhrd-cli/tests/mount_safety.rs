@@ -282,3 +282,38 @@ fn data_beyond_the_ram_budget_is_served_from_the_backing_and_reported() {
     assert!(st.contains("complete"), "{st}");
     drop(m);
 }
+
+/// No /dev/fuse, or something else in its place: a clear message, exit 1, nothing mounted.
+/// Runs the daemon in a private mount namespace (unshare -m) where /dev is replaced by an
+/// empty tmpfs, or /dev/fuse by a plain file, so the host is untouched.
+#[test]
+fn missing_or_wrong_dev_fuse_is_reported() {
+    let s = Scratch::new("devfuse");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let fake = s.sub("fake").join("fuse");
+    fs::write(&fake, b"").expect("fake");
+    let cases = [
+        ("mount -t tmpfs tmpfs /dev", "/dev/fuse is missing"),
+        (
+            &*format!("mount --bind {} /dev/fuse", fake.display()),
+            "/dev/fuse is not the FUSE device",
+        ),
+    ];
+    for (setup, want) in cases {
+        let script = format!(
+            "{setup} && exec {} mount {} {} --quiet",
+            dhrd(),
+            backing.display(),
+            mnt.display()
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .output()
+            .expect("unshare");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{setup}: {err}");
+        assert!(err.contains(want), "{setup}: {err}");
+        assert!(!is_mounted(&mnt));
+    }
+}

@@ -233,6 +233,9 @@ struct Inner<D: Durable> {
     loader: Option<Loader>,
     me: Weak<Inner<D>>,
     closed: AtomicBool,
+    /// Chunks kept Loaded through a sticky failure of a request that wrote them: their RAM
+    /// holds the last acknowledged bytes, the backing may hold part of the failed request.
+    diverged: Mutex<BTreeSet<u64>>,
     /// The backing file has no links left and no opener (`discard`): flushing it would
     /// make durable data that nothing can reach, so nothing flushes it any more.
     discarded: AtomicBool,
@@ -328,6 +331,7 @@ impl<D: Durable> HybridObject<D> {
             loader,
             me: me.clone(),
             closed: AtomicBool::new(false),
+            diverged: Mutex::new(BTreeSet::new()),
             discarded: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             kick_pending: AtomicBool::new(false),
@@ -790,9 +794,27 @@ impl<D: Durable> Inner<D> {
         // flush must sync it rather than find nothing to do.
         self.commit.issue();
         self.dirty.store(true, Ordering::Release);
+        let ret = match err {
+            Error::Backing { source, .. } if is_enospc(&source) => Error::NoSpace,
+            Error::Backing { source, .. } => {
+                self.failure.fail(op, &source);
+                Error::Backing { op, source }
+            }
+            other => other,
+        };
+        // The object stays writable (ENOSPC): its Loaded chunks must keep equalling the
+        // backing (C1), which may now hold part of the request, so they are reloaded.
+        // Failed for good (C4): the backing is no longer the reference and reads of it may
+        // fail as the write did, so RAM keeps serving the last acknowledged bytes (the
+        // request was never applied to RAM) and the chunks are noted as diverged.
+        let sticky = self.failure.is_failed();
         for (c, p, _) in plan {
             if *p == WritePlan::Mirror {
-                self.invalidate(layout, *c);
+                if sticky {
+                    self.diverged.lock().insert(c.0);
+                } else {
+                    self.invalidate(layout, *c);
+                }
             }
         }
         // A torn extending write may have grown the backing: cut it back so that the
@@ -804,14 +826,7 @@ impl<D: Durable> Inner<D> {
                 }
             }
         }
-        match err {
-            Error::Backing { source, .. } if is_enospc(&source) => Error::NoSpace,
-            Error::Backing { source, .. } => {
-                self.failure.fail(op, &source);
-                Error::Backing { op, source }
-            }
-            other => other,
-        }
+        ret
     }
 
     /// Makes a request that reached the backing as durable as the mode promises: in `sync`
@@ -1306,6 +1321,7 @@ impl<D: Durable> Inner<D> {
             );
             layout.ram.copy_out(start, r);
             match layout.state(c) {
+                ChunkState::Loaded if self.diverged.lock().contains(&i) => loaded += 1,
                 ChunkState::Loaded => {
                     loaded += 1;
                     let got = read_full(&self.backing, d, start).map_err(|e| e.to_string())?;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{apply, workload, Model, Op};
-use dhrd_engine::{BackingOp, Durability, Error, HybridObject, LoaderConfig, ObjectConfig};
+use dhrd_engine::{BackingOp, Durability, Error, HybridObject, LoaderConfig, ObjectConfig, Served};
 use dhrd_io::{Fault, FaultKind, SimBacking};
 use std::sync::Arc;
 
@@ -197,5 +197,58 @@ fn full_disk_returns_enospc_and_stays_writable() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     assert_eq!(o.len(), 3 * CB);
     o.verify_mirror()?;
+    Ok(())
+}
+
+/// A dead disk (EIO on every write, sync and read from some point on): the failing write
+/// gets EIO and the object turns read-only (C4), and reads keep being served from RAM with
+/// the last acknowledged bytes, although the backing now fails every read.
+#[test]
+fn after_a_sticky_failure_reads_come_from_ram_with_the_acknowledged_bytes() -> Result<(), String> {
+    for durability in [Durability::Sync, Durability::Fsync] {
+        let sim = Arc::new(SimBacking::from_bytes(vec![7u8; 4 * CB as usize], 5));
+        let o = open(&sim, durability);
+        assert!(o.wait_loaded(Some(std::time::Duration::from_secs(10))));
+        o.write_at(&[1u8; 4096], 4096).map_err(|e| e.to_string())?;
+        o.flush().map_err(|e| e.to_string())?;
+        // One fault for the mutating operations, one for the reads (numbered apart).
+        sim.inject(Fault {
+            at_op: sim.stats().ops,
+            kind: FaultKind::Eio,
+            persist: true,
+            reads: false,
+        });
+        sim.inject(Fault {
+            at_op: sim.stats().read_ops,
+            kind: FaultKind::Eio,
+            persist: true,
+            reads: true,
+        });
+        let e = o
+            .write_at(&[2u8; 4096], 8192)
+            .err()
+            .ok_or("a write to a dead disk succeeded")?;
+        assert_eq!(e.errno(), libc::EIO, "{durability:?}");
+        if durability == Durability::Fsync {
+            // fsync mode reports the failure at the flush.
+            let _ = o.flush();
+        }
+        assert!(o.is_read_only(), "{durability:?}: not read-only after EIO");
+        let mut b = vec![0u8; 3 * 4096];
+        let r = o.read_at(&mut b, 0).map_err(|e| e.to_string())?;
+        assert_eq!(r.served, Served::Ram, "{durability:?}");
+        assert!(b[..4096].iter().all(|&x| x == 7));
+        assert!(
+            b[4096..8192].iter().all(|&x| x == 1),
+            "acknowledged write lost"
+        );
+        if durability == Durability::Sync {
+            // Never acknowledged and never applied to RAM (C3/C4).
+            assert!(b[8192..].iter().all(|&x| x == 7), "failed write visible");
+        }
+        // With the disk readable again, every chunk but the diverged one mirrors it.
+        sim.clear_faults();
+        o.verify_mirror()?;
+    }
     Ok(())
 }

@@ -33,6 +33,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+/// The kernel's FUSE device and its fixed device number (misc major 10, minor 229).
+pub const FUSE_DEVICE: &str = "/dev/fuse";
+pub const FUSE_DEVICE_NUMBER: (u32, u32) = (10, 229);
 /// Directory of the control sockets.
 pub const CONTROL_DIR: &str = "/run/dhrd";
 /// Default number of FUSE worker threads.
@@ -131,10 +134,28 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
 /// Checks the input and takes the lock. Returns the opened backing directory and the
 /// canonical mountpoint.
 pub fn prepare(cfg: &MountConfig) -> Result<(BackingDir, PathBuf)> {
-    if std::fs::metadata("/dev/fuse").is_err() {
-        return Err(setup(
-            "/dev/fuse is missing: load the fuse module (modprobe fuse) or run the container with --device /dev/fuse".into(),
-        ));
+    match std::fs::metadata(FUSE_DEVICE) {
+        Err(_) => {
+            return Err(setup(
+                "/dev/fuse is missing: load the fuse module (modprobe fuse) or run the container with --device /dev/fuse".into(),
+            ));
+        }
+        Ok(m) => {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let rdev = m.rdev();
+            if !m.file_type().is_char_device()
+                || (libc::major(rdev), libc::minor(rdev)) != FUSE_DEVICE_NUMBER
+            {
+                return Err(setup(format!(
+                    "{FUSE_DEVICE} is not the FUSE device (expected character device {}:{}); \
+                     recreate it with mknod {FUSE_DEVICE} c {} {}",
+                    FUSE_DEVICE_NUMBER.0,
+                    FUSE_DEVICE_NUMBER.1,
+                    FUSE_DEVICE_NUMBER.0,
+                    FUSE_DEVICE_NUMBER.1
+                )));
+            }
+        }
     }
     let backing = cfg
         .backing

@@ -1,0 +1,123 @@
+//! The backing disk fails under a mounted dhrd: the backing directory lives on an ext4 file
+//! system (a loop device over a file), which the test shuts down with the
+//! `EXT4_IOC_SHUTDOWN` ioctl, after which every I/O to it fails with EIO, as on a dead disk.
+//! No device-mapper is needed. Expected (SPEC C4): the write that hits the error gets EIO,
+//! the file turns read-only with the cause in `dhrd status`, reads keep being served from
+//! RAM with the data acknowledged before the failure, and the daemon unmounts cleanly.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod common;
+use common::*;
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::process::Command;
+
+/// `_IOR('X', 125, __u32)`: ext4's (and xfs's) "the file system is going down" ioctl.
+const EXT4_IOC_SHUTDOWN: libc::c_ulong = 0x8004_587D;
+/// Shut down without flushing the journal: the disk is gone.
+const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+
+struct LoopFs {
+    mnt: std::path::PathBuf,
+}
+
+impl LoopFs {
+    fn new(s: &Scratch) -> Self {
+        let img = s.0.join("disk.img");
+        let mnt = s.sub("ext4");
+        let f = fs::File::create(&img).expect("image");
+        f.set_len(64 << 20).expect("size");
+        drop(f);
+        let (ok, out) = sh(&format!("mkfs.ext4 -q -F {}", img.display()));
+        assert!(ok, "mkfs: {out}");
+        let (ok, out) = sh(&format!(
+            "mount -o loop {} {}",
+            img.display(),
+            mnt.display()
+        ));
+        assert!(ok, "mount: {out}");
+        Self { mnt }
+    }
+
+    fn shut_down(&self) {
+        let d = fs::File::open(&self.mnt).expect("open fs root");
+        let mut flags = EXT4_GOING_FLAGS_NOLOGFLUSH;
+        // SAFETY: the ioctl reads one u32 from the pointer, which outlives the call.
+        let r = unsafe { libc::ioctl(d.as_raw_fd(), EXT4_IOC_SHUTDOWN as _, &mut flags) };
+        assert_eq!(r, 0, "shutdown: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        // umount -d also detaches the loop device.
+        let _ = Command::new("umount").arg("-d").arg(&self.mnt).status();
+    }
+}
+
+#[test]
+fn backing_eio_makes_the_file_read_only_and_reads_continue_from_ram() {
+    let s = Scratch::new("eio");
+    let disk = LoopFs::new(&s);
+    let backing = disk.mnt.join("backing");
+    fs::create_dir_all(&backing).expect("backing");
+    let before: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 253) as u8).collect();
+    fs::write(backing.join("f"), &before).expect("f");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("f"))
+        .expect("open");
+    // Acknowledged before the failure: must stay readable afterwards.
+    let acked = vec![0xA5u8; 8192];
+    f.write_all_at(&acked, 4096)
+        .expect("write before the failure");
+
+    disk.shut_down();
+
+    let err = f
+        .write_all_at(&[0x5Au8; 4096], 65536)
+        .expect_err("a write after the disk died must fail");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    // Sticky: the next write fails too, without touching the backing.
+    let err2 = f
+        .write_all_at(&[1u8; 10], 0)
+        .expect_err("writes stay refused");
+    assert!(
+        matches!(err2.raw_os_error(), Some(libc::EIO) | Some(libc::EROFS)),
+        "{err2}"
+    );
+
+    // Reads continue from RAM, with the acknowledged data and nothing of the failed write.
+    let mut got = vec![0u8; before.len()];
+    f.read_exact_at(&mut got, 0)
+        .expect("read after the failure");
+    let mut want = before.clone();
+    want[4096..4096 + 8192].copy_from_slice(&acked);
+    assert!(got == want, "data after the failure differs");
+    drop(f);
+
+    let st = m.status();
+    assert!(
+        st.contains("read-only:") && !st.contains("read-only:       no"),
+        "status must report the read-only state: {st}"
+    );
+    assert!(
+        st.to_lowercase().contains("input/output error") || st.contains("EIO"),
+        "status must say why: {st}"
+    );
+
+    // The daemon still unmounts and exits (its exit status reports the failed flush).
+    let out = Command::new(dhrd())
+        .arg("umount")
+        .arg(&mnt)
+        .output()
+        .expect("umount");
+    drop(m);
+    assert!(!is_mounted(&mnt), "umount: {:?}", out);
+}
