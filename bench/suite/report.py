@@ -53,7 +53,7 @@ COLUMNS = {
     "replay": [("config", "config"), ("trace", "trace"), ("QD", "qd"), ("IOPS", "iops"), ("MiB/s", "mib_s"),
                ("read p50 us", "read_lat_p50_us"), ("read p99 us", "read_lat_p99_us"),
                ("write p50 us", "write_lat_p50_us"), ("write p99 us", "write_lat_p99_us"),
-               ("verified", "verify_ok"), ("writes durable", "durable")],
+               ("late p99 us", "late_p99_us"), ("verified", "verify_ok"), ("writes durable", "durable")],
     "file": [("config", "config"), ("workload", "workload"), ("IOPS", "iops"), ("MiB/s", "mib_s"),
              ("read mean us", "read_lat_mean_us"), ("read p99 us", "read_lat_p99_us"),
              ("write mean us", "write_lat_mean_us"), ("write p99 us", "write_lat_p99_us"),

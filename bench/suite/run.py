@@ -28,19 +28,19 @@ K, M, G = 1 << 10, 1 << 20, 1 << 30
 PROFILES = {
     "tiny": dict(
         runtime_s=0.3, block_bytes=32 * M, procs=[1, 2], replay_bytes=16 * M, replay_qd=[1],
-        replay_repeat=1, file_bytes=32 * M, fs_files=[200], fs_threads=4, fs_secs=1,
+        replay_repeat=1, replay_speedup=200, file_bytes=32 * M, fs_files=[200], fs_threads=4, fs_secs=1,
         fs_mean_file_bytes=16 * K, video_bytes=16 * M, video_rounds=3, warm_bytes=[32 * M],
         warm_rounds=1, mem_bytes=32 * M,
     ),
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
-        replay_repeat=5, file_bytes=1 * G, fs_files=[2000, 8000], fs_threads=50, fs_secs=10,
+        replay_repeat=5, replay_speedup=20, file_bytes=1 * G, fs_files=[2000, 8000], fs_threads=50, fs_secs=10,
         fs_mean_file_bytes=16 * K, video_bytes=512 * M, video_rounds=3, warm_bytes=[512 * M, 2 * G],
         warm_rounds=1, mem_bytes=1 * G,
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
-        replay_qd=[1, 8, 32], replay_repeat=20, file_bytes=4 * G, fs_files=[16000, 64000, 256000],
+        replay_qd=[1, 8, 32], replay_repeat=20, replay_speedup=5, file_bytes=4 * G, fs_files=[16000, 64000, 256000],
         fs_threads=50, fs_secs=20, fs_mean_file_bytes=16 * K, video_bytes=2 * G, video_rounds=3,
         warm_bytes=[1 * G, 4 * G, 8 * G], warm_rounds=3, mem_bytes=4 * G,
     ),
