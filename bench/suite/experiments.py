@@ -465,7 +465,7 @@ def exp_fileserver(ctx):
 # 5. Video
 # --------------------------------------------------------------------------------------
 
-VIDEO_CONFIGS = ("dhrd-auto", "tmpfs-copyback", "ext4-fsync", "ext4-buffered", "ramdisk-ext4")
+VIDEO_CONFIGS = ("dhrd-auto", "dhrd-auto-fsync", "tmpfs-copyback", "ext4-fsync", "ext4-buffered", "ramdisk-ext4")
 
 
 def exp_video(ctx):

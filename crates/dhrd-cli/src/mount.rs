@@ -37,7 +37,7 @@ pub struct MountArgs {
     #[arg(long)]
     pub chunk: Option<String>,
     /// Background loader threads shared by all files.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = dhrd_engine::LOADER_THREADS_DEFAULT)]
     pub loader_threads: usize,
     /// Cap on the background load rate in bytes per second, e.g. 200M (default: none).
     #[arg(long)]

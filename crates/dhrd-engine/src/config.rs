@@ -11,8 +11,11 @@ use std::time::Duration;
 /// `docs/design.md` (load rate flat from 1 MiB up, write blocking on a loading chunk grows
 /// with chunk size).
 pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
-/// Default number of loader threads (each has one bulk read outstanding).
-pub const LOADER_THREADS_DEFAULT: usize = 2;
+/// Default number of loader threads (each has one bulk read outstanding). Four reads in
+/// flight loaded a cold 2 GiB file 1.4x to 1.6x faster than two on this project's test
+/// machine (2 vCPUs, virtio disk; interleaved runs, 1.7/2.2 s against 2.7/3.1 s, with
+/// `cp` into tmpfs at 2.9/2.5 s); the threads sleep at nice 10 once the load is done.
+pub const LOADER_THREADS_DEFAULT: usize = 4;
 pub const LOADER_THREADS_MAX: usize = 64;
 /// Retry back-off for chunks that failed to load (SPEC I9): base, doubling, capped.
 pub const LOAD_RETRY_BASE: Duration = Duration::from_millis(100);
