@@ -4,6 +4,7 @@
 
 use anyhow::Context;
 use clap::Args;
+use dhrd_engine::parse_size;
 use dhrd_engine::{Durability, HybridObject, LoaderConfig, ObjectConfig};
 use dhrd_io::{FileBacking, FileOptions};
 use std::path::PathBuf;
@@ -30,22 +31,6 @@ pub struct LoadArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parses sizes like `4096`, `64K`, `1M`, `16G` (binary units).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M') => (&s[..s.len() - 1], 1 << 20),
-        Some('G') => (&s[..s.len() - 1], 1 << 30),
-        Some('T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size {s:?}: use a number with an optional K, M, G or T suffix"))
 }
 
 fn fill_file(path: &PathBuf, size: u64) -> anyhow::Result<()> {

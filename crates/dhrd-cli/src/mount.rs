@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
+use dhrd_engine::parse_size;
 use dhrd_engine::Durability;
 use dhrd_fuse::{FsConfig, MountConfig, ReadPath};
 use std::path::PathBuf;
@@ -69,39 +70,20 @@ pub struct StatusArgs {
     pub mountpoint: PathBuf,
 }
 
-/// Parses sizes like 4096, 64K, 512M, 4G, 1T (powers of 1024).
-fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => bail!("bad size {s:?}: use a number with K, M, G or T"),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .with_context(|| format!("bad size {s:?}"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("size {s:?} is too large"))
-}
-
 pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
     if a.daemon {
         return spawn_daemon(&a);
     }
     let mem_bytes = match &a.mem {
-        Some(s) => parse_size(s)?,
+        Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
         None => dhrd_fuse::default_mem_bytes(),
     };
-    let chunk_bytes = a.chunk.as_deref().map(parse_size).transpose()?;
+    let chunk_bytes = a
+        .chunk
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let cfg = MountConfig {
         backing: a.backing_dir,
         mountpoint: a.mountpoint,
@@ -111,7 +93,12 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
             mem_bytes,
             chunk_bytes,
             loader_threads: a.loader_threads.max(1),
-            load_rate: a.load_rate.as_deref().map(parse_size).transpose()?,
+            load_rate: a
+                .load_rate
+                .as_deref()
+                .map(parse_size)
+                .transpose()
+                .map_err(anyhow::Error::msg)?,
             preload: !a.no_preload,
         },
         allow_other: a.allow_other,

@@ -11,6 +11,7 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
+pub use dhrd_engine::parse_size;
 use dhrd_engine::{
     Durability, HybridObject, LoaderConfig, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES,
 };
@@ -68,24 +69,6 @@ pub struct NbdArgs {
     /// Log connection events, and the engine's statistics at exit, to stderr.
     #[arg(long, short)]
     pub verbose: bool,
-}
-
-/// Parses "4096", "64k", "512M", "1G", "1GiB", "2T" (binary units).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits_end);
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(format!("bad size unit in {s:?} (use k, M, G or T)")),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread it starts).
@@ -255,19 +238,3 @@ fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
         });
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("2T"), Ok(2 << 40));
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("99999999999T").is_err());
-    }
-}

@@ -31,4 +31,4 @@ pub use loader::{LoadGate, Loader};
 pub use object::{HybridObject, LoadProgress, LoadStep, RamView, ReadOutcome, Served, View};
 pub use slot::ChunkState;
 pub use stats::{Latency, StatsSnapshot};
-pub use units::{ChunkGeometry, ChunkIndex, Piece, CHUNK_BYTES_MAX, CHUNK_BYTES_MIN};
+pub use units::{parse_size, ChunkGeometry, ChunkIndex, Piece, CHUNK_BYTES_MAX, CHUNK_BYTES_MIN};
