@@ -40,9 +40,9 @@ PROFILES = {
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
-        replay_qd=[1, 8, 32], replay_repeat=10, replay_speedup=5, file_bytes=4 * G, fs_files=[16000, 64000, 256000],
+        replay_qd=[1, 8], replay_repeat=10, replay_speedup=5, file_bytes=4 * G, fs_files=[8000, 32000, 128000],
         fs_threads=50, fs_secs=20, fs_mean_file_bytes=16 * K, video_bytes=2 * G, video_rounds=3,
-        warm_bytes=[1 * G, 4 * G, 8 * G], warm_rounds=3, mem_bytes=4 * G,
+        warm_bytes=[1 * G, 4 * G, 8 * G], warm_rounds=2, mem_bytes=4 * G,
     ),
 }
 ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory")
