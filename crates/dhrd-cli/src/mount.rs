@@ -46,6 +46,10 @@ pub struct MountArgs {
     /// FUSE worker threads.
     #[arg(long, default_value_t = dhrd_fuse::daemon::FUSE_THREADS_DEFAULT)]
     pub threads: usize,
+    /// Nice value of the FUSE worker threads: requests are served ahead of CPU-bound
+    /// work, as the kernel's own I/O is (0 leaves them at the default priority).
+    #[arg(long, default_value_t = dhrd_fuse::daemon::FUSE_WORKER_NICE_DEFAULT, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub worker_nice: i32,
     /// Do not walk the tree at mount to preload files (they load when first opened).
     #[arg(long)]
     pub no_preload: bool,
@@ -103,6 +107,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
         },
         allow_other: a.allow_other,
         threads: a.threads.max(1),
+        worker_nice: a.worker_nice,
         progress: !a.quiet,
     };
     dhrd_fuse::run(cfg)?;

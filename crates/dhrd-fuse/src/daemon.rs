@@ -40,6 +40,12 @@ pub const FUSE_DEVICE_NUMBER: (u32, u32) = (10, 229);
 pub const CONTROL_DIR: &str = "/run/dhrd";
 /// Default number of FUSE worker threads.
 pub const FUSE_THREADS_DEFAULT: usize = 8;
+/// Default nice value of the FUSE worker threads. A FUSE request is I/O work done on
+/// behalf of the calling process; the kernel does the same work for a local file system in
+/// the caller's context and in interrupt context, ahead of any CPU-bound task. Workers at
+/// nice 0 queue behind CPU-bound tasks (including the callers) at every wakeup: request
+/// arrival, backing I/O completion. See docs/fuse.md for the measurement.
+pub const FUSE_WORKER_NICE_DEFAULT: i32 = -10;
 /// Default RAM budget when `--mem` is not given: half of physical memory.
 pub const MEM_DEFAULT_FRACTION_DIV: u64 = 2;
 /// Longest command or reply line on the control socket.
@@ -64,6 +70,8 @@ pub struct MountConfig {
     pub fs: FsConfig,
     pub allow_other: bool,
     pub threads: usize,
+    /// Nice value of the FUSE worker threads (0: leave as is).
+    pub worker_nice: i32,
     /// Show the progress line on stderr.
     pub progress: bool,
 }
@@ -719,6 +727,16 @@ pub fn run(cfg: MountConfig) -> Result<()> {
         cfg.fs.durability,
         cfg.fs.read_path
     );
+    // The workers are created by this thread inside `run` and inherit its nice value (on
+    // Linux a per-thread attribute); the threads started above keep theirs.
+    if cfg.worker_nice != 0 {
+        if let Err(e) = set_thread_nice(cfg.worker_nice) {
+            eprintln!(
+                "dhrd: FUSE workers keep the default priority (nice {}: {e})",
+                cfg.worker_nice
+            );
+        }
+    }
     let r = session.run();
     sh.shutdown.store(true, Ordering::Release);
     // A stop request being handled must finish writing its reply before the process exits.
@@ -731,6 +749,20 @@ pub fn run(cfg: MountConfig) -> Result<()> {
         return Err(setup(msg));
     }
     Ok(())
+}
+
+/// Sets the nice value of the calling thread only.
+fn set_thread_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: gettid and setpriority on this thread's own id; no memory is touched.
+    let r = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 struct RemoveOnDrop(PathBuf);

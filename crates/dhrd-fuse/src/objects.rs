@@ -23,7 +23,7 @@
 use crate::backing::ConfinedFile;
 use crate::error::Result;
 use crate::sys;
-use dhrd_engine::{HybridObject, ObjectConfig};
+use dhrd_engine::{Durability, HybridObject, ObjectConfig};
 use dhrd_io::Durable as _;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -133,7 +133,9 @@ impl Objects {
                     name: format!("dhrd:{name}"),
                     ..self.base.clone()
                 };
-                let obj = HybridObject::open(ConfinedFile::new(file, name.to_owned()), cfg)?;
+                let write_through = cfg.durability == Durability::Sync;
+                let backing = ConfinedFile::new(file, name.to_owned(), write_through);
+                let obj = HybridObject::open(backing, cfg)?;
                 inner.tick += 1;
                 let tick = inner.tick;
                 inner.lru.insert(tick, key);
