@@ -237,4 +237,3 @@ fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
             }
         });
 }
-
