@@ -410,6 +410,36 @@ fn read_whole(f: &mut File, buf: &mut [u8]) -> std::io::Result<u64> {
     }
 }
 
+/// One open-operate-close sequence of the personality, each step timed as its own flowop
+/// (`steps`: open, operation, close). The operation returns the bytes it moved; with
+/// `--fsync` the file is fsync'ed inside the operation's timing.
+fn open_op_close(
+    ctx: &Ctx,
+    st: &mut Stats,
+    p: &OsString,
+    how: &OpenOptions,
+    steps: [(Flow, &str); 3],
+    op: impl FnOnce(&mut std::fs::File) -> std::io::Result<u64>,
+) -> anyhow::Result<()> {
+    let [(open_flow, open_name), (op_flow, op_name), (close_flow, close_name)] = steps;
+    let path = Path::new(p);
+    let t = Instant::now();
+    let mut f = how
+        .open(p)
+        .with_context(|| format!("{open_name}: {}", path.display()))?;
+    st.rec(open_flow, t, 0);
+    let t = Instant::now();
+    let n = op(&mut f).with_context(|| format!("{op_name}: {}", path.display()))?;
+    if ctx.fsync {
+        fsync(&f, path, op_name)?;
+    }
+    st.rec(op_flow, t, n);
+    let t = Instant::now();
+    close_checked(f, path, close_name)?;
+    st.rec(close_flow, t, 0);
+    Ok(())
+}
+
 fn worker(ctx: &Ctx, seed: u64) -> anyhow::Result<Stats> {
     let mut r = SplitMix64::new(seed);
     let mut buf = vec![0u8; ctx.iosize];
@@ -418,28 +448,24 @@ fn worker(ctx: &Ctx, seed: u64) -> anyhow::Result<Stats> {
     let mut st = Stats::new();
     let stop = || Instant::now() >= ctx.deadline || ctx.abort.load(Ordering::Relaxed);
     let ctx_err = |op: &str, p: &OsString| format!("{op}: {}", Path::new(p).display());
+    let mut open_rw = OpenOptions::new();
+    open_rw.read(true).write(true);
     while !stop() {
         // createfile1, wrtfile1, closefile1
         match ctx.set.take(Want::Absent, &mut r) {
             Some(e) => {
                 ctx.layout.entry_path(e, &mut p, &mut num);
-                let t = Instant::now();
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&p)
-                    .with_context(|| ctx_err("createfile1", &p))?;
-                st.rec(Flow::Create, t, 0);
-                let t = Instant::now();
                 let size = u64::from(ctx.set.sizes[e as usize]);
-                let n = write_whole(&mut f, size, &buf).with_context(|| ctx_err("wrtfile1", &p))?;
-                if ctx.fsync {
-                    fsync(&f, Path::new(&p), "wrtfile1")?;
-                }
-                st.rec(Flow::WriteWhole, t, n);
-                let t = Instant::now();
-                close_checked(f, Path::new(&p), "closefile1")?;
-                st.rec(Flow::Close1, t, 0);
+                let mut create = OpenOptions::new();
+                create.write(true).create_new(true);
+                let steps = [
+                    (Flow::Create, "createfile1"),
+                    (Flow::WriteWhole, "wrtfile1"),
+                    (Flow::Close1, "closefile1"),
+                ];
+                open_op_close(ctx, &mut st, &p, &create, steps, |f| {
+                    write_whole(f, size, &buf)
+                })?;
                 ctx.set.put(e, true);
             }
             None => st.skipped[0] += 1,
@@ -451,25 +477,16 @@ fn worker(ctx: &Ctx, seed: u64) -> anyhow::Result<Stats> {
         match ctx.set.take(Want::Exists, &mut r) {
             Some(e) => {
                 ctx.layout.entry_path(e, &mut p, &mut num);
-                let t = Instant::now();
-                let mut f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&p)
-                    .with_context(|| ctx_err("openfile1", &p))?;
-                st.rec(Flow::Open1, t, 0);
-                let t = Instant::now();
                 let size = 1 + r.below(2 * ctx.mean_append_bytes);
-                f.seek(SeekFrom::End(0))
-                    .and_then(|_| write_whole(&mut f, size, &buf))
-                    .with_context(|| ctx_err("appendfilerand1", &p))?;
-                if ctx.fsync {
-                    fsync(&f, Path::new(&p), "appendfilerand1")?;
-                }
-                st.rec(Flow::Append, t, size);
-                let t = Instant::now();
-                close_checked(f, Path::new(&p), "closefile2")?;
-                st.rec(Flow::Close2, t, 0);
+                let steps = [
+                    (Flow::Open1, "openfile1"),
+                    (Flow::Append, "appendfilerand1"),
+                    (Flow::Close2, "closefile2"),
+                ];
+                open_op_close(ctx, &mut st, &p, &open_rw, steps, |f| {
+                    f.seek(SeekFrom::End(0))?;
+                    write_whole(f, size, &buf)
+                })?;
                 ctx.set.put(e, true);
             }
             None => st.skipped[1] += 1,
@@ -481,19 +498,14 @@ fn worker(ctx: &Ctx, seed: u64) -> anyhow::Result<Stats> {
         match ctx.set.take(Want::Exists, &mut r) {
             Some(e) => {
                 ctx.layout.entry_path(e, &mut p, &mut num);
-                let t = Instant::now();
-                let mut f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&p)
-                    .with_context(|| ctx_err("openfile2", &p))?;
-                st.rec(Flow::Open2, t, 0);
-                let t = Instant::now();
-                let n = read_whole(&mut f, &mut buf).with_context(|| ctx_err("readfile1", &p))?;
-                st.rec(Flow::ReadWhole, t, n);
-                let t = Instant::now();
-                close_checked(f, Path::new(&p), "closefile3")?;
-                st.rec(Flow::Close3, t, 0);
+                let steps = [
+                    (Flow::Open2, "openfile2"),
+                    (Flow::ReadWhole, "readfile1"),
+                    (Flow::Close3, "closefile3"),
+                ];
+                open_op_close(ctx, &mut st, &p, &open_rw, steps, |f| {
+                    read_whole(f, &mut buf)
+                })?;
                 ctx.set.put(e, true);
             }
             None => st.skipped[2] += 1,
