@@ -190,8 +190,7 @@ impl Objects {
                     e.writers = e.writers.saturating_sub(1);
                 }
                 if e.opens == 0 {
-                    let st = sys::fstat(e.obj.backing().file().as_fd()).ok();
-                    unlinked = st.map(|s| s.st_nlink == 0).unwrap_or(false);
+                    unlinked = has_no_links(&e.obj);
                     if !unlinked {
                         e.closed_sig = signature(e.obj.backing().file());
                         inner.tick += 1;
@@ -251,10 +250,7 @@ impl Objects {
         if let Some(o) = dropped {
             // Unlinked (or renamed over) and closed: nothing can reach the data again, so
             // it is not flushed. A file that is still linked elsewhere is closed normally.
-            let no_links = sys::fstat(o.backing().file().as_fd())
-                .map(|s| s.st_nlink == 0)
-                .unwrap_or(false);
-            if no_links {
+            if has_no_links(&o) {
                 o.discard();
             } else {
                 close_all(vec![o]);
@@ -341,6 +337,14 @@ impl Objects {
         }
         first
     }
+}
+
+/// Whether the object's backing file has no name left (unlinked or renamed over). An
+/// unreadable status counts as linked, so the object is flushed rather than discarded.
+fn has_no_links(o: &Obj) -> bool {
+    sys::fstat(o.backing().file().as_fd())
+        .map(|s| s.st_nlink == 0)
+        .unwrap_or(false)
 }
 
 fn close_all(objs: Vec<Obj>) {
