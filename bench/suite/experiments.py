@@ -277,41 +277,35 @@ def exp_replay(ctx):
         log(f"[2 replay] {name}: start")
         path = start()
         try:
+            def replay(tname, rel, tag, qd_label, args):
+                """One `dhrd replay --verify` of a trace; returns its row and the full JSON."""
+                out = os.path.join(ctx.out, "logs", f"replay-{name}-{tname}-{tag}.json")
+                run([ws.dhrd, "replay", "--trace", os.path.join(traces_dir, rel), "--target", path,
+                     "--size", str(size), "--verify", "--json", out] + args + extra, timeout=3600)
+                d = json.load(open(out))
+                if not d["verify"]["ok"]:
+                    raise BenchError(f"replay verify failed on {name} with {tname}")
+                r = {"config": name, "trace": tname, "qd": qd_label, "durable": durable, "iops": d["iops"],
+                     "mib_s": d["mib_per_s"], "requests": d["requests"], "verify_ok": d["verify"]["ok"]}
+                lat = d["latency_us"]
+                for k in ("read", "write"):
+                    if lat.get(k) and lat[k].get("count"):
+                        r[f"{k}_lat_p50_us"] = lat[k]["p50"]
+                        r[f"{k}_lat_p99_us"] = lat[k]["p99"]
+                return r, d
+
             for tname, rel in TRACES:
                 for qd in p["replay_qd"]:
-                    out = os.path.join(ctx.out, "logs", f"replay-{name}-{tname}-qd{qd}.json")
-                    run([ws.dhrd, "replay", "--trace", os.path.join(traces_dir, rel), "--target", path,
-                         "--size", str(size), "--queue-depth", str(qd), "--verify",
-                         "--repeat", str(p["replay_repeat"]), "--json", out] + extra, timeout=3600)
-                    d = json.load(open(out))
-                    lat = d["latency_us"]
-                    r = {"config": name, "trace": tname, "qd": qd, "durable": durable, "iops": d["iops"],
-                         "mib_s": d["mib_per_s"], "requests": d["requests"], "verify_ok": d["verify"]["ok"]}
-                    for k in ("read", "write"):
-                        if lat.get(k) and lat[k].get("count"):
-                            r[f"{k}_lat_p50_us"] = lat[k]["p50"]
-                            r[f"{k}_lat_p99_us"] = lat[k]["p99"]
-                    if not d["verify"]["ok"]:
-                        raise BenchError(f"replay verify failed on {name} with {tname}")
+                    r, _ = replay(tname, rel, f"qd{qd}", qd,
+                                  ["--queue-depth", str(qd), "--repeat", str(p["replay_repeat"])])
                     rows.append(r)
                     log(f"[2 replay] {name} {tname} qd{qd}: {r['iops']:.0f} IOPS")
             # The trace's own arrival times (sped up): latency under a realistic load
             # rather than at saturation.
             tname, rel = TRACES[0]
-            out = os.path.join(ctx.out, "logs", f"replay-{name}-{tname}-original.json")
-            run([ws.dhrd, "replay", "--trace", os.path.join(traces_dir, rel), "--target", path,
-                 "--size", str(size), "--queue-depth", str(ORIGINAL_TIMING_THREADS), "--verify",
-                 "--timing", "original", "--speedup", str(p["replay_speedup"]), "--json", out] + extra,
-                timeout=3600)
-            d = json.load(open(out))
-            lat = d["latency_us"]
-            r = {"config": name, "trace": tname, "qd": f"original x{p['replay_speedup']:g}", "durable": durable,
-                 "iops": d["iops"], "mib_s": d["mib_per_s"], "requests": d["requests"],
-                 "verify_ok": d["verify"]["ok"]}
-            for k in ("read", "write"):
-                if lat.get(k) and lat[k].get("count"):
-                    r[f"{k}_lat_p50_us"] = lat[k]["p50"]
-                    r[f"{k}_lat_p99_us"] = lat[k]["p99"]
+            r, d = replay(tname, rel, "original", f"original x{p['replay_speedup']:g}",
+                          ["--queue-depth", str(ORIGINAL_TIMING_THREADS), "--timing", "original",
+                           "--speedup", str(p["replay_speedup"])])
             late = d.get("lateness_us") or {}
             r["late_p99_us"] = (late.get("hist") or {}).get("p99")
             r["late_over_1ms"] = late.get("late_over_1ms")

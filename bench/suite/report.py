@@ -57,7 +57,7 @@ COLUMNS = {
     "file": [("config", "config"), ("workload", "workload"), ("IOPS", "iops"), ("MiB/s", "mib_s"),
              ("read mean us", "read_lat_mean_us"), ("read p99 us", "read_lat_p99_us"),
              ("write mean us", "write_lat_mean_us"), ("write p99 us", "write_lat_p99_us"),
-             ("writes durable", "durable")],
+             ("fsync mean us", "sync_lat_mean_us"), ("writes durable", "durable")],
     "video": [("config", "config"), ("total s", "total_secs"), ("read s", "read_secs"), ("write s", "write_secs"),
               ("MiB/s", "mib_per_sec"), ("copy back s", "copy_back_s"), ("total with copy back s", "total_with_copy_back_s"),
               ("writes durable", "durable")],
