@@ -26,6 +26,10 @@ pub const OBJECT_BYTES_MAX: u64 = 1 << 46;
 /// Demand-priority queue bound per object (SPEC I10); more demands are dropped, the
 /// sequential pass still reaches those chunks.
 pub const DEMAND_QUEUE_MAX: usize = 256;
+/// Objects up to this size may be loaded on the opening thread (`inline_load_bytes_max`):
+/// for a small file the one read the loader would do costs less than waking a loader
+/// thread, and the read that follows an open finds the data in RAM.
+pub const INLINE_LOAD_BYTES_MAX: u64 = 64 << 10;
 
 /// When writes become durable (SPEC section 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -121,6 +125,9 @@ pub struct ObjectConfig {
     pub read_only: bool,
     /// Name of the memfd, visible in /proc/PID/fd.
     pub name: String,
+    /// An object no longer than this is loaded by `open` itself instead of the loader
+    /// threads (0: never). Ignored with `load_disabled` or a `gate`.
+    pub inline_load_bytes_max: u64,
     /// Test hook: lets a test pause the loader at a chosen chunk.
     pub gate: Option<Arc<LoadGate>>,
 }
@@ -139,6 +146,7 @@ impl Default for ObjectConfig {
             fixed_len: false,
             read_only: false,
             name: String::from("dhrd"),
+            inline_load_bytes_max: 0,
             gate: None,
         }
     }

@@ -24,7 +24,7 @@ mod units;
 pub use budget::RamBudget;
 pub use config::{
     Durability, LoaderConfig, ObjectConfig, RamOptions, DEFAULT_CHUNK_BYTES, DEMAND_QUEUE_MAX,
-    LOADER_THREADS_DEFAULT, LOADER_THREADS_MAX, OBJECT_BYTES_MAX,
+    INLINE_LOAD_BYTES_MAX, LOADER_THREADS_DEFAULT, LOADER_THREADS_MAX, OBJECT_BYTES_MAX,
 };
 pub use error::{BackingOp, Error, FailureCause, Result};
 pub use loader::{LoadGate, Loader};

@@ -127,7 +127,9 @@ impl Loader {
             q.targets.push_back(t);
         }
         drop(q);
-        self.h.shared.cv.notify_all();
+        // One worker; it wakes the next when it finds work (see `next_job`), so a target
+        // with one chunk (most files) costs one wake-up, not one per thread.
+        self.h.shared.cv.notify_one();
     }
 
     /// Moves a target to the front (a foreground request is waiting on its data).
@@ -150,7 +152,7 @@ impl Loader {
             q.targets.push_front(t);
         }
         drop(q);
-        self.h.shared.cv.notify_all();
+        self.h.shared.cv.notify_one();
     }
 }
 
@@ -169,7 +171,12 @@ fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, ChunkIndex)> {
                 continue;
             };
             match t.next_job(now) {
-                NextJob::Load(c) => return Some((t, c)),
+                NextJob::Load(c) => {
+                    // There may be more: pass the baton to one more worker, which goes
+                    // back to sleep if there is not (no waiter makes this a no-op).
+                    s.cv.notify_one();
+                    return Some((t, c));
+                }
                 NextJob::RetryAt(at) => {
                     wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
                     i += 1;

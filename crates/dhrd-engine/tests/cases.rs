@@ -541,3 +541,111 @@ fn discard_skips_the_flush_that_close_does() -> Result<(), Box<dyn std::error::E
     }
     Ok(())
 }
+
+/// A small object is loaded by `open` itself: fully Loaded when `open` returns, without a
+/// loader thread (the loader is disabled here, so only the inline load can have done it).
+#[test]
+fn small_objects_load_inline_at_open() -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(3 * CB as usize + 7, 5);
+    let sim = sim_with(data.clone());
+    let c = ObjectConfig {
+        inline_load_bytes_max: 4 * CB,
+        ..cfg(None)
+    };
+    let o: Obj = HybridObject::open(sim.clone(), c.clone())?;
+    assert!(o.is_fully_loaded(), "not loaded when open returned");
+    o.verify_mirror()?;
+    let mut buf = vec![0u8; data.len()];
+    assert_eq!(o.read_at(&mut buf, 0)?.served, Served::Ram);
+    assert_eq!(buf, data);
+    // One byte more than the limit: left to the loader, as before.
+    let big = pattern(4 * CB as usize + 1, 6);
+    let gate = LoadGate::new();
+    gate.pause(ChunkIndex(0));
+    let o2: Obj = HybridObject::open(
+        sim_with(big),
+        ObjectConfig {
+            gate: Some(gate.clone()),
+            ..c
+        },
+    )?;
+    assert!(!o2.is_fully_loaded());
+    gate.release(ChunkIndex(0));
+    assert!(o2.wait_loaded(Some(WAIT)));
+    Ok(())
+}
+
+/// `snapshot_bytes` of a loaded object reopens the same backing fully Loaded without one
+/// backing read; a snapshot whose length does not match is ignored (plain open).
+#[test]
+fn snapshot_reopens_without_reading_the_backing() -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(5 * CB as usize + 300, 9);
+    let sim = sim_with(data.clone());
+    let o: Obj = HybridObject::open(sim.clone(), cfg(None))?;
+    assert!(o.wait_loaded(Some(WAIT)));
+    let edit = pattern(1000, 77);
+    o.write_at(&edit, 2 * CB - 10)?;
+    let snap = o.snapshot_bytes().ok_or("no snapshot of a loaded object")?;
+    o.close()?;
+    drop(o);
+    let mut want = data.clone();
+    want[(2 * CB - 10) as usize..(2 * CB + 990) as usize].copy_from_slice(&edit);
+    assert_eq!(snap, want);
+
+    let reads_before = sim.stats().reads;
+    let budget = RamBudget::new(1 << 30);
+    let c = ObjectConfig {
+        budget: Some(budget.clone()),
+        load_disabled: true,
+        ..cfg(None)
+    };
+    let o: Obj = HybridObject::open_with_bytes(sim.clone(), c.clone(), &snap)?;
+    assert!(o.is_fully_loaded());
+    assert_eq!(sim.stats().reads, reads_before, "reopen read the backing");
+    assert_eq!(
+        budget.used_bytes(),
+        6 * CB,
+        "one chunk reservation per chunk"
+    );
+    o.verify_mirror()?;
+    let mut buf = vec![0u8; want.len()];
+    assert_eq!(o.read_at(&mut buf, 0)?.served, Served::Ram);
+    assert_eq!(buf, want);
+    drop(o);
+    assert_eq!(budget.used_bytes(), 0);
+
+    // A snapshot of another length is not trusted.
+    let o: Obj = HybridObject::open_with_bytes(sim.clone(), c, &snap[..100])?;
+    assert!(!o.is_fully_loaded());
+    assert_eq!(o.progress().chunks_loaded, 0);
+    Ok(())
+}
+
+/// Within a tight budget, `open_with_bytes` loads what fits and leaves the rest Unloaded
+/// (zero in RAM), and nothing is reserved twice.
+#[test]
+fn snapshot_reopen_respects_the_budget() -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(4 * CB as usize, 3);
+    let sim = sim_with(data.clone());
+    let budget = RamBudget::new(2 * CB);
+    let c = ObjectConfig {
+        budget: Some(budget.clone()),
+        load_disabled: true,
+        ..cfg(None)
+    };
+    let o: Obj = HybridObject::open_with_bytes(sim, c, &data)?;
+    assert_eq!(o.progress().chunks_loaded, 2);
+    assert_eq!(budget.used_bytes(), 2 * CB);
+    o.verify_mirror()?;
+    let mut buf = vec![0u8; data.len()];
+    o.read_at(&mut buf, 0)?;
+    assert_eq!(
+        buf, data,
+        "chunks over the budget are served from the backing"
+    );
+    assert!(
+        o.snapshot_bytes().is_none(),
+        "a partly loaded object has no snapshot"
+    );
+    Ok(())
+}
