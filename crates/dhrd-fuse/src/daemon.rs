@@ -18,6 +18,7 @@
 
 use crate::error::{FsError, Result};
 use crate::fs::{DhrdFs, FsConfig, Shared};
+use crate::objects::PRELOAD_PARK_BYTES_MAX;
 use crate::sys::{self, BackingDir};
 use dhrd_io::Durable as _;
 use rustix::fs::OFlags;
@@ -275,6 +276,10 @@ fn load_totals_ext(sh: &Shared) -> (u64, u64, bool, u64) {
     let mut total = 0u64;
     let mut all = true;
     let mut over = 0u64;
+    // Parked copies are whole files in RAM.
+    let parked = sh.objects.parked_totals();
+    loaded += parked.bytes;
+    total += parked.bytes;
     for o in sh.objects.snapshot() {
         let p = o.progress();
         over += p.chunks_over_budget.saturating_mul(p.chunk_bytes);
@@ -317,10 +322,11 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     let pre = &sh.preload;
     let _ = writeln!(
         s,
-        "load:            {pct:.1}% of cached files in RAM ({} of {}, {} objects){}",
+        "load:            {pct:.1}% of cached files in RAM ({} of {}, {} objects, {} parked files){}",
         human(loaded),
         human(total),
         sh.objects.len(),
+        sh.objects.parked_totals().files,
         if all { ", complete" } else { "" }
     );
     let _ = writeln!(
@@ -413,10 +419,33 @@ fn preload_walk(sh: Arc<Shared>) {
                     sh.preload
                         .bytes_seen
                         .fetch_add(st.st_size as u64, Ordering::Relaxed);
+                    let size = st.st_size as u64;
+                    if size > 0 && size <= PRELOAD_PARK_BYTES_MAX && !sh.objects.is_known(st.st_ino)
+                    {
+                        // Small files: one read into a parked copy, no object, no
+                        // descriptor kept; the tree's small files all fit in RAM this way.
+                        let parked = sys::open_confined(
+                            fd.as_fd(),
+                            name,
+                            OFlags::RDONLY,
+                            rustix::fs::Mode::empty(),
+                        )
+                        .map_err(FsError::from)
+                        .and_then(|f| {
+                            let f = std::fs::File::from(f);
+                            if sys::fstat(f.as_fd())?.st_ino != st.st_ino {
+                                return Err(FsError::Stale);
+                            }
+                            sh.objects.park_file(st.st_ino, &f)
+                        });
+                        if let Ok(true) = parked {
+                            sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
+                        }
+                        continue;
+                    }
                     let room = sh.objects.has_room()
-                        && sh.budget.used_bytes().saturating_add(st.st_size as u64)
-                            <= sh.budget.limit_bytes();
-                    if room && st.st_size > 0 && sh.objects.get(st.st_ino).is_none() {
+                        && sh.budget.used_bytes().saturating_add(size) <= sh.budget.limit_bytes();
+                    if room && size > 0 && sh.objects.get(st.st_ino).is_none() {
                         let path = rel.join(name);
                         let label = path.display().to_string();
                         let r = sh.objects.touch(st.st_ino, &label, || {

@@ -234,6 +234,9 @@ impl Shared {
             durability: object_durability,
             budget: Some(budget.clone()),
             loader: Some(loader),
+            // Small files are loaded by the open itself: the read that follows finds RAM,
+            // and no loader thread is woken per file.
+            inline_load_bytes_max: dhrd_engine::INLINE_LOAD_BYTES_MAX,
             ..Default::default()
         };
         if let Some(c) = cfg.chunk_bytes {

@@ -16,14 +16,28 @@
 //!   together with the passthrough registration so the two cannot race.
 //! - A closed object whose backing file changed behind the daemon's back (size or mtime
 //!   differ from what was recorded at close) is dropped at the next open and reloaded.
+//! - Parked files: an object pushed out of the LRU that was fully loaded leaves its bytes
+//!   behind as a plain heap copy (no descriptor, no mapping, no statistics), charged to the
+//!   RAM budget by its page-rounded size; the preload walk parks small files the same way.
+//!   So every file of a large tree stays in RAM within `--mem` while only the open and
+//!   recently used ones cost descriptors. A parked copy is used only while the inode has
+//!   no object, and only if the backing file's size and mtime still match; every path
+//!   that removes an object also removes the inode's parked copy, and a copy taken of an
+//!   older object never replaces one of a newer (generations), so a stale copy is never
+//!   served.
+//! - Objects are created outside the map lock (opening the backing file, the memfd and an
+//!   inline load of a small file take tens of microseconds and may read the disk); two
+//!   racing opens of one inode may both create one, and the second to insert drops its own
+//!   unused object, so only one object per inode is ever handed out.
 //!
 //! Crash semantics: dropping an object calls `close()` first, which makes every write
-//! durable in the non-sync modes; in sync mode every write already is.
+//! durable in the non-sync modes; in sync mode every write already is. Parked copies are
+//! RAM only; the backing holds the same bytes.
 
 use crate::backing::ConfinedFile;
-use crate::error::Result;
+use crate::error::{FsError, Result};
 use crate::sys;
-use dhrd_engine::{Durability, HybridObject, ObjectConfig};
+use dhrd_engine::{Durability, HybridObject, ObjectConfig, RamBudget};
 use dhrd_io::Durable as _;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +52,11 @@ use std::sync::Arc;
 pub const CLOSED_OBJECTS_MAX: usize = 1024;
 
 pub type Obj = HybridObject<ConfinedFile>;
+
+/// Files up to this size are parked by the preload walk itself (one read each, no object);
+/// larger ones get an object the loader threads fill, while the LRU has room.
+pub const PRELOAD_PARK_BYTES_MAX: u64 = 1 << 20;
+const PAGE_BYTES: u64 = 4096;
 
 /// What identifies the content of a closed backing file: size, mtime seconds, mtime ns.
 type Signature = (i64, i64, i64);
@@ -54,6 +73,17 @@ struct Entry {
     /// requires one backing id per inode).
     passthrough: Option<Arc<fuser::BackingId>>,
     passthrough_opens: u32,
+    /// Creation order; a parked copy of an older generation never replaces a newer one.
+    generation: u64,
+}
+
+/// The bytes of a closed file kept without an object (see the module header).
+struct Parked {
+    sig: Signature,
+    bytes: Box<[u8]>,
+    /// Charged to the RAM budget: the size rounded up to whole pages.
+    reserved_bytes: u64,
+    generation: u64,
 }
 
 #[derive(Default)]
@@ -61,11 +91,47 @@ struct Inner {
     map: HashMap<u64, Entry>,
     lru: BTreeMap<u64, u64>,
     tick: u64,
+    parked: HashMap<u64, Parked>,
+    parked_bytes: u64,
+}
+
+impl Inner {
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// Removes the parked copy of `key`, returning its bytes and signature; the budget
+    /// reservation is released by the caller via `budget`.
+    fn unpark(&mut self, key: u64, budget: &RamBudget) -> Option<Parked> {
+        let p = self.parked.remove(&key)?;
+        self.parked_bytes -= p.bytes.len() as u64;
+        budget.release(p.reserved_bytes);
+        Some(p)
+    }
+
+    /// Removes the entry of `key` from the map and the LRU, and any parked copy with it.
+    fn remove_entry(&mut self, key: u64, budget: &RamBudget) -> Option<Entry> {
+        self.unpark(key, budget);
+        let e = self.map.remove(&key)?;
+        if let Some(t) = e.tick {
+            self.lru.remove(&t);
+        }
+        Some(e)
+    }
 }
 
 pub struct Objects {
     inner: Mutex<Inner>,
     base: ObjectConfig,
+    budget: Arc<RamBudget>,
+}
+
+/// Files parked and their bytes, for status.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ParkedTotals {
+    pub files: u64,
+    pub bytes: u64,
 }
 
 fn signature(f: &File) -> Option<Signature> {
@@ -75,9 +141,11 @@ fn signature(f: &File) -> Option<Signature> {
 
 impl Objects {
     pub fn new(base: ObjectConfig) -> Self {
+        let budget = base.budget.clone().unwrap_or_else(RamBudget::unlimited);
         Self {
             inner: Mutex::new(Inner::default()),
             base,
+            budget,
         }
     }
 
@@ -108,71 +176,118 @@ impl Objects {
         count_open: Option<bool>,
     ) -> Result<Obj> {
         let mut dropped = Vec::new();
-        let obj = {
+        let mut stale = Vec::new();
+        let mut open = Some(open);
+        loop {
+            let (parked, generation) = {
+                let mut g = self.inner.lock();
+                let inner = &mut *g;
+                // A closed object whose file changed behind our back is reloaded.
+                let changed = match inner.map.get(&key) {
+                    Some(e) if e.opens == 0 => match e.closed_sig {
+                        Some(sig) => signature(e.obj.backing().file()) != Some(sig),
+                        None => false,
+                    },
+                    _ => false,
+                };
+                if changed {
+                    // Closed, never parked: its bytes are the old content.
+                    if let Some(e) = inner.remove_entry(key, &self.budget) {
+                        stale.push(e.obj);
+                    }
+                }
+                if inner.map.contains_key(&key) {
+                    let r = Self::open_entry(inner, key, count_open);
+                    Self::evict_locked(inner, &mut dropped);
+                    drop(g);
+                    close_unparked(stale);
+                    self.close_all(dropped);
+                    return r;
+                }
+                (inner.unpark(key, &self.budget), inner.next_tick())
+            };
+            // Nobody else can be handed an object for `key` before we insert ours; one
+            // created concurrently by another open loses to whichever is inserted first.
+            let created = match open.take() {
+                Some(open) => open().and_then(|f| self.create(name, f, parked)),
+                None => Err(FsError::Stale),
+            };
+            let obj = match created {
+                Ok(o) => o,
+                Err(e) => {
+                    close_unparked(stale);
+                    return Err(e);
+                }
+            };
             let mut g = self.inner.lock();
             let inner = &mut *g;
-            // A closed object whose file changed behind our back is reloaded.
-            let changed = match inner.map.get(&key) {
-                Some(e) if e.opens == 0 => match e.closed_sig {
-                    Some(sig) => signature(e.obj.backing().file()) != Some(sig),
-                    None => false,
+            if inner.map.contains_key(&key) {
+                // Lost the race: ours was never used, nothing to flush.
+                drop(g);
+                obj.discard();
+                continue;
+            }
+            // An older parked copy that appeared meanwhile (an eviction finishing late)
+            // must not outlive the object that now exists.
+            inner.unpark(key, &self.budget);
+            let tick = inner.next_tick();
+            inner.lru.insert(tick, key);
+            inner.map.insert(
+                key,
+                Entry {
+                    obj,
+                    opens: 0,
+                    writers: 0,
+                    tick: Some(tick),
+                    closed_sig: None,
+                    passthrough: None,
+                    passthrough_opens: 0,
+                    generation,
                 },
-                _ => false,
-            };
-            if changed {
-                if let Some(e) = inner.map.remove(&key) {
-                    if let Some(t) = e.tick {
-                        inner.lru.remove(&t);
-                    }
-                    dropped.push(e.obj);
-                }
-            }
-            if !inner.map.contains_key(&key) {
-                let file = open()?;
-                let cfg = ObjectConfig {
-                    name: format!("dhrd:{name}"),
-                    ..self.base.clone()
-                };
-                let write_through = cfg.durability == Durability::Sync;
-                let backing = ConfinedFile::new(file, name.to_owned(), write_through);
-                let obj = HybridObject::open(backing, cfg)?;
-                inner.tick += 1;
-                let tick = inner.tick;
-                inner.lru.insert(tick, key);
-                inner.map.insert(
-                    key,
-                    Entry {
-                        obj,
-                        opens: 0,
-                        writers: 0,
-                        tick: Some(tick),
-                        closed_sig: None,
-                        passthrough: None,
-                        passthrough_opens: 0,
-                    },
-                );
-            }
-            let Some(e) = inner.map.get_mut(&key) else {
-                return Err(crate::error::FsError::Stale);
-            };
-            if let Some(writable) = count_open {
-                if writable && e.passthrough_opens > 0 {
-                    return Err(crate::error::FsError::Errno(libc::ETXTBSY));
-                }
-                e.opens += 1;
-                if writable {
-                    e.writers += 1;
-                }
-                if let Some(t) = e.tick.take() {
-                    inner.lru.remove(&t);
-                }
-            }
-            let obj = e.obj.clone();
+            );
+            let r = Self::open_entry(inner, key, count_open);
             Self::evict_locked(inner, &mut dropped);
-            obj
+            drop(g);
+            close_unparked(stale);
+            self.close_all(dropped);
+            return r;
+        }
+    }
+
+    /// Counts an open of the existing entry `key` (a writable one fails with ETXTBSY while
+    /// the inode has passthrough opens), takes it out of the LRU and returns its object.
+    fn open_entry(inner: &mut Inner, key: u64, count_open: Option<bool>) -> Result<Obj> {
+        let Some(e) = inner.map.get_mut(&key) else {
+            return Err(FsError::Stale);
         };
-        close_all(dropped);
-        Ok(obj)
+        if let Some(writable) = count_open {
+            if writable && e.passthrough_opens > 0 {
+                return Err(FsError::Errno(libc::ETXTBSY));
+            }
+            e.opens += 1;
+            if writable {
+                e.writers += 1;
+            }
+            if let Some(t) = e.tick.take() {
+                inner.lru.remove(&t);
+            }
+        }
+        Ok(e.obj.clone())
+    }
+
+    /// Builds the object over `file`, from its parked copy when that is still current.
+    fn create(&self, name: &str, file: File, parked: Option<Parked>) -> Result<Obj> {
+        let cfg = ObjectConfig {
+            name: format!("dhrd:{name}"),
+            ..self.base.clone()
+        };
+        let current = parked.filter(|p| signature(&file) == Some(p.sig));
+        let write_through = cfg.durability == Durability::Sync;
+        let backing = ConfinedFile::new(file, name.to_owned(), write_through);
+        Ok(match current {
+            Some(p) => HybridObject::open_with_bytes(backing, cfg, &p.bytes)?,
+            None => HybridObject::open(backing, cfg)?,
+        })
     }
 
     /// Counts one close. At the last close the object goes to the LRU, or is dropped when
@@ -201,24 +316,22 @@ impl Objects {
             }
             Self::evict_locked(inner, &mut dropped);
             if unlinked {
-                if let Some(e) = inner.map.remove(&key) {
-                    gone = Some(e.obj);
-                }
+                gone = inner.remove_entry(key, &self.budget).map(|e| e.obj);
             }
         }
         if let Some(o) = gone {
             o.discard();
         }
-        close_all(dropped);
+        self.close_all(dropped);
     }
 
-    fn evict_locked(inner: &mut Inner, dropped: &mut Vec<Obj>) {
+    fn evict_locked(inner: &mut Inner, dropped: &mut Vec<(u64, Obj, u64)>) {
         while inner.lru.len() > CLOSED_OBJECTS_MAX {
             let Some((_, key)) = inner.lru.pop_first() else {
                 break;
             };
             if let Some(e) = inner.map.remove(&key) {
-                dropped.push(e.obj);
+                dropped.push((key, e.obj, e.generation));
             }
         }
     }
@@ -228,32 +341,30 @@ impl Objects {
         self.inner.lock().map.get(&key).map(|e| e.obj.clone())
     }
 
-    /// Drops the cached object of a closed file (after unlink/rename-over removed its last
-    /// link). Open objects stay until their last release.
+    /// Drops the cached object (or parked copy) of a closed file, after unlink or
+    /// rename-over removed a link. Open objects stay until their last release.
     pub fn forget_if_closed(&self, key: u64) {
         let dropped = {
             let mut g = self.inner.lock();
             let inner = &mut *g;
             match inner.map.get(&key) {
-                Some(e) if e.opens == 0 => {
-                    let e = inner.map.remove(&key);
-                    e.map(|e| {
-                        if let Some(t) = e.tick {
-                            inner.lru.remove(&t);
-                        }
-                        e.obj
-                    })
+                Some(e) if e.opens == 0 => inner.remove_entry(key, &self.budget).map(|e| e.obj),
+                Some(_) => None,
+                None => {
+                    // Cheap to reload if other links remain; never stale.
+                    inner.unpark(key, &self.budget);
+                    None
                 }
-                _ => None,
             }
         };
         if let Some(o) = dropped {
             // Unlinked (or renamed over) and closed: nothing can reach the data again, so
-            // it is not flushed. A file that is still linked elsewhere is closed normally.
+            // it is not flushed. A file that is still linked elsewhere is closed normally
+            // (and not parked: the next open reloads it).
             if has_no_links(&o) {
                 o.discard();
             } else {
-                close_all(vec![o]);
+                close_unparked(vec![o]);
             }
         }
     }
@@ -315,17 +426,83 @@ impl Objects {
             .collect()
     }
 
+    pub fn parked_totals(&self) -> ParkedTotals {
+        let g = self.inner.lock();
+        ParkedTotals {
+            files: g.parked.len() as u64,
+            bytes: g.parked_bytes,
+        }
+    }
+
     /// Whether the closed LRU has room for preloading more files.
     pub fn has_room(&self) -> bool {
         self.inner.lock().lru.len() < CLOSED_OBJECTS_MAX
     }
 
-    /// Flushes and drops every object (unmount). Returns the first flush error.
+    /// Whether `key` has an object or a parked copy.
+    pub fn is_known(&self, key: u64) -> bool {
+        let g = self.inner.lock();
+        g.map.contains_key(&key) || g.parked.contains_key(&key)
+    }
+
+    /// Parks the content of a closed file read by the preload walk: `file` is its
+    /// backing file (inode `key`), at most `PRELOAD_PARK_BYTES_MAX` long. `Ok(false)` when
+    /// the RAM budget has no room (or the file grew), `Ok(true)` when parked or when the
+    /// inode meanwhile got an object or a copy of its own.
+    pub fn park_file(&self, key: u64, file: &File) -> Result<bool> {
+        let before = signature(file).ok_or(FsError::Stale)?;
+        let len = u64::try_from(before.0).map_err(|_| FsError::Stale)?;
+        if len == 0 || len > PRELOAD_PARK_BYTES_MAX {
+            return Ok(false);
+        }
+        let reserved = len.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        if !self.budget.try_reserve(reserved) {
+            return Ok(false);
+        }
+        // As the engine does before a load: read what the device holds, and leave no
+        // page cache behind (RAM holds the copy).
+        sys::drop_cache(file.as_fd());
+        let mut bytes = vec![0u8; len as usize];
+        let read = read_full_at(file, &mut bytes);
+        sys::drop_cache(file.as_fd());
+        let after = signature(file);
+        if read.is_err() || after != Some(before) {
+            self.budget.release(reserved);
+            return read.map(|_| false);
+        }
+        let mut g = self.inner.lock();
+        let inner = &mut *g;
+        if inner.map.contains_key(&key) || inner.parked.contains_key(&key) {
+            drop(g);
+            self.budget.release(reserved);
+            return Ok(true);
+        }
+        let generation = inner.next_tick();
+        inner.parked_bytes += len;
+        inner.parked.insert(
+            key,
+            Parked {
+                sig: before,
+                bytes: bytes.into_boxed_slice(),
+                reserved_bytes: reserved,
+                generation,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Flushes and drops every object and parked copy (unmount). Returns the first flush
+    /// error.
     pub fn close_everything(&self) -> Result<()> {
         let all: Vec<Obj> = {
             let mut g = self.inner.lock();
-            g.lru.clear();
-            g.map.drain().map(|(_, e)| e.obj).collect()
+            let inner = &mut *g;
+            inner.lru.clear();
+            let keys: Vec<u64> = inner.parked.keys().copied().collect();
+            for k in keys {
+                inner.unpark(k, &self.budget);
+            }
+            inner.map.drain().map(|(_, e)| e.obj).collect()
         };
         let mut first = Ok(());
         for o in all {
@@ -337,6 +514,83 @@ impl Objects {
         }
         first
     }
+
+    /// Closes objects pushed out of the LRU and parks the content of those that were
+    /// fully loaded.
+    fn close_all(&self, objs: Vec<(u64, Obj, u64)>) {
+        for (key, o, generation) in objs {
+            // Closing flushes in the non-sync modes; a failure leaves the object read-only
+            // and the data in the backing as of the last successful flush, which is all we
+            // can do for a file nobody has open. It is reported in the daemon's log.
+            if let Err(e) = o.close() {
+                log_close_failure(&o, &e);
+                continue;
+            }
+            self.park(key, o, generation);
+        }
+    }
+
+    fn park(&self, key: u64, o: Obj, generation: u64) {
+        let Some(sig) = signature(o.backing().file()) else {
+            return;
+        };
+        let Some(bytes) = o.snapshot_bytes().filter(|b| !b.is_empty()) else {
+            return;
+        };
+        // The object's own reservation goes with it (chunk-sized), before the copy's
+        // (page-sized) is taken, so a budget near its limit can still park.
+        drop(o);
+        let len = bytes.len() as u64;
+        let reserved = len.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        if !self.budget.try_reserve(reserved) {
+            return;
+        }
+        let mut g = self.inner.lock();
+        let inner = &mut *g;
+        let newer = inner.map.contains_key(&key)
+            || inner
+                .parked
+                .get(&key)
+                .is_some_and(|p| p.generation > generation);
+        if newer {
+            drop(g);
+            self.budget.release(reserved);
+            return;
+        }
+        inner.unpark(key, &self.budget);
+        inner.parked_bytes += len;
+        inner.parked.insert(
+            key,
+            Parked {
+                sig,
+                bytes: bytes.into_boxed_slice(),
+                reserved_bytes: reserved,
+                generation,
+            },
+        );
+    }
+}
+
+fn close_unparked(objs: Vec<Obj>) {
+    for o in objs {
+        if let Err(e) = o.close() {
+            log_close_failure(&o, &e);
+        }
+    }
+}
+
+fn log_close_failure(o: &Obj, e: &dhrd_engine::Error) {
+    eprintln!(
+        "dhrd: flushing {} on eviction failed: {e}",
+        o.backing().describe()
+    );
+}
+
+/// Reads `buf.len()` bytes from offset 0.
+fn read_full_at(f: &File, buf: &mut [u8]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.read_exact_at(buf, 0)?;
+    Ok(())
 }
 
 /// Whether the object's backing file has no name left (unlinked or renamed over). An
@@ -345,18 +599,4 @@ fn has_no_links(o: &Obj) -> bool {
     sys::fstat(o.backing().file().as_fd())
         .map(|s| s.st_nlink == 0)
         .unwrap_or(false)
-}
-
-fn close_all(objs: Vec<Obj>) {
-    for o in objs {
-        // Closing flushes in the non-sync modes; a failure leaves the object read-only and
-        // the data in the backing as of the last successful flush, which is all we can do
-        // for a file nobody has open. It is reported in the daemon's log.
-        if let Err(e) = o.close() {
-            eprintln!(
-                "dhrd: flushing {} on eviction failed: {e}",
-                o.backing().describe()
-            );
-        }
-    }
 }

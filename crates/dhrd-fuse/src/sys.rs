@@ -179,3 +179,10 @@ pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
 pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::fs::syncfs(fd).map_err(io::Error::from)
 }
+
+/// Drops a file's clean pages from the page cache (POSIX_FADV_DONTNEED); advice only, so
+/// a failure changes nothing but memory use.
+pub fn drop_cache(fd: BorrowedFd<'_>) {
+    // SAFETY: advice on a descriptor we borrow; no memory is passed.
+    unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
