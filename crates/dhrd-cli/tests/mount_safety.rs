@@ -265,6 +265,30 @@ fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
         .expect("umount");
     assert!(st.success());
     assert!(!is_mounted(&mnt));
+    // Once `dhrd umount` returns, the backing is free: mounting it again at once works,
+    // also when the daemon has much to tear down (thousands of objects and parked files).
+    for i in 0..3000 {
+        fs::write(backing.join(format!("g{i}")), vec![b'x'; 4 << 10]).expect("g");
+    }
+    for _ in 0..3 {
+        let st = Command::new(dhrd())
+            .args(["mount", "--daemon", "--quiet"])
+            .arg(&backing)
+            .arg(&mnt)
+            .status()
+            .expect("dhrd mount --daemon");
+        assert!(st.success(), "mount right after umount");
+        assert_eq!(fs::read(mnt.join("f")).expect("read"), b"data");
+        for i in 0..3000 {
+            fs::read(mnt.join(format!("g{i}"))).expect("read g");
+        }
+        let st = Command::new(dhrd())
+            .arg("umount")
+            .arg(&mnt)
+            .status()
+            .expect("umount");
+        assert!(st.success());
+    }
 }
 
 #[test]

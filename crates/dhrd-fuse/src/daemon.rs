@@ -772,6 +772,10 @@ pub fn run(cfg: MountConfig) -> Result<()> {
     if stop_requested.load(Ordering::Acquire) {
         let _ = stopper.join();
     }
+    // The session is over and `destroy` has flushed everything: let a new daemon have the
+    // backing now, before the control socket goes (which is what `dhrd umount` waits
+    // for), not when the last thread holding `Shared` lets go of the directory fd.
+    let _ = rustix::fs::flock(sh.dir.root_fd(), rustix::fs::FlockOperation::Unlock);
     r.map_err(|e| FsError::io("FUSE session", e))?;
     if let Some(msg) = sh.final_error() {
         // Unmounted, but not everything may be on the backing: say so and exit non-zero.
