@@ -170,3 +170,86 @@ fn files_beyond_the_object_cache_stay_in_ram_and_never_go_stale() {
     read_all(&want);
     drop(m);
 }
+
+/// A number in the status line starting with `prefix`, after `key`.
+fn status_number(status: &str, prefix: &str, key: &str) -> u64 {
+    status
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.split(key).nth(1))
+        .and_then(|t| {
+            t.split(|c: char| !c.is_ascii_digit())
+                .find(|w| !w.is_empty())
+        })
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+/// What `ls -l` shows of a directory: name, type, size, permissions, links.
+fn long_listing(dir: &std::path::Path) -> Vec<(String, String, u64, u32, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            let kind = format!("{:?}", e.file_type().unwrap());
+            let size = if m.is_dir() { 0 } else { m.len() };
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                kind,
+                size,
+                m.mode(),
+                m.nlink(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `ls -l` of a large directory gets the attributes with the names (READDIRPLUS) instead
+/// of one LOOKUP round trip per entry, shows what the plain directory shows, and every
+/// entry handed out that way stays usable, also after the kernel forgot them all.
+#[test]
+fn long_listings_come_with_attributes() {
+    let s = Scratch::new("rdplus");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let dir = backing.join("big");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..2000 {
+        fs::write(dir.join(format!("file-{i}")), vec![b'a'; i % 50]).unwrap();
+    }
+    for i in 0..20 {
+        fs::create_dir(dir.join(format!("sub-{i}"))).unwrap();
+        std::os::unix::fs::symlink(format!("file-{i}"), dir.join(format!("link-{i}"))).unwrap();
+        fs::hard_link(dir.join(format!("file-{i}")), dir.join(format!("hard-{i}"))).unwrap();
+    }
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--no-preload"]);
+    let want = long_listing(&dir);
+    assert_eq!(long_listing(&mnt.join("big")), want);
+    let st = m.status();
+    let plus = status_number(&st, "lookups:", "readdirplus ");
+    let lookups = status_number(&st, "lookups:", "lookups:");
+    assert!(plus >= 2000, "{plus} entries came with attributes:\n{st}");
+    assert!(
+        lookups < 500,
+        "{lookups} lookups for a listing of 2060 entries:\n{st}"
+    );
+    // Every entry is usable by the node the listing gave the kernel.
+    for i in 0..2000 {
+        assert_eq!(
+            fs::read(mnt.join(format!("big/file-{i}"))).unwrap().len(),
+            i % 50
+        );
+    }
+    // The kernel forgets the inodes (FORGET with the counts it holds) and looks them up
+    // again: the daemon's counts must have matched, or nodes would be missing or stale.
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    assert_eq!(long_listing(&mnt.join("big")), want);
+    fs::write(mnt.join("big/file-7"), b"changed").unwrap();
+    assert_eq!(fs::read(dir.join("file-7")).unwrap(), b"changed");
+    assert_eq!(fs::read(mnt.join("big/hard-7")).unwrap(), b"changed");
+    drop(m);
+}

@@ -27,8 +27,8 @@ use dhrd_engine::{Durability, RamBudget, Served};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -46,6 +46,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// How long the kernel may cache entries and attributes. Long, because nothing changes the
 /// tree except requests through this daemon (see docs/fuse.md for changes behind its back).
 pub const ATTR_TTL: Duration = Duration::from_secs(3600);
+/// Entries one READDIRPLUS reply is built from at most (each is stat'ed; the kernel's
+/// buffer, usually 4 KiB to 128 KiB, holds fewer of these large entries anyway).
+pub const READDIRPLUS_BATCH_MAX: usize = 1024;
 /// How long a read-only open in `--read-path passthrough` waits for its file to finish
 /// loading before it falls back to the direct path.
 pub const PASSTHROUGH_LOAD_WAIT: Duration = Duration::from_secs(2);
@@ -359,6 +362,28 @@ impl Shared {
             uid: st.st_uid,
             gid: st.st_gid,
             rdev: st.st_rdev as u32,
+            blksize: STAT_BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// Attributes for a READDIRPLUS entry the kernel will not link (".", "..", an entry
+    /// on another file system); only the inode number and type are read.
+    fn placeholder_attr(&self) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(0),
+            size: 0,
+            blocks: 0,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind: FileType::RegularFile,
+            perm: 0,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
             blksize: STAT_BLKSIZE,
             flags: 0,
         }
@@ -1087,6 +1112,13 @@ impl Filesystem for DhrdFs {
                 .passthrough_negotiated
                 .store(true, Ordering::Release);
         }
+        // Listing a directory then stat'ing its entries (ls -l, find, rsync, du) costs one
+        // LOOKUP round trip per entry; READDIRPLUS returns the attributes with the names,
+        // and AUTO lets the kernel use it only when lookups do follow the listing.
+        let plus = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+        if caps.contains(plus) {
+            let _ = config.add_capabilities(plus);
+        }
         if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
             let _ = config.set_max_write(max);
         }
@@ -1106,6 +1138,7 @@ impl Filesystem for DhrdFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.sh.stats.lookups.fetch_add(1, Ordering::Relaxed);
         let r = sys::check_name(name)
             .and_then(|_| self.sh.dir_fd(Ino(parent.0)))
             .and_then(|pfd| self.sh.lookup_in(Ino(parent.0), &pfd, name));
@@ -1393,6 +1426,83 @@ impl Filesystem for DhrdFs {
             }
         }
         drop(dirs);
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // Copy one batch out so the directory lock is not held while stat'ing entries.
+        let batch: Vec<(u64, FileType, OsString)> = {
+            let dirs = self.sh.dirs.lock();
+            let Some(d) = dirs.get(&Fh(fh.0)) else {
+                reply.error(Errno::EBADF);
+                return;
+            };
+            d.entries
+                .iter()
+                .skip(offset as usize)
+                .take(READDIRPLUS_BATCH_MAX)
+                .cloned()
+                .collect()
+        };
+        let pfd = match self.sh.dir_fd(Ino(ino.0)) {
+            Ok(fd) => fd,
+            Err(e) => {
+                reply.error(errno(&e));
+                return;
+            }
+        };
+        for (i, (eino, kind, name)) in batch.iter().enumerate() {
+            let next = offset + i as u64 + 1;
+            if name == "." || name == ".." {
+                // The kernel links neither and counts no lookup for them.
+                let attr = FileAttr {
+                    ino: INodeNo(*eino),
+                    kind: *kind,
+                    ..self.sh.placeholder_attr()
+                };
+                if reply.add(INodeNo(*eino), next, name, &ATTR_TTL, &attr, Generation(0)) {
+                    break;
+                }
+                continue;
+            }
+            // Gone since opendir: left out, as a later readdir would. On another file
+            // system (not part of the tree; LOOKUP says EXDEV): inode 0, which the kernel
+            // does not link and readdir(3) skips.
+            let Ok(st) = sys::stat_at(pfd.as_fd(), name) else {
+                continue;
+            };
+            let attr = if st.st_dev == self.sh.dir.dev() {
+                self.sh.attr(&st)
+            } else {
+                FileAttr {
+                    ino: INodeNo(0),
+                    kind: *kind,
+                    ..self.sh.placeholder_attr()
+                }
+            };
+            if reply.add(attr.ino, next, name, &ATTR_TTL, &attr, Generation(0)) {
+                break;
+            }
+            if attr.ino.0 != 0 {
+                // Counted only once the entry is in the reply: the kernel takes one lookup
+                // reference per entry it receives.
+                self.sh
+                    .nodes
+                    .lock()
+                    .remember(Ino(attr.ino.0), Ino(ino.0), name);
+                self.sh
+                    .stats
+                    .readdirplus_entries
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
         reply.ok();
     }
 

@@ -71,6 +71,10 @@ pub struct FsStats {
     pub opens_passthrough: AtomicU64,
     pub opens_direct: AtomicU64,
     pub opens_cached: AtomicU64,
+    /// LOOKUP requests, and entries handed out with attributes by READDIRPLUS (each one
+    /// a LOOKUP the kernel need not send).
+    pub lookups: AtomicU64,
+    pub readdirplus_entries: AtomicU64,
     pub read_latency: Histogram,
     pub write_latency: Histogram,
     pub fsync_latency: Histogram,
@@ -106,6 +110,12 @@ impl FsStats {
             "syncs:           fsync {}, metadata {}",
             g(&self.fsyncs),
             g(&self.metadata_syncs)
+        );
+        let _ = writeln!(
+            out,
+            "lookups:         {}; entries with attributes from readdirplus {}",
+            g(&self.lookups),
+            g(&self.readdirplus_entries)
         );
         let _ = writeln!(out, "errors:          {}", g(&self.errors));
         let _ = writeln!(out, "read latency:    {}", self.read_latency.line());
