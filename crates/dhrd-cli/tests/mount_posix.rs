@@ -144,6 +144,29 @@ fn exercise(root: &Path) -> Vec<String> {
         rec!("sparse hole zero: {}", buf.iter().all(|x| *x == 0));
     }
     rec!("meta sparse: {}", meta_line(&p("sparse")));
+    // SEEK_DATA / SEEK_HOLE see the same extents as on the plain directory (same file
+    // system type), so sparse-aware copies stay sparse.
+    {
+        use std::os::fd::AsRawFd;
+        let f = File::open(p("sparse")).expect("sparse");
+        let seek = |off: i64, whence: i32| {
+            // SAFETY: lseek on a descriptor we own; no memory is passed.
+            let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+            if r < 0 {
+                format!("err {}", std::io::Error::last_os_error())
+            } else {
+                r.to_string()
+            }
+        };
+        rec!(
+            "sparse seek: data@0 {} hole@0 {} data@5M {} hole@10M {} data@20M {}",
+            seek(0, libc::SEEK_DATA),
+            seek(0, libc::SEEK_HOLE),
+            seek(5 << 20, libc::SEEK_DATA),
+            seek(10 << 20, libc::SEEK_HOLE),
+            seek(20 << 20, libc::SEEK_DATA)
+        );
+    }
     // A file over 4 GiB (sparse).
     {
         let f = OpenOptions::new()

@@ -27,8 +27,8 @@ use dhrd_engine::{Durability, RamBudget, Served};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -924,6 +924,26 @@ impl Shared {
         Ok(())
     }
 
+    /// SEEK_DATA / SEEK_HOLE (the kernel answers the other whences itself). Every write
+    /// and hole punch reaches the backing file before it is acknowledged, in every
+    /// durability mode, so the backing's extent map is the file's; asking it keeps sparse
+    /// files sparse through `cp --sparse`, `tar -S` and the like.
+    fn do_lseek(&self, fh: FileHandle, offset: i64, whence: i32) -> Result<i64> {
+        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+            return Err(FsError::Errno(libc::EINVAL));
+        }
+        let obj = self.handle_obj(fh)?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(obj.backing().file());
+        // SAFETY: lseek on a descriptor the object keeps open for as long as `obj` lives;
+        // the backing is only ever accessed with positioned I/O, so moving its offset is
+        // harmless.
+        let r = unsafe { libc::lseek(fd, offset, whence) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(r)
+    }
+
     fn do_opendir(&self, ino: Ino) -> Result<Fh> {
         let (fd, st) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
         let parent_ino = if ino.0 == FUSE_ROOT_INO {
@@ -1504,6 +1524,21 @@ impl Filesystem for DhrdFs {
             }
         }
         reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.sh.do_lseek(fh, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn releasedir(
