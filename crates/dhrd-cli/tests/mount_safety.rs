@@ -310,6 +310,43 @@ fn data_beyond_the_ram_budget_is_served_from_the_backing_and_reported() {
     drop(m);
 }
 
+/// Parked copies of closed files give way to a file being loaded: the walk fills the budget
+/// with small files, a larger file opened later still loads completely, and the small
+/// files whose copies were given back are read correctly from the backing.
+#[test]
+fn parked_copies_yield_the_budget_to_a_file_being_loaded() {
+    let s = Scratch::new("reclaim");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let small = |i: usize| vec![(i % 251) as u8; 64 << 10];
+    for i in 0..96 {
+        fs::write(backing.join(format!("s{i}")), small(i)).expect("small");
+    }
+    // In a subdirectory, so the breadth-first walk meets the small files first.
+    fs::create_dir(backing.join("sub")).expect("sub");
+    let big: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
+    fs::write(backing.join("sub/big"), &big).expect("big");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--mem", "8M", "--chunk", "1M"]);
+    m.wait_loaded();
+    let st = m.status();
+    assert!(st.contains("96 parked files"), "{st}");
+    assert_eq!(fs::read(mnt.join("sub/big")).expect("read big"), big);
+    m.wait_loaded();
+    let st = m.status();
+    assert!(st.contains("0 B over the budget"), "{st}");
+    assert!(
+        !st.contains("96 parked files"),
+        "no parked copy was given back: {st}"
+    );
+    for i in 0..96 {
+        assert_eq!(
+            fs::read(mnt.join(format!("s{i}"))).expect("small"),
+            small(i)
+        );
+    }
+    drop(m);
+}
+
 /// No /dev/fuse, or something else in its place: a clear message, exit 1, nothing mounted.
 /// Runs the daemon in a private mount namespace (unshare -m) where /dev is replaced by an
 /// empty tmpfs, or /dev/fuse by a plain file, so the host is untouched.

@@ -245,11 +245,11 @@ impl Shared {
         if let Some(c) = cfg.chunk_bytes {
             base.chunk_bytes = c;
         }
-        Ok(Arc::new(Self {
+        let sh = Arc::new(Self {
             dir,
             cfg,
             objects: Objects::new(base),
-            budget,
+            budget: budget.clone(),
             stats: FsStats::default(),
             preload: PreloadState::default(),
             nodes: Mutex::new(NodeTable::new()),
@@ -261,7 +261,14 @@ impl Shared {
             mmap_on_direct: AtomicBool::new(false),
             meta_dirty: AtomicBool::new(false),
             final_error: Mutex::new(None),
-        }))
+        });
+        // Parked copies of closed files yield to loads: the backing still has them.
+        let weak = Arc::downgrade(&sh);
+        budget.set_reclaimer(Box::new(move |bytes| {
+            weak.upgrade()
+                .map_or(0, |sh| sh.objects.reclaim_parked(bytes))
+        }));
+        Ok(sh)
     }
 
     fn sync_mode(&self) -> bool {

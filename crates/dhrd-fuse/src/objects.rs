@@ -19,6 +19,7 @@
 //! - Parked files: an object pushed out of the LRU that was fully loaded leaves its bytes
 //!   behind as a plain heap copy (no descriptor, no mapping, no statistics), charged to the
 //!   RAM budget by its page-rounded size; the preload walk parks small files the same way.
+//!   When a load finds the budget full, the oldest parked copies are given back first.
 //!   So every file of a large tree stays in RAM within `--mem` while only the open and
 //!   recently used ones cost descriptors. A parked copy is used only while the inode has
 //!   no object, and only if the backing file's size and mtime still match; every path
@@ -93,6 +94,8 @@ struct Inner {
     tick: u64,
     parked: HashMap<u64, Parked>,
     parked_bytes: u64,
+    /// Parked copies by generation, oldest first: the order the budget reclaims them in.
+    parked_order: BTreeMap<u64, u64>,
 }
 
 impl Inner {
@@ -105,9 +108,16 @@ impl Inner {
     /// reservation is released by the caller via `budget`.
     fn unpark(&mut self, key: u64, budget: &RamBudget) -> Option<Parked> {
         let p = self.parked.remove(&key)?;
+        self.parked_order.remove(&p.generation);
         self.parked_bytes -= p.bytes.len() as u64;
         budget.release(p.reserved_bytes);
         Some(p)
+    }
+
+    fn insert_parked(&mut self, key: u64, p: Parked) {
+        self.parked_bytes += p.bytes.len() as u64;
+        self.parked_order.insert(p.generation, key);
+        self.parked.insert(key, p);
     }
 
     /// Removes the entry of `key` from the map and the LRU, and any parked copy with it.
@@ -456,7 +466,8 @@ impl Objects {
             return Ok(false);
         }
         let reserved = len.div_ceil(PAGE_BYTES) * PAGE_BYTES;
-        if !self.budget.try_reserve(reserved) {
+        // Never at the cost of other parked copies (`try_reserve` would reclaim them).
+        if !self.budget.try_reserve_now(reserved) {
             return Ok(false);
         }
         // As the engine does before a load: read what the device holds, and leave no
@@ -478,8 +489,7 @@ impl Objects {
             return Ok(true);
         }
         let generation = inner.next_tick();
-        inner.parked_bytes += len;
-        inner.parked.insert(
+        inner.insert_parked(
             key,
             Parked {
                 sig: before,
@@ -542,7 +552,7 @@ impl Objects {
         drop(o);
         let len = bytes.len() as u64;
         let reserved = len.div_ceil(PAGE_BYTES) * PAGE_BYTES;
-        if !self.budget.try_reserve(reserved) {
+        if !self.budget.try_reserve_now(reserved) {
             return;
         }
         let mut g = self.inner.lock();
@@ -558,8 +568,7 @@ impl Objects {
             return;
         }
         inner.unpark(key, &self.budget);
-        inner.parked_bytes += len;
-        inner.parked.insert(
+        inner.insert_parked(
             key,
             Parked {
                 sig,
@@ -568,6 +577,26 @@ impl Objects {
                 generation,
             },
         );
+    }
+
+    /// Drops parked copies, oldest first, until `bytes` of budget were released (the RAM
+    /// budget's reclaimer: a file being loaded matters more than a closed file's copy,
+    /// which the backing still holds). Returns the bytes released.
+    pub fn reclaim_parked(&self, bytes: u64) -> u64 {
+        let mut g = self.inner.lock();
+        let inner = &mut *g;
+        let mut released = 0;
+        while released < bytes {
+            let Some((_, key)) = inner.parked_order.pop_first() else {
+                break;
+            };
+            if let Some(p) = inner.parked.remove(&key) {
+                inner.parked_bytes -= p.bytes.len() as u64;
+                self.budget.release(p.reserved_bytes);
+                released += p.reserved_bytes;
+            }
+        }
+        released
     }
 }
 
