@@ -58,18 +58,23 @@ impl RamBudget {
     /// Reserves `bytes`; `false` when that would exceed the limit even after the reclaimer
     /// (if any) gave back what it could.
     pub fn try_reserve(&self, bytes: u64) -> bool {
-        if self.try_reserve_now(bytes) {
-            return true;
-        }
-        match self.reclaimer.get() {
-            Some(r) => {
-                let short = self
-                    .used_bytes()
-                    .saturating_add(bytes)
-                    .saturating_sub(self.limit_bytes);
-                r(short) > 0 && self.try_reserve_now(bytes)
+        loop {
+            if self.try_reserve_now(bytes) {
+                return true;
             }
-            None => false,
+            let Some(r) = self.reclaimer.get() else {
+                return false;
+            };
+            // Another thread may take what was reclaimed before we retry: ask again until
+            // the reclaimer has nothing left.
+            let short = self
+                .used_bytes()
+                .saturating_add(bytes)
+                .saturating_sub(self.limit_bytes)
+                .max(1);
+            if r(short) == 0 {
+                return self.try_reserve_now(bytes);
+            }
         }
     }
 
