@@ -603,6 +603,7 @@ pub fn run(cfg: MountConfig) -> Result<()> {
     let mut session = fuser::Session::new(DhrdFs { sh: sh.clone() }, &mnt, &fcfg)
         .map_err(|e| setup(format!("mounting {}: {e}", mnt.display())))?;
     let unmounter = session.unmount_callable();
+    let _ = sh.notifier.set(session.notifier());
 
     let (stop_tx, stop_rx) = mpsc::channel::<Stop>();
     {

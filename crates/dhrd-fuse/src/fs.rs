@@ -3,14 +3,18 @@
 //!
 //! Invariants:
 //! - The daemon is the only writer of the tree while mounted; the kernel caches entries and
-//!   attributes for `ATTR_TTL` because every change passes through here.
+//!   attributes for `ATTR_TTL` because every change passes through here. The one change the
+//!   kernel does not expect is the set-id bits a write drops (killpriv.rs); the daemon
+//!   invalidates the inode's cached attributes when it drops them.
 //! - Data: every read and write of a regular file goes to its `HybridObject` (one per backing
 //!   inode, see `objects.rs`), or, for passthrough opens, the kernel reads the object's
 //!   memfd, which is the RAM copy the engine writes into before a write is acknowledged;
 //!   so a read that starts after a write returned sees it, on every read path (SPEC D3).
 //! - Metadata: in `sync` durability every change (create, mkdir, mknod, symlink, link,
-//!   rename, unlink, rmdir, setattr, setxattr, removexattr) is followed by `fsync` of the
-//!   changed inode and of the parent directory (both parents for rename) before the reply.
+//!   rename, unlink, rmdir, setattr, setxattr, removexattr, set-id bits dropped by a write)
+//!   is followed by `fsync` of the changed inode and of the parent directory (both parents
+//!   for rename) before the reply. Set-id bits are dropped (in `sync` mode durably) before
+//!   the data changes, so a crash cannot leave new content with them still set.
 //!   In `fsync` / `periodic:N` the backing file system is `syncfs`'ed at fsync, fsyncdir,
 //!   every period and at unmount instead.
 //!
@@ -19,6 +23,7 @@
 //! system recovers, which is either the old or the new state of that one operation.
 
 use crate::error::{FsError, Result};
+use crate::killpriv::{self, Caller, Fsetid};
 use crate::nodes::{Fh, Ino, NodeTable};
 use crate::objects::{Obj, Objects};
 use crate::stats::FsStats;
@@ -36,11 +41,11 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache entries and attributes. Long, because nothing changes the
@@ -149,6 +154,8 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     pub passthrough_negotiated: AtomicBool,
     pub mmap_on_direct: AtomicBool,
+    /// Sends cache invalidations to the kernel; set by the daemon once the session exists.
+    pub notifier: OnceLock<fuser::Notifier>,
     /// Metadata changed since the last syncfs (non-sync modes).
     meta_dirty: AtomicBool,
     /// First failure of the flush at unmount; makes the daemon exit non-zero.
@@ -253,6 +260,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             passthrough_negotiated: AtomicBool::new(false),
             mmap_on_direct: AtomicBool::new(false),
+            notifier: OnceLock::new(),
             meta_dirty: AtomicBool::new(false),
             final_error: Mutex::new(None),
         }))
@@ -263,7 +271,7 @@ impl Shared {
     }
 
     /// Makes a metadata change durable per the durability mode (see module header).
-    fn meta_durable(&self, fds: &[&OwnedFd]) -> Result<()> {
+    fn meta_durable(&self, fds: &[&dyn AsFd]) -> Result<()> {
         if self.sync_mode() {
             for fd in fds {
                 sys::fsync(fd.as_fd())
@@ -539,6 +547,34 @@ impl Shared {
             }
         }
         first
+    }
+
+    /// Clears the set-id bits `caller` must drop (killpriv.rs) from the file behind `fd`,
+    /// whose stat is `st`, durably per the durability mode. Called before the change
+    /// itself, like the VFS does, so that a crash never leaves changed content with the
+    /// bits still set. Concurrent callers compute the same mode; a chmod cannot interleave
+    /// because the kernel holds the inode lock across both setattr and write.
+    fn drop_setid_bits(
+        &self,
+        fd: BorrowedFd<'_>,
+        st: &libc::stat,
+        caller: &Caller,
+        fsetid: Fsetid,
+    ) -> Result<()> {
+        let kill = killpriv::bits_to_drop(st.st_mode, st.st_gid, caller, fsetid);
+        if kill == 0 {
+            return Ok(());
+        }
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o7777 & !kill))?;
+        self.meta_durable(&[&fd])?;
+        // A write does not make the kernel forget the cached mode (it invalidates only size
+        // and times), so statx(STATX_MODE) would show the bits for up to ATTR_TTL. Offset -1: attributes only, no page cache, no inode lock, so this
+        // is safe while the kernel waits for this request. A failure leaves stale
+        // attributes, not a wrong file, and is not worth failing the request.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(self.dir.fuse_ino(st.st_ino)), -1, 0);
+        }
+        Ok(())
     }
 
     // ----- operations, each returning a Result so the handlers stay one-liners -----
@@ -870,9 +906,24 @@ impl Shared {
         Ok(buf)
     }
 
-    fn do_write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32> {
+    /// `kill_suidgid`: the kernel flagged the write (`FUSE_WRITE_KILL_SUIDGID`), i.e. the
+    /// writer lacks CAP_FSETID; it is set on most writes of non-root processes, so the
+    /// check costs one fstat and nothing more unless the file has a set-id bit.
+    fn do_write(
+        &self,
+        caller: &Caller,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<u32> {
         let obj = self.handle_obj(fh)?;
         let t = Instant::now();
+        if kill_suidgid {
+            let fd = obj.backing().file().as_fd();
+            let st = sys::fstat(fd)?;
+            self.drop_setid_bits(fd, &st, caller, Fsetid::Lacks)?;
+        }
         obj.write_at(data, offset)?;
         let s = &self.stats;
         s.writes.fetch_add(1, Ordering::Relaxed);
@@ -1298,17 +1349,18 @@ impl Filesystem for DhrdFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.sh.do_write(fh, offset, data) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.sh.do_write(&Caller::of(req), fh, offset, data, kill) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }
