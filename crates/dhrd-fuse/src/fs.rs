@@ -4,19 +4,19 @@
 //! Invariants:
 //! - The daemon is the only writer of the tree while mounted; the kernel caches entries and
 //!   attributes for `ATTR_TTL` because every change passes through here. The one change the
-//!   kernel does not expect is the set-id bits a write drops (killpriv.rs); the daemon
-//!   invalidates the inode's cached attributes when it drops them.
+//!   kernel does not expect is the set-id bits a write or fallocate drops (killpriv.rs); the
+//!   daemon invalidates the inode's cached attributes when it drops them.
 //! - Data: every read and write of a regular file goes to its `HybridObject` (one per backing
 //!   inode, see `objects.rs`), or, for passthrough opens, the kernel reads the object's
 //!   memfd, which is the RAM copy the engine writes into before a write is acknowledged;
 //!   so a read that starts after a write returned sees it, on every read path (SPEC D3).
 //! - Metadata: in `sync` durability every change (create, mkdir, mknod, symlink, link,
-//!   rename, unlink, rmdir, setattr, setxattr, removexattr, set-id bits dropped by a write)
-//!   is followed by `fsync` of the changed inode and of the parent directory (both parents
-//!   for rename) before the reply. Set-id bits are dropped (in `sync` mode durably) before
-//!   the data changes, so a crash cannot leave new content with them still set.
-//!   In `fsync` / `periodic:N` the backing file system is `syncfs`'ed at fsync, fsyncdir,
-//!   every period and at unmount instead.
+//!   rename, unlink, rmdir, setattr, setxattr, removexattr, set-id bits dropped by a write,
+//!   truncate, chown or fallocate) is followed by `fsync` of the changed inode and of the
+//!   parent directory (both parents for rename) before the reply. Set-id bits are dropped
+//!   (in `sync` mode durably) before the data changes, so a crash cannot leave new content
+//!   with them still set. In `fsync` / `periodic:N` the backing file system is `syncfs`'ed
+//!   at fsync, fsyncdir, every period and at unmount instead.
 //!
 //! Crash semantics: a reply that reported success in `sync` mode is on the backing device.
 //! A crash between the backing operation and its fsync leaves whatever the backing file
@@ -154,6 +154,9 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     pub passthrough_negotiated: AtomicBool,
     pub mmap_on_direct: AtomicBool,
+    /// FUSE_HANDLE_KILLPRIV_V2 negotiated: the kernel leaves dropping set-id bits on cached
+    /// writes, size changes, chown and fallocate to the daemon (killpriv.rs).
+    pub killpriv_negotiated: AtomicBool,
     /// Sends cache invalidations to the kernel; set by the daemon once the session exists.
     pub notifier: OnceLock<fuser::Notifier>,
     /// Metadata changed since the last syncfs (non-sync modes).
@@ -260,6 +263,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             passthrough_negotiated: AtomicBool::new(false),
             mmap_on_direct: AtomicBool::new(false),
+            killpriv_negotiated: AtomicBool::new(false),
             notifier: OnceLock::new(),
             meta_dirty: AtomicBool::new(false),
             final_error: Mutex::new(None),
@@ -567,8 +571,9 @@ impl Shared {
         }
         rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o7777 & !kill))?;
         self.meta_durable(&[&fd])?;
-        // A write does not make the kernel forget the cached mode (it invalidates only size
-        // and times), so statx(STATX_MODE) would show the bits for up to ATTR_TTL. Offset -1: attributes only, no page cache, no inode lock, so this
+        // A write or fallocate does not make the kernel forget the cached mode (it
+        // invalidates only size and times), so statx(STATX_MODE) would show the bits for
+        // up to ATTR_TTL. Offset -1: attributes only, no page cache, no inode lock, so this
         // is safe while the kernel waits for this request. A failure leaves stale
         // attributes, not a wrong file, and is not worth failing the request.
         if let Some(n) = self.notifier.get() {
@@ -582,6 +587,7 @@ impl Shared {
     #[allow(clippy::too_many_arguments)] // mirrors the FUSE setattr request
     fn do_setattr(
         &self,
+        caller: &Caller,
         ino: Ino,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -605,6 +611,12 @@ impl Shared {
                 Some(Ok(o)) => o,
                 _ => self.object_of(ino)?,
             };
+            // With KILLPRIV_V2 the kernel no longer turns a truncate's set-id kill into a
+            // mode change (an explicit mode wins, as in the VFS).
+            if mode.is_none() {
+                let fd = obj.backing().file().as_fd();
+                self.drop_setid_bits(fd, &st, caller, Fsetid::LookUp)?;
+            }
             obj.set_len(size)?;
         }
         let changes_inode =
@@ -617,6 +629,12 @@ impl Shared {
                         rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
                     }
                     if uid.is_some() || gid.is_some() {
+                        // The backing fchown (by root) drops S_ISUID and S_ISGID with
+                        // S_IXGRP itself; what depends on the caller is dropped here.
+                        if mode.is_none() {
+                            let st = sys::fstat(fd.as_fd())?;
+                            self.drop_setid_bits(fd.as_fd(), &st, caller, Fsetid::LookUp)?;
+                        }
                         rustix::fs::fchown(
                             &fd,
                             uid.map(rustix::fs::Uid::from_raw),
@@ -1055,13 +1073,31 @@ impl Shared {
         self.meta_durable(&[&fd])
     }
 
-    fn do_fallocate(&self, fh: FileHandle, offset: u64, length: u64, mode: i32) -> Result<()> {
+    fn do_fallocate(
+        &self,
+        caller: &Caller,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<()> {
         let obj = self.handle_obj(fh)?;
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let end = offset
             .checked_add(length)
             .ok_or(FsError::Errno(libc::EFBIG))?;
         let rest = mode & !libc::FALLOC_FL_KEEP_SIZE;
+        let supported = rest == 0
+            || (rest == libc::FALLOC_FL_PUNCH_HOLE && keep)
+            || rest == libc::FALLOC_FL_ZERO_RANGE;
+        if !supported {
+            return Err(FsError::Errno(libc::EOPNOTSUPP));
+        }
+        // The kernel's file_modified() before FALLOCATE sends no set-id kill to a
+        // KILLPRIV_V2 server, and the request carries no flag: decide here.
+        let fd = obj.backing().file().as_fd();
+        let st = sys::fstat(fd)?;
+        self.drop_setid_bits(fd, &st, caller, Fsetid::LookUp)?;
         if rest == 0 {
             // Allocation: the RAM tier holds the data; only the size matters to readers.
             if !keep && end > obj.len() {
@@ -1070,27 +1106,22 @@ impl Shared {
             return Ok(());
         }
         if rest == libc::FALLOC_FL_PUNCH_HOLE {
-            if !keep {
-                return Err(FsError::Errno(libc::EOPNOTSUPP));
-            }
             let stop = end.min(obj.len());
             if stop > offset {
                 obj.zero_range(offset, stop - offset)?;
             }
             return Ok(());
         }
-        if rest == libc::FALLOC_FL_ZERO_RANGE {
-            let len = obj.len();
-            let stop = end.min(len);
-            if stop > offset {
-                obj.zero_range(offset, stop - offset)?;
-            }
-            if !keep && end > len {
-                obj.set_len(end)?;
-            }
-            return Ok(());
+        // FALLOC_FL_ZERO_RANGE
+        let len = obj.len();
+        let stop = end.min(len);
+        if stop > offset {
+            obj.zero_range(offset, stop - offset)?;
         }
-        Err(FsError::Errno(libc::EOPNOTSUPP))
+        if !keep && end > len {
+            obj.set_len(end)?;
+        }
+        Ok(())
     }
 }
 
@@ -1134,6 +1165,16 @@ impl Filesystem for DhrdFs {
             self.sh
                 .passthrough_negotiated
                 .store(true, Ordering::Release);
+        }
+        // The daemon drops set-id bits itself (killpriv.rs). In return the kernel sets
+        // SB_NOSEC, so cached writes stop asking for security.capability (one GETXATTR
+        // round trip per write before).
+        if caps.contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+            && config
+                .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+                .is_ok()
+        {
+            self.sh.killpriv_negotiated.store(true, Ordering::Release);
         }
         if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
             let _ = config.set_max_write(max);
@@ -1180,7 +1221,7 @@ impl Filesystem for DhrdFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1196,10 +1237,17 @@ impl Filesystem for DhrdFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self
-            .sh
-            .do_setattr(Ino(ino.0), mode, uid, gid, size, atime, mtime, fh)
-        {
+        match self.sh.do_setattr(
+            &Caller::of(req),
+            Ino(ino.0),
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh,
+        ) {
             Ok(a) => reply.attr(&ATTR_TTL, &a),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }
@@ -1566,7 +1614,7 @@ impl Filesystem for DhrdFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1574,7 +1622,10 @@ impl Filesystem for DhrdFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.sh.do_fallocate(fh, offset, length, mode) {
+        match self
+            .sh
+            .do_fallocate(&Caller::of(req), fh, offset, length, mode)
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }
