@@ -554,22 +554,22 @@ impl Shared {
     }
 
     /// Clears the set-id bits `caller` must drop (killpriv.rs) from the file behind `fd`,
-    /// whose stat is `st`, durably per the durability mode. Called before the change
+    /// described by `f`, durably per the durability mode. Called before the change
     /// itself, like the VFS does, so that a crash never leaves changed content with the
     /// bits still set. Concurrent callers compute the same mode; a chmod cannot interleave
     /// because the kernel holds the inode lock across both setattr and write.
     fn drop_setid_bits(
         &self,
         fd: BorrowedFd<'_>,
-        st: &libc::stat,
+        f: sys::ModeOwner,
         caller: &Caller,
         fsetid: Fsetid,
     ) -> Result<()> {
-        let kill = killpriv::bits_to_drop(st.st_mode, st.st_gid, caller, fsetid);
+        let kill = killpriv::bits_to_drop(f.mode, f.gid, caller, fsetid);
         if kill == 0 {
             return Ok(());
         }
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o7777 & !kill))?;
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(f.mode & 0o7777 & !kill))?;
         self.meta_durable(&[&fd])?;
         // A write or fallocate does not make the kernel forget the cached mode (it
         // invalidates only size and times), so statx(STATX_MODE) would show the bits for
@@ -577,7 +577,7 @@ impl Shared {
         // is safe while the kernel waits for this request. A failure leaves stale
         // attributes, not a wrong file, and is not worth failing the request.
         if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(self.dir.fuse_ino(st.st_ino)), -1, 0);
+            let _ = n.inval_inode(INodeNo(self.dir.fuse_ino(f.ino)), -1, 0);
         }
         Ok(())
     }
@@ -615,7 +615,7 @@ impl Shared {
             // mode change (an explicit mode wins, as in the VFS).
             if mode.is_none() {
                 let fd = obj.backing().file().as_fd();
-                self.drop_setid_bits(fd, &st, caller, Fsetid::LookUp)?;
+                self.drop_setid_bits(fd, (&st).into(), caller, Fsetid::LookUp)?;
             }
             obj.set_len(size)?;
         }
@@ -632,8 +632,8 @@ impl Shared {
                         // The backing fchown (by root) drops S_ISUID and S_ISGID with
                         // S_IXGRP itself; what depends on the caller is dropped here.
                         if mode.is_none() {
-                            let st = sys::fstat(fd.as_fd())?;
-                            self.drop_setid_bits(fd.as_fd(), &st, caller, Fsetid::LookUp)?;
+                            let f = sys::mode_owner(fd.as_fd())?;
+                            self.drop_setid_bits(fd.as_fd(), f, caller, Fsetid::LookUp)?;
                         }
                         rustix::fs::fchown(
                             &fd,
@@ -926,7 +926,8 @@ impl Shared {
 
     /// `kill_suidgid`: the kernel flagged the write (`FUSE_WRITE_KILL_SUIDGID`), i.e. the
     /// writer lacks CAP_FSETID; it is set on most writes of non-root processes, so the
-    /// check costs one fstat and nothing more unless the file has a set-id bit.
+    /// check costs one statx (without timestamps, see `sys::mode_owner`) and nothing more
+    /// unless the file has a set-id bit.
     fn do_write(
         &self,
         caller: &Caller,
@@ -939,8 +940,7 @@ impl Shared {
         let t = Instant::now();
         if kill_suidgid {
             let fd = obj.backing().file().as_fd();
-            let st = sys::fstat(fd)?;
-            self.drop_setid_bits(fd, &st, caller, Fsetid::Lacks)?;
+            self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::Lacks)?;
         }
         obj.write_at(data, offset)?;
         let s = &self.stats;
@@ -1096,8 +1096,7 @@ impl Shared {
         // The kernel's file_modified() before FALLOCATE sends no set-id kill to a
         // KILLPRIV_V2 server, and the request carries no flag: decide here.
         let fd = obj.backing().file().as_fd();
-        let st = sys::fstat(fd)?;
-        self.drop_setid_bits(fd, &st, caller, Fsetid::LookUp)?;
+        self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::LookUp)?;
         if rest == 0 {
             // Allocation: the RAM tier holds the data; only the size matters to readers.
             if !keep && end > obj.len() {
