@@ -314,10 +314,12 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     let _ = writeln!(s, "durability:      {}", sh.cfg.durability);
     let _ = writeln!(
         s,
-        "read path:       {} (passthrough negotiated: {}, mmap on direct opens: {})",
+        "read path:       {} (passthrough negotiated: {}, mmap on direct opens: {}, \
+         killpriv_v2: {})",
         sh.cfg.read_path,
         yes(sh.passthrough_negotiated.load(Ordering::Acquire)),
-        yes(sh.mmap_on_direct.load(Ordering::Acquire))
+        yes(sh.mmap_on_direct.load(Ordering::Acquire)),
+        yes(sh.killpriv_negotiated.load(Ordering::Acquire))
     );
     let pre = &sh.preload;
     let _ = writeln!(
@@ -632,6 +634,7 @@ pub fn run(cfg: MountConfig) -> Result<()> {
     let mut session = fuser::Session::new(DhrdFs { sh: sh.clone() }, &mnt, &fcfg)
         .map_err(|e| setup(format!("mounting {}: {e}", mnt.display())))?;
     let unmounter = session.unmount_callable();
+    let _ = sh.notifier.set(session.notifier());
 
     let (stop_tx, stop_rx) = mpsc::channel::<Stop>();
     {

@@ -3,22 +3,27 @@
 //!
 //! Invariants:
 //! - The daemon is the only writer of the tree while mounted; the kernel caches entries and
-//!   attributes for `ATTR_TTL` because every change passes through here.
+//!   attributes for `ATTR_TTL` because every change passes through here. The one change the
+//!   kernel does not expect is the set-id bits a write or fallocate drops (killpriv.rs); the
+//!   daemon invalidates the inode's cached attributes when it drops them.
 //! - Data: every read and write of a regular file goes to its `HybridObject` (one per backing
 //!   inode, see `objects.rs`), or, for passthrough opens, the kernel reads the object's
 //!   memfd, which is the RAM copy the engine writes into before a write is acknowledged;
 //!   so a read that starts after a write returned sees it, on every read path (SPEC D3).
 //! - Metadata: in `sync` durability every change (create, mkdir, mknod, symlink, link,
-//!   rename, unlink, rmdir, setattr, setxattr, removexattr) is followed by `fsync` of the
-//!   changed inode and of the parent directory (both parents for rename) before the reply.
-//!   In `fsync` / `periodic:N` the backing file system is `syncfs`'ed at fsync, fsyncdir,
-//!   every period and at unmount instead.
+//!   rename, unlink, rmdir, setattr, setxattr, removexattr, set-id bits dropped by a write,
+//!   truncate, chown or fallocate) is followed by `fsync` of the changed inode and of the
+//!   parent directory (both parents for rename) before the reply. Set-id bits are dropped
+//!   (in `sync` mode durably) before the data changes, so a crash cannot leave new content
+//!   with them still set. In `fsync` / `periodic:N` the backing file system is `syncfs`'ed
+//!   at fsync, fsyncdir, every period and at unmount instead.
 //!
 //! Crash semantics: a reply that reported success in `sync` mode is on the backing device.
 //! A crash between the backing operation and its fsync leaves whatever the backing file
 //! system recovers, which is either the old or the new state of that one operation.
 
 use crate::error::{FsError, Result};
+use crate::killpriv::{self, Caller, Fsetid};
 use crate::nodes::{Fh, Ino, NodeTable};
 use crate::objects::{Obj, Objects};
 use crate::stats::FsStats;
@@ -36,11 +41,11 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache entries and attributes. Long, because nothing changes the
@@ -152,6 +157,11 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     pub passthrough_negotiated: AtomicBool,
     pub mmap_on_direct: AtomicBool,
+    /// FUSE_HANDLE_KILLPRIV_V2 negotiated: the kernel leaves dropping set-id bits on cached
+    /// writes, size changes, chown and fallocate to the daemon (killpriv.rs).
+    pub killpriv_negotiated: AtomicBool,
+    /// Sends cache invalidations to the kernel; set by the daemon once the session exists.
+    pub notifier: OnceLock<fuser::Notifier>,
     /// Metadata changed since the last syncfs (non-sync modes).
     meta_dirty: AtomicBool,
     /// First failure of the flush at unmount; makes the daemon exit non-zero.
@@ -259,6 +269,8 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             passthrough_negotiated: AtomicBool::new(false),
             mmap_on_direct: AtomicBool::new(false),
+            killpriv_negotiated: AtomicBool::new(false),
+            notifier: OnceLock::new(),
             meta_dirty: AtomicBool::new(false),
             final_error: Mutex::new(None),
         });
@@ -276,7 +288,7 @@ impl Shared {
     }
 
     /// Makes a metadata change durable per the durability mode (see module header).
-    fn meta_durable(&self, fds: &[&OwnedFd]) -> Result<()> {
+    fn meta_durable(&self, fds: &[&dyn AsFd]) -> Result<()> {
         if self.sync_mode() {
             for fd in fds {
                 sys::fsync(fd.as_fd())
@@ -576,11 +588,41 @@ impl Shared {
         first
     }
 
+    /// Clears the set-id bits `caller` must drop (killpriv.rs) from the file behind `fd`,
+    /// described by `f`, durably per the durability mode. Called before the change
+    /// itself, like the VFS does, so that a crash never leaves changed content with the
+    /// bits still set. Concurrent callers compute the same mode; a chmod cannot interleave
+    /// because the kernel holds the inode lock across both setattr and write.
+    fn drop_setid_bits(
+        &self,
+        fd: BorrowedFd<'_>,
+        f: sys::ModeOwner,
+        caller: &Caller,
+        fsetid: Fsetid,
+    ) -> Result<()> {
+        let kill = killpriv::bits_to_drop(f.mode, f.gid, caller, fsetid);
+        if kill == 0 {
+            return Ok(());
+        }
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(f.mode & 0o7777 & !kill))?;
+        self.meta_durable(&[&fd])?;
+        // A write or fallocate does not make the kernel forget the cached mode (it
+        // invalidates only size and times), so statx(STATX_MODE) would show the bits for
+        // up to ATTR_TTL. Offset -1: attributes only, no page cache, no inode lock, so this
+        // is safe while the kernel waits for this request. A failure leaves stale
+        // attributes, not a wrong file, and is not worth failing the request.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(self.dir.fuse_ino(f.ino)), -1, 0);
+        }
+        Ok(())
+    }
+
     // ----- operations, each returning a Result so the handlers stay one-liners -----
 
     #[allow(clippy::too_many_arguments)] // mirrors the FUSE setattr request
     fn do_setattr(
         &self,
+        caller: &Caller,
         ino: Ino,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -604,6 +646,12 @@ impl Shared {
                 Some(Ok(o)) => o,
                 _ => self.object_of(ino)?,
             };
+            // With KILLPRIV_V2 the kernel no longer turns a truncate's set-id kill into a
+            // mode change (an explicit mode wins, as in the VFS).
+            if mode.is_none() {
+                let fd = obj.backing().file().as_fd();
+                self.drop_setid_bits(fd, (&st).into(), caller, Fsetid::LookUp)?;
+            }
             obj.set_len(size)?;
         }
         let changes_inode =
@@ -616,6 +664,12 @@ impl Shared {
                         rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
                     }
                     if uid.is_some() || gid.is_some() {
+                        // The backing fchown (by root) drops S_ISUID and S_ISGID with
+                        // S_IXGRP itself; what depends on the caller is dropped here.
+                        if mode.is_none() {
+                            let f = sys::mode_owner(fd.as_fd())?;
+                            self.drop_setid_bits(fd.as_fd(), f, caller, Fsetid::LookUp)?;
+                        }
                         rustix::fs::fchown(
                             &fd,
                             uid.map(rustix::fs::Uid::from_raw),
@@ -905,9 +959,24 @@ impl Shared {
         Ok(buf)
     }
 
-    fn do_write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<u32> {
+    /// `kill_suidgid`: the kernel flagged the write (`FUSE_WRITE_KILL_SUIDGID`), i.e. the
+    /// writer lacks CAP_FSETID; it is set on most writes of non-root processes, so the
+    /// check costs one statx (without timestamps, see `sys::mode_owner`) and nothing more
+    /// unless the file has a set-id bit.
+    fn do_write(
+        &self,
+        caller: &Caller,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<u32> {
         let obj = self.handle_obj(fh)?;
         let t = Instant::now();
+        if kill_suidgid {
+            let fd = obj.backing().file().as_fd();
+            self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::Lacks)?;
+        }
         obj.write_at(data, offset)?;
         let s = &self.stats;
         s.writes.fetch_add(1, Ordering::Relaxed);
@@ -1059,13 +1128,30 @@ impl Shared {
         self.meta_durable(&[&fd])
     }
 
-    fn do_fallocate(&self, fh: FileHandle, offset: u64, length: u64, mode: i32) -> Result<()> {
+    fn do_fallocate(
+        &self,
+        caller: &Caller,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<()> {
         let obj = self.handle_obj(fh)?;
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let end = offset
             .checked_add(length)
             .ok_or(FsError::Errno(libc::EFBIG))?;
         let rest = mode & !libc::FALLOC_FL_KEEP_SIZE;
+        let supported = rest == 0
+            || (rest == libc::FALLOC_FL_PUNCH_HOLE && keep)
+            || rest == libc::FALLOC_FL_ZERO_RANGE;
+        if !supported {
+            return Err(FsError::Errno(libc::EOPNOTSUPP));
+        }
+        // The kernel's file_modified() before FALLOCATE sends no set-id kill to a
+        // KILLPRIV_V2 server, and the request carries no flag: decide here.
+        let fd = obj.backing().file().as_fd();
+        self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::LookUp)?;
         if rest == 0 {
             // Allocation: the RAM tier holds the data; only the size matters to readers.
             if !keep && end > obj.len() {
@@ -1074,27 +1160,22 @@ impl Shared {
             return Ok(());
         }
         if rest == libc::FALLOC_FL_PUNCH_HOLE {
-            if !keep {
-                return Err(FsError::Errno(libc::EOPNOTSUPP));
-            }
             let stop = end.min(obj.len());
             if stop > offset {
                 obj.zero_range(offset, stop - offset)?;
             }
             return Ok(());
         }
-        if rest == libc::FALLOC_FL_ZERO_RANGE {
-            let len = obj.len();
-            let stop = end.min(len);
-            if stop > offset {
-                obj.zero_range(offset, stop - offset)?;
-            }
-            if !keep && end > len {
-                obj.set_len(end)?;
-            }
-            return Ok(());
+        // FALLOC_FL_ZERO_RANGE
+        let len = obj.len();
+        let stop = end.min(len);
+        if stop > offset {
+            obj.zero_range(offset, stop - offset)?;
         }
-        Err(FsError::Errno(libc::EOPNOTSUPP))
+        if !keep && end > len {
+            obj.set_len(end)?;
+        }
+        Ok(())
     }
 }
 
@@ -1146,6 +1227,16 @@ impl Filesystem for DhrdFs {
         if caps.contains(plus) {
             let _ = config.add_capabilities(plus);
         }
+        // The daemon drops set-id bits itself (killpriv.rs). In return the kernel sets
+        // SB_NOSEC, so cached writes stop asking for security.capability (one GETXATTR
+        // round trip per write before).
+        if caps.contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+            && config
+                .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+                .is_ok()
+        {
+            self.sh.killpriv_negotiated.store(true, Ordering::Release);
+        }
         if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
             let _ = config.set_max_write(max);
         }
@@ -1192,7 +1283,7 @@ impl Filesystem for DhrdFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1208,10 +1299,17 @@ impl Filesystem for DhrdFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self
-            .sh
-            .do_setattr(Ino(ino.0), mode, uid, gid, size, atime, mtime, fh)
-        {
+        match self.sh.do_setattr(
+            &Caller::of(req),
+            Ino(ino.0),
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh,
+        ) {
             Ok(a) => reply.attr(&ATTR_TTL, &a),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }
@@ -1361,17 +1459,18 @@ impl Filesystem for DhrdFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.sh.do_write(fh, offset, data) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.sh.do_write(&Caller::of(req), fh, offset, data, kill) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }
@@ -1669,7 +1768,7 @@ impl Filesystem for DhrdFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1677,7 +1776,10 @@ impl Filesystem for DhrdFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.sh.do_fallocate(fh, offset, length, mode) {
+        match self
+            .sh
+            .do_fallocate(&Caller::of(req), fh, offset, length, mode)
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }

@@ -3,13 +3,15 @@
 //!
 //! Layers: `sys` (confined access to the backing directory), `backing` (one backing file as
 //! a `Durable`), `objects` (the per-file object cache), `nodes` (inode table), `fs` (the
-//! request handlers), `daemon` (mount, control socket, signals), `stats`.
+//! request handlers), `killpriv` (which set-id bits a change must drop), `daemon` (mount,
+//! control socket, signals), `stats`.
 //! See docs/fuse.md for the user-visible rules.
 
 pub mod backing;
 pub mod daemon;
 pub mod error;
 pub mod fs;
+pub mod killpriv;
 pub mod nodes;
 pub mod objects;
 pub mod stats;

@@ -63,6 +63,47 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     stat_at(fd, OsStr::new(""))
 }
 
+/// What the set-id rules need of a file (see killpriv.rs).
+#[derive(Debug, Clone, Copy)]
+pub struct ModeOwner {
+    /// Type and permission bits, as `st_mode`.
+    pub mode: u32,
+    pub gid: u32,
+    pub ino: u64,
+}
+
+impl From<&libc::stat> for ModeOwner {
+    fn from(st: &libc::stat) -> Self {
+        Self {
+            mode: st.st_mode,
+            gid: st.st_gid,
+            ino: st.st_ino,
+        }
+    }
+}
+
+/// Mode, group and inode number of a descriptor, without asking for the timestamps: on
+/// file systems with multigrain timestamps (ext4 and xfs among them, since Linux 6.13) a
+/// stat that returns ctime marks it as queried, and the next write must then store a new
+/// fine-grained ctime, i.e. dirty the inode. A plain fstat before every 4 KiB sync write
+/// cost about 20 us of daemon CPU per write on the ext4 backing (0.8x the IOPS); this
+/// statx does not.
+pub fn mode_owner(fd: BorrowedFd<'_>) -> io::Result<ModeOwner> {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    let want = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::GID | StatxFlags::INO;
+    let x = statx(
+        fd,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+        want,
+    )?;
+    Ok(ModeOwner {
+        mode: u32::from(x.stx_mode),
+        gid: x.stx_gid,
+        ino: x.stx_ino,
+    })
+}
+
 pub fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
