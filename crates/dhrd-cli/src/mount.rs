@@ -50,6 +50,10 @@ pub struct MountArgs {
     /// work, as the kernel's own I/O is (0 leaves them at the default priority).
     #[arg(long, default_value_t = dhrd_fuse::daemon::FUSE_WORKER_NICE_DEFAULT, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-20..=19))]
     pub worker_nice: i32,
+    /// Directory listings with attributes (READDIRPLUS): auto (the kernel decides), always
+    /// (best for du, find with stat tests, backups), off.
+    #[arg(long, default_value = "auto")]
+    pub readdirplus: dhrd_fuse::fs::ReaddirPlus,
     /// Do not walk the tree at mount to preload files (they load when first opened).
     #[arg(long)]
     pub no_preload: bool,
@@ -104,6 +108,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
                 .transpose()
                 .map_err(anyhow::Error::msg)?,
             preload: !a.no_preload,
+            readdirplus: a.readdirplus,
         },
         allow_other: a.allow_other,
         threads: a.threads.max(1),

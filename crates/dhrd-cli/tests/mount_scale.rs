@@ -252,4 +252,34 @@ fn long_listings_come_with_attributes() {
     assert_eq!(fs::read(dir.join("file-7")).unwrap(), b"changed");
     assert_eq!(fs::read(mnt.join("big/hard-7")).unwrap(), b"changed");
     drop(m);
+
+    // du and find read a whole directory before stat'ing (fts): the kernel's auto mode
+    // then sends plain listings, `--readdirplus always` does not; `off` never uses it.
+    let names_then_stats = |mnt: &std::path::Path| {
+        let names: Vec<_> = fs::read_dir(mnt.join("big"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        for p in &names {
+            fs::symlink_metadata(p).unwrap();
+        }
+        names.len()
+    };
+    for (mode, plus_wanted) in [("always", true), ("off", false)] {
+        let m = Mount::start(
+            &backing,
+            &mnt,
+            &["--quiet", "--no-preload", "--readdirplus", mode],
+        );
+        assert_eq!(names_then_stats(&mnt), 2060);
+        let st = m.status();
+        let plus = status_number(&st, "lookups:", "readdirplus ");
+        let lookups = status_number(&st, "lookups:", "lookups:");
+        if plus_wanted {
+            assert!(plus >= 2060 && lookups < 100, "{mode}: {st}");
+        } else {
+            assert!(plus == 0 && lookups >= 2060, "{mode}: {st}");
+        }
+        drop(m);
+    }
 }
