@@ -240,6 +240,9 @@ struct Inner<D: Durable> {
     /// make durable data that nothing can reach, so nothing flushes it any more.
     discarded: AtomicBool,
     /// fsync modes: some write reached the backing's page cache since the last flush.
+    /// A request that changes content (write, zero range, set_len) was made, whether or
+    /// not it succeeded.
+    modified: AtomicBool,
     dirty: AtomicBool,
     /// A chunk was invalidated under the layout lock; wake the loader once it is released.
     kick_pending: AtomicBool,
@@ -356,6 +359,7 @@ impl<D: Durable> HybridObject<D> {
             diverged: Mutex::new(BTreeSet::new()),
             discarded: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            modified: AtomicBool::new(false),
             kick_pending: AtomicBool::new(false),
             written_since_drop: AtomicU64::new(0),
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
@@ -382,6 +386,12 @@ impl<D: Durable> HybridObject<D> {
             inner.kick_loader();
         }
         Ok(Self { inner })
+    }
+
+    /// Whether a content-changing request (write, zero range, set_len) was made since
+    /// open, successful or not: if not, the content is what the object was opened with.
+    pub fn was_modified(&self) -> bool {
+        self.inner.modified.load(Ordering::Acquire)
     }
 
     /// A copy of the whole content while every chunk is Loaded and the object has not
@@ -433,6 +443,7 @@ impl<D: Durable> HybridObject<D> {
     }
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.write_at(buf, offset);
         self.inner.after_request();
         r
@@ -441,6 +452,7 @@ impl<D: Durable> HybridObject<D> {
     /// Zeroes `[offset, offset+len)` (clipped to the length, which never changes): RAM is
     /// zeroed and the backing range punched (TRIM, WRITE_ZEROES, FALLOC_FL_PUNCH_HOLE).
     pub fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.zero_range(offset, len, ZeroMode::Punch);
         self.inner.after_request();
         r
@@ -449,6 +461,7 @@ impl<D: Durable> HybridObject<D> {
     /// Like `zero_range`, but the backing range stays allocated (NBD WRITE_ZEROES with
     /// NO_HOLE, FALLOC_FL_ZERO_RANGE).
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.zero_range(offset, len, ZeroMode::Allocate);
         self.inner.after_request();
         r
@@ -460,6 +473,7 @@ impl<D: Durable> HybridObject<D> {
     }
 
     pub fn set_len(&self, len: u64) -> Result<()> {
+        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.set_len(len);
         self.inner.after_request();
         r
