@@ -85,6 +85,7 @@ for rp in $READ_PATHS; do
   chmod 0444 "$WORK/backing-$rp/data"
 done
 cp "$WORK/plain/data" "$WORK/backing-auto/wdata"
+cp "$WORK/plain/data" "$WORK/backing-cached/wdata"
 mount -t tmpfs -o size=$(( $(numfmt --from=iec "$SIZE") * 2 )) tmpfs "$TMPFS"
 cp "$WORK/plain/data" "$TMPFS/data"
 sync
@@ -99,6 +100,7 @@ for rp in $READ_PATHS; do
 done
 # The cached path's page cache and the warm ext4 copy start warm.
 cat "$WORK/mnt-cached/data" > /dev/null
+cat "$WORK/mnt-cached/wdata" > /dev/null
 cat "$WORK/plain/data" > /dev/null
 
 read_run() { # config, jobs, round
@@ -118,6 +120,11 @@ write_run() { # config, jobs, round
     raw) run "r$r-randwrite-diskdirect-dsync-j$j" --filename="$WORK/plain/wdata" --rw=randwrite --numjobs=$j --direct=1 --sync=dsync ;;
     dhrd) run "r$r-randwrite-dhrd-sync-j$j" --filename="$WORK/mnt-auto/wdata" --rw=randwrite --numjobs=$j ;;
     mixed) run "r$r-randrw6634-dhrd-sync-j1" --filename="$WORK/mnt-auto/wdata" --rw=randrw --rwmixread=66 --numjobs=1 ;;
+    # The same job with --read-path cached: reads from a warm page cache (fio must not
+    # drop it at start), writes still synchronous through the daemon.
+    mixedcached)
+      cat "$WORK/mnt-cached/wdata" > /dev/null
+      run "r$r-randrw6634-dhrd-cached-j1" --filename="$WORK/mnt-cached/wdata" --rw=randrw --rwmixread=66 --numjobs=1 --invalidate=0 ;;
   esac
 }
 rotate() { # round, items... -> items rotated by round
@@ -133,7 +140,7 @@ for r in $(seq 1 "$ROUNDS"); do
   done
   for c in $(rotate "$r" raw dhrd); do write_run "$c" 1 "$r"; done
   for c in $(rotate "$r" raw dhrd); do write_run "$c" 8 "$r"; done
-  write_run mixed 1 "$r"
+  for c in $(rotate "$r" mixed mixedcached); do write_run "$c" 1 "$r"; done
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
 for rp in $READ_PATHS; do
@@ -198,13 +205,18 @@ for j, t in ((1, '>= 0.7'), (8, '>= 1.0')):
     ratio(f'sync write / disk O_DIRECT+O_DSYNC, j{j}', t,
           lambda r: g(r, f'randwrite-dhrd-sync-j{j}', 'write_iops') / g(r, f'randwrite-diskdirect-dsync-j{j}', 'write_iops'))
 
-def mixed(r):
-    tr = g(r, 'randread-tmpfs-j1', 'read_lat_mean_us')
-    tw = g(r, 'randwrite-diskdirect-dsync-j1', 'write_lat_mean_us')
-    m = runs['randrw6634-dhrd-sync-j1'][r - 1]
-    ideal = 1e6 / (0.66 * tr + 0.34 * tw)
-    return (m.get('read_iops', 0) + m.get('write_iops', 0)) / ideal
-ratio('mixed 66:34 / 1/(0.66 t_read_tmpfs + 0.34 t_write_dsync), j1', '>= 0.8', mixed)
+def mixed(name):
+    def f(r):
+        tr = g(r, 'randread-tmpfs-j1', 'read_lat_mean_us')
+        tw = g(r, 'randwrite-diskdirect-dsync-j1', 'write_lat_mean_us')
+        m = runs[name][r - 1]
+        ideal = 1e6 / (0.66 * tr + 0.34 * tw)
+        return (m.get('read_iops', 0) + m.get('write_iops', 0)) / ideal
+    return f
+ratio('mixed 66:34 / 1/(0.66 t_read_tmpfs + 0.34 t_write_dsync), j1', '>= 0.8',
+      mixed('randrw6634-dhrd-sync-j1'))
+ratio('mixed 66:34, --read-path cached (warm page cache) / same formula, j1', '',
+      mixed('randrw6634-dhrd-cached-j1'))
 
 medians = {}
 for n, vs in runs.items():
