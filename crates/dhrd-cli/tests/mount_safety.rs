@@ -258,12 +258,15 @@ fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
     assert!(st.success());
     assert!(is_mounted(&mnt), "mounted when --daemon returns");
     assert_eq!(fs::read(mnt.join("f")).expect("read"), b"data");
-    let st = Command::new(dhrd())
-        .arg("umount")
-        .arg(&mnt)
-        .status()
-        .expect("umount");
-    assert!(st.success());
+    let umount = |mnt: &std::path::Path| {
+        let st = Command::new(dhrd())
+            .arg("umount")
+            .arg(mnt)
+            .status()
+            .expect("umount");
+        assert!(st.success());
+    };
+    umount(&mnt);
     assert!(!is_mounted(&mnt));
     // Once `dhrd umount` returns, the backing is free: mounting it again at once works,
     // also when the daemon has much to tear down (thousands of objects and parked files).
@@ -282,12 +285,7 @@ fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
         for i in 0..3000 {
             fs::read(mnt.join(format!("g{i}"))).expect("read g");
         }
-        let st = Command::new(dhrd())
-            .arg("umount")
-            .arg(&mnt)
-            .status()
-            .expect("umount");
-        assert!(st.success());
+        umount(&mnt);
     }
 }
 

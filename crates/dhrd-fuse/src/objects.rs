@@ -202,7 +202,7 @@ impl Objects {
         open: impl FnOnce() -> Result<File>,
         count_open: Option<bool>,
     ) -> Result<Obj> {
-        let mut dropped = Vec::new();
+        let dropped = Vec::new();
         let mut stale = Vec::new();
         let mut open = Some(open);
         loop {
@@ -224,12 +224,7 @@ impl Objects {
                     }
                 }
                 if inner.map.contains_key(&key) {
-                    let r = Self::open_entry(inner, key, count_open);
-                    Self::evict_locked(inner, &mut dropped);
-                    drop(g);
-                    close_unparked(stale);
-                    self.close_all(dropped);
-                    return r;
+                    return self.finish_open(g, key, count_open, dropped, stale);
                 }
                 (inner.unpark(key, &self.budget), inner.next_tick())
             };
@@ -273,13 +268,27 @@ impl Objects {
                     origin,
                 },
             );
-            let r = Self::open_entry(inner, key, count_open);
-            Self::evict_locked(inner, &mut dropped);
-            drop(g);
-            close_unparked(stale);
-            self.close_all(dropped);
-            return r;
+            return self.finish_open(g, key, count_open, dropped, stale);
         }
+    }
+
+    /// Counts the open of the existing entry `key`, evicts what no longer fits, then,
+    /// with the map unlocked, closes what was dropped.
+    fn finish_open(
+        &self,
+        mut g: parking_lot::MutexGuard<'_, Inner>,
+        key: u64,
+        count_open: Option<bool>,
+        mut dropped: Vec<Evicted>,
+        stale: Vec<Obj>,
+    ) -> Result<Obj> {
+        let inner = &mut *g;
+        let r = Self::open_entry(inner, key, count_open);
+        Self::evict_locked(inner, &mut dropped);
+        drop(g);
+        close_unparked(stale);
+        self.close_all(dropped);
+        r
     }
 
     /// Counts an open of the existing entry `key` (a writable one fails with ETXTBSY while
