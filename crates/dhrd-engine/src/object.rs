@@ -239,10 +239,10 @@ struct Inner<D: Durable> {
     /// The backing file has no links left and no opener (`discard`): flushing it would
     /// make durable data that nothing can reach, so nothing flushes it any more.
     discarded: AtomicBool,
-    /// fsync modes: some write reached the backing's page cache since the last flush.
     /// A request that changes content (write, zero range, set_len) was made, whether or
     /// not it succeeded.
     modified: AtomicBool,
+    /// fsync modes: some write reached the backing's page cache since the last flush.
     dirty: AtomicBool,
     /// A chunk was invalidated under the layout lock; wake the loader once it is released.
     kick_pending: AtomicBool,

@@ -426,20 +426,8 @@ fn preload_walk(sh: Arc<Shared>) {
                     {
                         // Small files: one read into a parked copy, no object, no
                         // descriptor kept; the tree's small files all fit in RAM this way.
-                        let parked = sys::open_confined(
-                            fd.as_fd(),
-                            name,
-                            OFlags::RDONLY,
-                            rustix::fs::Mode::empty(),
-                        )
-                        .map_err(FsError::from)
-                        .and_then(|f| {
-                            let f = std::fs::File::from(f);
-                            if sys::fstat(f.as_fd())?.st_ino != st.st_ino {
-                                return Err(FsError::Stale);
-                            }
-                            sh.objects.park_file(st.st_ino, &f)
-                        });
+                        let parked = open_walked(fd.as_fd(), name, OFlags::RDONLY, st.st_ino)
+                            .and_then(|f| sh.objects.park_file(st.st_ino, &f));
                         if let Ok(true) = parked {
                             sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
                         }
@@ -451,17 +439,7 @@ fn preload_walk(sh: Arc<Shared>) {
                         let path = rel.join(name);
                         let label = path.display().to_string();
                         let r = sh.objects.touch(st.st_ino, &label, || {
-                            let f = sys::open_confined(
-                                fd.as_fd(),
-                                name,
-                                OFlags::RDWR,
-                                rustix::fs::Mode::empty(),
-                            )?;
-                            let fst = sys::fstat(f.as_fd())?;
-                            if fst.st_ino != st.st_ino {
-                                return Err(FsError::Stale);
-                            }
-                            Ok(std::fs::File::from(f))
+                            open_walked(fd.as_fd(), name, OFlags::RDWR, st.st_ino)
                         });
                         if r.is_ok() {
                             sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
@@ -473,6 +451,21 @@ fn preload_walk(sh: Arc<Shared>) {
         }
     }
     sh.preload.done.store(true, Ordering::Release);
+}
+
+/// Opens `name` in the walked directory `dir`, confined, and checks it is still the inode
+/// the walk stat'ed (a rename in between makes it ESTALE, and the walk moves on).
+fn open_walked(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &OsStr,
+    flags: OFlags,
+    ino: u64,
+) -> Result<std::fs::File> {
+    let f = sys::open_confined(dir, name, flags, rustix::fs::Mode::empty())?;
+    if sys::fstat(f.as_fd())?.st_ino != ino {
+        return Err(FsError::Stale);
+    }
+    Ok(std::fs::File::from(f))
 }
 
 fn progress_loop(sh: Arc<Shared>) {
