@@ -283,3 +283,58 @@ fn long_listings_come_with_attributes() {
         drop(m);
     }
 }
+
+/// An object larger than `PARK_BYTES_MAX` is not parked when it leaves the object cache
+/// (parking copies it, briefly doubling its RAM): it is dropped and reads correctly from
+/// the backing, and later from RAM again once reloaded.
+#[test]
+fn large_objects_are_not_parked() {
+    let s = Scratch::new("noparkbig");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let big_len = dhrd_fuse::objects::PARK_BYTES_MAX as usize + 4096;
+    let big: Vec<u8> = (0..big_len).map(|i| (i % 241) as u8).collect();
+    fs::write(backing.join("big"), &big).unwrap();
+    let small = dhrd_fuse::objects::CLOSED_OBJECTS_MAX + 10;
+    for i in 0..small {
+        fs::write(backing.join(format!("s{i}")), format!("small {i}")).unwrap();
+    }
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+    assert_eq!(fs::read(mnt.join("big")).unwrap(), big);
+    m.wait_loaded();
+    // Opening every small file pushes the big object out of the cache.
+    for i in 0..small {
+        assert_eq!(
+            fs::read(mnt.join(format!("s{i}"))).unwrap(),
+            format!("small {i}").into_bytes()
+        );
+    }
+    // The eviction runs in the daemon's handling of a close, which the kernel sends in the
+    // background: watch the status for a while rather than once.
+    for _ in 0..20 {
+        let st = m.status();
+        let load_line = st
+            .lines()
+            .find(|l| l.starts_with("load:"))
+            .unwrap_or_default()
+            .to_string();
+        // The number just before `key` in "..., N objects, M parked files)".
+        let count = |key: &str| -> u64 {
+            load_line
+                .split(key)
+                .next()
+                .and_then(|t| {
+                    t.rsplit(|c: char| !c.is_ascii_digit())
+                        .find(|w| !w.is_empty())
+                })
+                .and_then(|w| w.parse().ok())
+                .unwrap_or(u64::MAX)
+        };
+        let (objs, parked) = (count(" objects"), count(" parked files"));
+        assert_eq!(objs + parked, small as u64, "the big file was kept: {st}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(fs::read(mnt.join("big")).unwrap(), big);
+    drop(m);
+}

@@ -54,6 +54,10 @@ pub const CLOSED_OBJECTS_MAX: usize = 1024;
 
 pub type Obj = HybridObject<ConfinedFile>;
 
+/// Largest object parked when it leaves the LRU. Parking copies the object's bytes into a
+/// heap buffer while its memfd still holds them, so the copy briefly doubles its RAM; a
+/// larger file is dropped as before parked files existed and reloads at its next open.
+pub const PARK_BYTES_MAX: u64 = 64 << 20;
 /// Files up to this size are parked by the preload walk itself (one read each, no object);
 /// larger ones get an object the loader threads fill, while the LRU has room.
 pub const PRELOAD_PARK_BYTES_MAX: u64 = 1 << 20;
@@ -597,6 +601,9 @@ impl Objects {
     }
 
     fn park(&self, key: u64, o: Obj, generation: u64, origin: Option<Parked>) {
+        if o.len() > PARK_BYTES_MAX {
+            return;
+        }
         let Some(sig) = signature(o.backing().file()) else {
             return;
         };
