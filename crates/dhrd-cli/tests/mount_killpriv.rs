@@ -156,6 +156,24 @@ fn scenario(root: &Path) -> Vec<String> {
     run(NB, &["fallocate", "-l", "8192", "f_sgid_stranger"], root);
     mk(root, "f_root", 0o6777, NOBODY, NOBODY);
     run(ROOT, &["fallocate", "-l", "8192", "f_root"], root);
+    // copy_file_range into the file (the daemon copies; the kernel sends no flag).
+    mk(root, "x_src", 0o644, 0, 0);
+    let copy_into = |who: Option<&str>, name: &str| {
+        let prog = format!(
+            "import os; s = os.open('x_src', os.O_RDONLY); d = os.open('{name}', os.O_WRONLY); \
+             assert os.copy_file_range(s, d, 4, 0, 0) == 4"
+        );
+        run(who, &["/usr/bin/python3", "-c", &prog], root);
+    };
+    mk(root, "x_suid_sgid", 0o6777, NOBODY, NOBODY);
+    copy_into(NB, "x_suid_sgid");
+    mk(root, "x_sgid_stranger", 0o2767, NOBODY, 0);
+    copy_into(NB, "x_sgid_stranger");
+    mk(root, "x_root", 0o6777, NOBODY, NOBODY);
+    copy_into(ROOT, "x_root");
+    let p = mk(root, "x_cap_root", 0o755, NOBODY, NOBODY);
+    set_caps(&p);
+    copy_into(ROOT, "x_cap_root");
     // chown: S_ISUID goes even for root; S_ISGID without g+x depends on the caller.
     mk(root, "c_root", 0o6777, NOBODY, NOBODY);
     run(ROOT, &["chown", "0:0", "c_root"], root);

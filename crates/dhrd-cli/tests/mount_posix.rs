@@ -188,6 +188,126 @@ fn exercise(root: &Path) -> Vec<String> {
         );
     }
     fs::remove_file(p("big")).expect("rm big");
+    // copy_file_range: done by the daemon on dhrd (status counts it, see the test below),
+    // by the kernel's splice copy on the plain directory; the results must agree.
+    {
+        use std::os::fd::AsRawFd;
+        let pattern: Vec<u8> = (0..(3u32 << 20) + 17)
+            .map(|i| (i * 7 + i / 4099) as u8)
+            .collect();
+        fs::write(p("cfr_src"), &pattern).expect("cfr_src");
+        let cfr = |src: &File,
+                   off_in: Option<i64>,
+                   dst: &File,
+                   off_out: Option<i64>,
+                   len: usize,
+                   flags: u32| {
+            let (mut a, mut b) = (off_in.unwrap_or(0), off_out.unwrap_or(0));
+            let pa = if off_in.is_some() {
+                &mut a as *mut i64
+            } else {
+                std::ptr::null_mut()
+            };
+            let pb = if off_out.is_some() {
+                &mut b as *mut i64
+            } else {
+                std::ptr::null_mut()
+            };
+            // SAFETY: two descriptors we own and offsets that live across the call.
+            let r = unsafe {
+                libc::copy_file_range(src.as_raw_fd(), pa, dst.as_raw_fd(), pb, len, flags)
+            };
+            if r < 0 {
+                format!("err {}", std::io::Error::last_os_error())
+            } else {
+                r.to_string()
+            }
+        };
+        let rw = |name: &str| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p(name))
+                .expect("cfr open")
+        };
+        let src = File::open(p("cfr_src")).expect("cfr_src open");
+        // Whole file with the descriptors' offsets, looping on short copies as cp does.
+        let dst = rw("cfr_whole");
+        let mut total = 0u64;
+        loop {
+            match cfr(&src, None, &dst, None, 1 << 30, 0).parse::<u64>() {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+        rec!(
+            "cfr whole: {total} same {}",
+            fs::read(p("cfr_whole")).ok().as_deref() == Some(&pattern[..])
+        );
+        // A range with explicit offsets into a short file: it grows, the gap reads zero.
+        fs::write(p("cfr_part"), [5u8; 100]).expect("cfr_part");
+        let part = rw("cfr_part");
+        rec!(
+            "cfr range: {}",
+            cfr(&src, Some(1000), &part, Some(5000), 70_000, 0)
+        );
+        let got = fs::read(p("cfr_part")).unwrap_or_default();
+        rec!(
+            "cfr range result: len {} head {:?} gap zero {} body {}",
+            got.len(),
+            &got[..4],
+            got[100..5000].iter().all(|x| *x == 0),
+            got.get(5000..)
+                .map(|b| b == &pattern[1000..71_000])
+                .unwrap_or(false)
+        );
+        // Past the source's end, short at the end, inside one file, and refused cases.
+        rec!(
+            "cfr past eof: {}",
+            cfr(&src, Some(4 << 20), &part, Some(0), 10, 0)
+        );
+        rec!(
+            "cfr short: {}",
+            cfr(&src, Some((3 << 20) + 7), &part, Some(0), 1000, 0)
+        );
+        let same = rw("cfr_src");
+        rec!(
+            "cfr same file: {}",
+            cfr(&same, Some(0), &same, Some(4 << 20), 4096, 0)
+        );
+        rec!(
+            "cfr overlap: {}",
+            cfr(&same, Some(0), &same, Some(100), 4096, 0)
+        );
+        rec!("cfr flags: {}", cfr(&src, Some(0), &part, Some(0), 10, 1));
+        let wo = OpenOptions::new()
+            .write(true)
+            .open(p("cfr_whole"))
+            .expect("cfr wo");
+        rec!(
+            "cfr from write-only: {}",
+            cfr(&wo, Some(0), &part, Some(0), 10, 0)
+        );
+        rec!(
+            "cfr to read-only: {}",
+            cfr(&src, Some(0), &src, Some(8 << 20), 10, 0)
+        );
+        let grown = fs::read(p("cfr_src")).unwrap_or_default();
+        rec!(
+            "cfr same file result: len {} copy {}",
+            grown.len(),
+            grown
+                .get(4 << 20..)
+                .map(|b| b == &pattern[..4096])
+                .unwrap_or(false)
+        );
+        rec!("meta cfr_part: {}", meta_line(&p("cfr_part")));
+        for n in ["cfr_src", "cfr_whole", "cfr_part"] {
+            fs::remove_file(p(n)).expect("rm cfr");
+        }
+    }
     // fallocate mode 0 and punch hole.
     {
         let f = OpenOptions::new()
@@ -413,6 +533,15 @@ fn posix_ops_match_a_plain_directory() {
         );
     }
     assert_eq!(want.len(), got.len());
+    // copy_file_range reached the daemon (without it, the kernel copies through reads and
+    // writes, and the transcript alone could not tell).
+    let status = m.status();
+    let copies = status
+        .lines()
+        .find_map(|l| l.strip_prefix("copies:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(copies.unwrap_or(0) >= 3, "copies in status: {status}");
     // The backing directory holds the same tree as plain files.
     assert_eq!(listing(&backing), listing(&plain));
     assert_eq!(

@@ -30,10 +30,10 @@ use crate::stats::FsStats;
 use crate::sys::{self, BackingDir, FUSE_ROOT_INO};
 use dhrd_engine::{Durability, RamBudget, Served};
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::{Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -63,6 +63,14 @@ pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 pub const PASSTHROUGH_STACK_DEPTH: u32 = 1;
 /// Block size reported by stat for regular files.
 pub const STAT_BLKSIZE: u32 = 4096;
+/// Most bytes one COPY_FILE_RANGE request copies. The reply counts in 32 bits, and a
+/// bounded request keeps one worker from being held for seconds; callers (cp, the kernel's
+/// own loop) repeat on a short copy.
+pub const COPY_REQUEST_BYTES_MAX: u64 = 64 << 20;
+/// Bytes moved per engine write inside a copy. In `sync` mode each step is one durable
+/// write, so a copy pays a device flush per 8 MiB instead of one per 64 KiB pipe buffer,
+/// which is what the kernel's splice fallback sends when the daemon does not copy itself.
+pub const COPY_STEP_BYTES: u64 = 8 << 20;
 
 /// Which kernel read path opens use (SPEC D4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1220,6 +1228,74 @@ impl Shared {
         }
         Ok(())
     }
+
+    /// COPY_FILE_RANGE inside the mount: the source bytes come from its RAM tier (or its
+    /// backing where not loaded) and go through the destination's ordinary write path in
+    /// steps of `COPY_STEP_BYTES`, so every durability mode keeps its meaning (in `sync`
+    /// mode each step is durable before the next starts; a crash leaves a copied prefix,
+    /// like a crash during `cp`). The kernel has already refused overlapping ranges of one
+    /// file and copies between mounts. Stops at the source's end; a failure after some
+    /// bytes were copied returns the short count, as write(2) does, and the caller's next
+    /// call meets the error.
+    #[allow(clippy::too_many_arguments)] // mirrors the FUSE copy_file_range request
+    fn do_copy_file_range(
+        &self,
+        caller: &Caller,
+        fh_in: FileHandle,
+        offset_in: u64,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> Result<u32> {
+        if flags != 0 {
+            return Err(FsError::Errno(libc::EINVAL));
+        }
+        let src = self.handle_obj(fh_in)?;
+        let dst = self.handle_obj(fh_out)?;
+        let t = Instant::now();
+        let want = len
+            .min(COPY_REQUEST_BYTES_MAX)
+            .min(src.len().saturating_sub(offset_in));
+        if want == 0 {
+            return Ok(0);
+        }
+        offset_out
+            .checked_add(want)
+            .filter(|end| *end <= i64::MAX as u64)
+            .ok_or(FsError::Errno(libc::EFBIG))?;
+        // Like fallocate: the kernel's file_modified() sends a KILLPRIV_V2 server no
+        // set-id kill for this request, so the daemon decides.
+        let fd = dst.backing().file().as_fd();
+        self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::LookUp)?;
+        let mut buf = vec![0u8; want.min(COPY_STEP_BYTES) as usize];
+        let mut done = 0u64;
+        while done < want {
+            let n = (want - done).min(buf.len() as u64) as usize;
+            let step = src
+                .read_at(&mut buf[..n], offset_in + done)
+                .and_then(|out| {
+                    dst.write_at(&buf[..out.bytes], offset_out + done)
+                        .map(|()| out.bytes)
+                });
+            match step {
+                Ok(0) => break,
+                Ok(got) => {
+                    done += got as u64;
+                    if got < n {
+                        break;
+                    }
+                }
+                Err(e) if done == 0 => return Err(e.into()),
+                Err(_) => break,
+            }
+        }
+        let s = &self.stats;
+        s.copies.fetch_add(1, Ordering::Relaxed);
+        s.copy_bytes.fetch_add(done, Ordering::Relaxed);
+        s.write_latency.record(t.elapsed());
+        Ok(done as u32)
+    }
 }
 
 /// The `fuser::Filesystem` adapter; all state lives in [`Shared`].
@@ -1827,6 +1903,33 @@ impl Filesystem for DhrdFs {
             .do_fallocate(&Caller::of(req), fh, offset, length, mode)
         {
             Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.sh.count_err(&e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.sh.do_copy_file_range(
+            &Caller::of(req),
+            fh_in,
+            offset_in,
+            fh_out,
+            offset_out,
+            len,
+            flags.bits(),
+        ) {
+            Ok(n) => reply.written(n),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }
     }

@@ -65,6 +65,10 @@ pub struct FsStats {
     pub reads_mixed: AtomicU64,
     pub writes: AtomicU64,
     pub write_bytes: AtomicU64,
+    /// COPY_FILE_RANGE requests done in the daemon and the bytes they copied (not counted
+    /// in `writes`).
+    pub copies: AtomicU64,
+    pub copy_bytes: AtomicU64,
     pub fsyncs: AtomicU64,
     pub metadata_syncs: AtomicU64,
     pub errors: AtomicU64,
@@ -104,6 +108,12 @@ impl FsStats {
             "writes:          {} ({} bytes)",
             g(&self.writes),
             g(&self.write_bytes)
+        );
+        let _ = writeln!(
+            out,
+            "copies:          {} ({} bytes, copy_file_range done in the daemon)",
+            g(&self.copies),
+            g(&self.copy_bytes)
         );
         let _ = writeln!(
             out,
