@@ -54,6 +54,10 @@ pub struct MountArgs {
     /// (best for du, find with stat tests, backups), off.
     #[arg(long, default_value = "auto")]
     pub readdirplus: dhrd_fuse::fs::ReaddirPlus,
+    /// Closed files whose objects (RAM tier, backing descriptor, memfd) are kept; beyond
+    /// them, closed files up to 64 MiB stay in RAM as plain copies without descriptors.
+    #[arg(long, default_value_t = dhrd_fuse::objects::CLOSED_OBJECTS_MAX, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub object_cache: usize,
     /// Do not walk the tree at mount to preload files (they load when first opened).
     #[arg(long)]
     pub no_preload: bool,
@@ -109,6 +113,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?,
             preload: !a.no_preload,
             readdirplus: a.readdirplus,
+            object_cache: a.object_cache,
         },
         allow_other: a.allow_other,
         threads: a.threads.max(1),

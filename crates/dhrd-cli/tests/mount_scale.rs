@@ -154,6 +154,50 @@ fn files_beyond_the_object_cache_stay_in_ram_and_never_go_stale() {
     drop(m);
 }
 
+#[test]
+fn mid_sized_files_beyond_the_object_cache_are_preloaded() {
+    // Larger than what the walk parks right away, smaller than PARK_BYTES_MAX: the first
+    // `--object-cache` of them become objects, the walk parks the rest itself.
+    const MID: usize = 24;
+    const CACHE: usize = 4;
+    let s = Scratch::new("midfiles");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let base = dhrd_fuse::objects::PRELOAD_PARK_BYTES_MAX as usize + 4096;
+    let want: Vec<Vec<u8>> = (0..MID)
+        .map(|i| (0..base + i * 513).map(|j| (j % 251 + i) as u8).collect())
+        .collect();
+    for (i, w) in want.iter().enumerate() {
+        fs::write(backing.join(format!("m{i}")), w).unwrap();
+    }
+    let m = Mount::start(
+        &backing,
+        &mnt,
+        &["--quiet", "--object-cache", &CACHE.to_string()],
+    );
+    m.wait_loaded();
+    let st = m.status();
+    assert_eq!(
+        status_number(&st, "tree walk:", "found, "),
+        MID as u64,
+        "files preloaded by the walk: {st}"
+    );
+    assert!(
+        st.contains(&format!("{CACHE} objects, {} parked files", MID - CACHE)),
+        "{st}"
+    );
+    for (i, w) in want.iter().enumerate() {
+        assert!(fs::read(mnt.join(format!("m{i}"))).unwrap() == *w, "m{i}");
+    }
+    let st = m.status();
+    assert_eq!(
+        status_number(&st, "reads (daemon):", "backing "),
+        0,
+        "a preloaded file was read from the backing: {st}"
+    );
+    drop(m);
+}
+
 /// A number in the status line starting with `prefix`, after `key`.
 fn status_number(status: &str, prefix: &str, key: &str) -> u64 {
     status
@@ -278,11 +322,16 @@ fn large_objects_are_not_parked() {
     let big_len = dhrd_fuse::objects::PARK_BYTES_MAX as usize + 4096;
     let big: Vec<u8> = (0..big_len).map(|i| (i % 241) as u8).collect();
     fs::write(backing.join("big"), &big).unwrap();
-    let small = dhrd_fuse::objects::CLOSED_OBJECTS_MAX + 10;
+    const CACHE: usize = 8;
+    let small = CACHE + 10;
     for i in 0..small {
         fs::write(backing.join(format!("s{i}")), format!("small {i}")).unwrap();
     }
-    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let m = Mount::start(
+        &backing,
+        &mnt,
+        &["--quiet", "--object-cache", &CACHE.to_string()],
+    );
     m.wait_loaded();
     assert_eq!(fs::read(mnt.join("big")).unwrap(), big);
     m.wait_loaded();

@@ -18,7 +18,7 @@
 
 use crate::error::{FsError, Result};
 use crate::fs::{DhrdFs, FsConfig, Shared};
-use crate::objects::PRELOAD_PARK_BYTES_MAX;
+use crate::objects::{PARK_BYTES_MAX, PRELOAD_PARK_BYTES_MAX};
 use crate::sys::{self, BackingDir};
 use dhrd_io::Durable as _;
 use rustix::fs::OFlags;
@@ -422,20 +422,24 @@ fn preload_walk(sh: Arc<Shared>) {
                         .bytes_seen
                         .fetch_add(st.st_size as u64, Ordering::Relaxed);
                     let size = st.st_size as u64;
-                    if size > 0 && size <= PRELOAD_PARK_BYTES_MAX && !sh.objects.is_known(st.st_ino)
-                    {
-                        // Small files: one read into a parked copy, no object, no
-                        // descriptor kept; the tree's small files all fit in RAM this way.
+                    if size == 0 || sh.objects.is_known(st.st_ino) {
+                        continue;
+                    }
+                    let room = sh.objects.has_room();
+                    if size <= PRELOAD_PARK_BYTES_MAX || (!room && size <= PARK_BYTES_MAX) {
+                        // Small files, and mid-sized ones once the object cache is full:
+                        // one read into a parked copy, no object, no descriptor kept, so
+                        // the whole tree fits in RAM, not only its first files.
                         let parked = open_walked(fd.as_fd(), name, OFlags::RDONLY, st.st_ino)
-                            .and_then(|f| sh.objects.park_file(st.st_ino, &f));
+                            .and_then(|f| sh.objects.park_file(st.st_ino, &f, PARK_BYTES_MAX));
                         if let Ok(true) = parked {
                             sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
                         }
                         continue;
                     }
-                    let room = sh.objects.has_room()
-                        && sh.budget.used_bytes().saturating_add(size) <= sh.budget.limit_bytes();
-                    if room && size > 0 && sh.objects.get(st.st_ino).is_none() {
+                    let fits =
+                        sh.budget.used_bytes().saturating_add(size) <= sh.budget.limit_bytes();
+                    if room && fits {
                         let path = rel.join(name);
                         let label = path.display().to_string();
                         let r = sh.objects.touch(st.st_ino, &label, || {

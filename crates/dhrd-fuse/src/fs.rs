@@ -166,6 +166,8 @@ pub struct FsConfig {
     /// Walk the tree after mounting and load files in the background.
     pub preload: bool,
     pub readdirplus: ReaddirPlus,
+    /// Objects kept after their last close (`objects::CLOSED_OBJECTS_MAX` by default).
+    pub object_cache: usize,
 }
 
 /// One open file.
@@ -278,6 +280,7 @@ fn errno(e: &FsError) -> Errno {
 
 impl Shared {
     pub fn new(dir: BackingDir, cfg: FsConfig) -> Result<Arc<Self>> {
+        let object_cache = cfg.object_cache;
         let budget = RamBudget::new(cfg.mem_bytes);
         let loader = dhrd_engine::Loader::new(dhrd_engine::LoaderConfig {
             threads: cfg.loader_threads,
@@ -306,7 +309,7 @@ impl Shared {
         let sh = Arc::new(Self {
             dir,
             cfg,
-            objects: Objects::new(base),
+            objects: Objects::new(base, object_cache),
             budget: budget.clone(),
             stats: FsStats::default(),
             preload: PreloadState::default(),

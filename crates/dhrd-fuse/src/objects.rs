@@ -46,7 +46,8 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-/// Closed files whose objects (RAM copy, backing fd, memfd) are kept. Each costs two or
+/// Closed files whose objects (RAM copy, backing fd, memfd) are kept, by default
+/// (`--object-cache`). Each costs two or
 /// three file descriptors (the daemon raises RLIMIT_NOFILE to its hard limit at start, and
 /// 1024 objects stay well inside a hard limit of 4096) and a few KB of engine statistics
 /// (up to about 80 KB once all its latency histograms are in use), besides its data.
@@ -59,7 +60,10 @@ pub type Obj = HybridObject<ConfinedFile>;
 /// larger file is dropped as before parked files existed and reloads at its next open.
 pub const PARK_BYTES_MAX: u64 = 64 << 20;
 /// Files up to this size are parked by the preload walk itself (one read each, no object);
-/// larger ones get an object the loader threads fill, while the LRU has room.
+/// larger ones get an object the loader threads fill (chunk by chunk, in parallel) while
+/// the LRU has room, and are parked by the walk too once it is full, up to
+/// `PARK_BYTES_MAX`: a tree of many mid-sized files is then in RAM as a whole, not just
+/// its first `--object-cache` files.
 pub const PRELOAD_PARK_BYTES_MAX: u64 = 1 << 20;
 /// What one parked copy costs besides its bytes (map and order entries, allocator
 /// header), counted in the budget; measured RSS was about 1.2 KB per parked 1 KiB file.
@@ -156,6 +160,8 @@ pub struct Objects {
     inner: Mutex<Inner>,
     base: ObjectConfig,
     budget: Arc<RamBudget>,
+    /// Objects kept after their last close (`--object-cache`).
+    closed_objects_max: usize,
 }
 
 /// An object pushed out of the LRU, on its way to being closed and parked.
@@ -179,12 +185,15 @@ fn signature(f: &File) -> Option<Signature> {
 }
 
 impl Objects {
-    pub fn new(base: ObjectConfig) -> Self {
+    /// `closed_objects_max`: objects kept after their last close (at least 1); see
+    /// `CLOSED_OBJECTS_MAX`.
+    pub fn new(base: ObjectConfig, closed_objects_max: usize) -> Self {
         let budget = base.budget.clone().unwrap_or_else(RamBudget::unlimited);
         Self {
             inner: Mutex::new(Inner::default()),
             base,
             budget,
+            closed_objects_max: closed_objects_max.max(1),
         }
     }
 
@@ -296,7 +305,7 @@ impl Objects {
     ) -> Result<Obj> {
         let inner = &mut *g;
         let r = Self::open_entry(inner, key, count_open);
-        Self::evict_locked(inner, &mut dropped);
+        Self::evict_locked(inner, &mut dropped, self.closed_objects_max);
         drop(g);
         close_unparked(stale);
         self.close_all(dropped);
@@ -373,7 +382,7 @@ impl Objects {
                     }
                 }
             }
-            Self::evict_locked(inner, &mut dropped);
+            Self::evict_locked(inner, &mut dropped, self.closed_objects_max);
             if unlinked {
                 gone = inner.remove_entry(key, &self.budget).map(|e| e.obj);
             }
@@ -384,8 +393,8 @@ impl Objects {
         self.close_all(dropped);
     }
 
-    fn evict_locked(inner: &mut Inner, dropped: &mut Vec<Evicted>) {
-        while inner.lru.len() > CLOSED_OBJECTS_MAX {
+    fn evict_locked(inner: &mut Inner, dropped: &mut Vec<Evicted>, keep: usize) {
+        while inner.lru.len() > keep {
             let Some((_, key)) = inner.lru.pop_first() else {
                 break;
             };
@@ -500,7 +509,7 @@ impl Objects {
 
     /// Whether the closed LRU has room for preloading more files.
     pub fn has_room(&self) -> bool {
-        self.inner.lock().lru.len() < CLOSED_OBJECTS_MAX
+        self.inner.lock().lru.len() < self.closed_objects_max
     }
 
     /// Whether `key` has an object or a parked copy.
@@ -510,13 +519,13 @@ impl Objects {
     }
 
     /// Parks the content of a closed file read by the preload walk: `file` is its
-    /// backing file (inode `key`), at most `PRELOAD_PARK_BYTES_MAX` long. `Ok(false)` when
+    /// backing file (inode `key`), at most `max_bytes` (<= `PARK_BYTES_MAX`) long. `Ok(false)` when
     /// the RAM budget has no room (or the file grew), `Ok(true)` when parked or when the
     /// inode meanwhile got an object or a copy of its own.
-    pub fn park_file(&self, key: u64, file: &File) -> Result<bool> {
+    pub fn park_file(&self, key: u64, file: &File, max_bytes: u64) -> Result<bool> {
         let before = signature(file).ok_or(FsError::Stale)?;
         let len = u64::try_from(before.0).map_err(|_| FsError::Stale)?;
-        if len == 0 || len > PRELOAD_PARK_BYTES_MAX {
+        if len == 0 || len > max_bytes.min(PARK_BYTES_MAX) {
             return Ok(false);
         }
         let reserved = parked_charge(len);
