@@ -322,6 +322,9 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
         yes(sh.killpriv_negotiated.load(Ordering::Acquire))
     );
     let pre = &sh.preload;
+    // Complete only once the walk has found every file too: until then the files it has
+    // not reached yet are neither counted nor loaded.
+    let complete = all && (pre.done.load(Ordering::Acquire) || !sh.cfg.preload);
     let _ = writeln!(
         s,
         "load:            {pct:.1}% of cached files in RAM ({} of {}, {} objects, {} parked files){}",
@@ -329,7 +332,7 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
         human(total),
         sh.objects.len(),
         sh.objects.parked_totals().files,
-        if all { ", complete" } else { "" }
+        if complete { ", complete" } else { "" }
     );
     let _ = writeln!(
         s,
