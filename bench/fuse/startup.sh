@@ -2,18 +2,23 @@
 # dhrd mount: mount-to-first-read and full-load time at several data sizes, compared with
 # `cp -a` into tmpfs (log2ram's way) and, if installed, `vmtouch -t`; memory after the full
 # load (daemon RSS incl. memfds, page cache left on the backing files). Also a tree of many
-# small files: mount, walk, read everything; daemon RSS and descriptors.
+# small files: mount, walk, read everything; daemon RSS and descriptors. And a tree of
+# mid-sized files, more than the object cache holds (--mid "N SIZE", "" to skip): full-load
+# time against `cp -a` of the tree into tmpfs and `vmtouch -t`, bytes in RAM, daemon RSS.
 # Writes startup.md / startup.json to bench/results/fuse-<date>-startup/. Needs root.
 #
-# Usage: bench/fuse/startup.sh [--sizes "1G 8G"] [--files 500000] [--disk-dir /var/tmp]
+# Usage: bench/fuse/startup.sh [--sizes "1G 8G"] [--files 500000] [--mid "2500 2M"]
+#                              [--disk-dir /var/tmp]
 set -euo pipefail
 SIZES="1G 8G"
 FILES=500000
+MID="2500 2M"
 DISK_DIR=/var/tmp
 while [ $# -gt 0 ]; do
   case "$1" in
     --sizes) SIZES=$2; shift 2 ;;
     --files) FILES=$2; shift 2 ;;
+    --mid) MID=$2; shift 2 ;;
     --disk-dir) DISK_DIR=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -81,6 +86,50 @@ for S in $SIZES; do
     "$((rss + memfd - shm))" "$memfd" "$shm" "$pc" "$limit" >> "$OUT/startup.md"
   rm -rf "$B"
 done
+
+# A tree of mid-sized files: more than the object cache holds, each over the size the walk
+# parks right away.
+if [ -n "$MID" ]; then
+  read -r MID_N MID_SIZE <<< "$MID"
+  B=$WORK/mid; mkdir -p "$B"
+  python3 - "$B" "$MID_N" "$(numfmt --from=iec "$MID_SIZE")" <<'PY'
+import os, sys
+root, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+block = os.urandom(1 << 20)
+for i in range(n):
+    d = os.path.join(root, f"d{i // 100:04d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:06d}"), "wb") as f:
+        left = size
+        while left > 0:
+            f.write(block[: min(left, len(block))])
+            left -= len(block)
+PY
+  bytes=$(du -sb "$B" | cut -f1)
+  dropcaches
+  t0=$(now)
+  "$DHRD" mount "$B" "$WORK/mnt" --quiet > "$OUT/daemon-mid.log" 2>&1 &
+  DAEMON=$!
+  until "$DHRD" status "$WORK/mnt" 2>/dev/null | grep -q complete; do sleep 0.05; done
+  t1=$(now)
+  rss=$(awk '/VmRSS/{print int($2/1024)}' /proc/$DAEMON/status)
+  "$DHRD" status "$WORK/mnt" > "$OUT/status-mid.txt"
+  inram=$(grep '^load:' "$OUT/status-mid.txt" | sed 's/.*(\(.* of [^,]*\), .*/\1/')
+  "$DHRD" umount "$WORK/mnt"; wait "$DAEMON" || true; DAEMON=
+  mount -t tmpfs -o size=$(( bytes * 2 )) tmpfs "$TMPFS"
+  dropcaches
+  t2=$(now); cp -a "$B" "$TMPFS/tree"; t3=$(now); umount "$TMPFS"
+  vm="n/a"
+  if command -v vmtouch >/dev/null; then dropcaches; t4=$(now); vmtouch -tq "$B"; t5=$(now); vm=$(echo "$t5 - $t4" | bc); fi
+  {
+    echo
+    echo "| mid-sized files | full load (s) | in RAM after the load | cp -a to tmpfs (s) | vmtouch -t (s) | daemon RSS (MiB) | limit 1.05 x data + 64 MiB |"
+    echo "|---|---|---|---|---|---|---|"
+    printf "| %s x %s | %.2f | %s | %.2f | %s | %s | %s |\n" "$MID_N" "$MID_SIZE" "$(echo "$t1 - $t0" | bc)" "$inram" \
+      "$(echo "$t3 - $t2" | bc)" "$vm" "$rss" "$(( bytes * 105 / 100 / 1048576 + 64 ))"
+  } >> "$OUT/startup.md"
+  rm -rf "$B"
+fi
 
 # Many small files.
 B=$WORK/tree; mkdir -p "$B"
