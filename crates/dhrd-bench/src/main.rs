@@ -10,6 +10,7 @@
 mod engine;
 mod fileio;
 mod fileserver;
+mod fuse_transport;
 mod machine;
 mod report;
 mod video;
@@ -32,6 +33,10 @@ enum Cmd {
     /// Filebench's fileserver personality on any directory (FUSE mount, tmpfs, ext4, ...):
     /// prints one JSON object on stdout.
     Fileserver(fileserver::FileserverArgs),
+    /// FUSE transport cost: a raw-protocol null server over /dev/fuse (1 and 8 threads) and
+    /// over io_uring (per-CPU pinned queues) against tmpfs, fio 4 KiB QD1 (root; sets
+    /// fuse.enable_uring for the run and restores it).
+    FuseTransport(fuse_transport::FuseTransportArgs),
     /// The paper's video-editing experiment (read, modify 10%, write a new file; rounds)
     /// on any directory: prints one JSON object on stdout.
     Video(video::VideoArgs),
@@ -55,6 +60,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Engine(a) => engine::run(a),
         Cmd::Fileserver(a) => fileserver::run(a),
+        Cmd::FuseTransport(a) => fuse_transport::run(a),
         Cmd::Video(a) => video::run(a),
     };
     if let Err(e) = r {
