@@ -1069,7 +1069,8 @@ fn start_legacy(mnt: &Path, threads: usize, size: u64) -> anyhow::Result<Server>
     }
     for (i, fd) in fds.iter().enumerate() {
         let (raw, fs) = (fd.as_raw_fd(), s.fs.clone());
-        let tx = (i == 0).then(|| tx.clone());
+        // Any of the cloned descriptors may be the one that reads INIT.
+        let tx = Some(tx.clone());
         s.spawn(format!("null-dev{i}"), move || {
             legacy_loop(raw, fs, false, tx)
         })?;
