@@ -1211,23 +1211,36 @@ struct Workload {
     name: &'static str,
     rw: &'static str,
     jobs: usize,
+    /// fio's cpus_allowed, to keep the caller on one CPU.
+    cpus: Option<&'static str>,
 }
 
-const WORKLOADS: [Workload; 3] = [
+const WORKLOADS: [Workload; 4] = [
     Workload {
         name: "randread-1job",
         rw: "randread",
         jobs: 1,
+        cpus: None,
+    },
+    // The caller pinned: the io_uring handoff then stays on one CPU in both directions,
+    // where an unpinned caller is woken on the other, idle CPU (see the cpu-change share).
+    Workload {
+        name: "randread-1job-cpu0",
+        rw: "randread",
+        jobs: 1,
+        cpus: Some("0"),
     },
     Workload {
         name: "randread-2jobs",
         rw: "randread",
         jobs: 2,
+        cpus: None,
     },
     Workload {
         name: "randwrite-1job",
         rw: "randwrite",
         jobs: 1,
+        cpus: None,
     },
 ];
 
@@ -1239,7 +1252,11 @@ struct FioResult {
 }
 
 fn fio(file: &Path, w: &Workload, size: u64, runtime: u32) -> anyhow::Result<FioResult> {
-    let out = std::process::Command::new("fio")
+    let mut cmd = std::process::Command::new("fio");
+    if let Some(c) = w.cpus {
+        cmd.arg(format!("--cpus_allowed={c}"));
+    }
+    let out = cmd
         .arg("--name=probe")
         .arg(format!("--filename={}", file.display()))
         .arg(format!("--rw={}", w.rw))
