@@ -1,6 +1,10 @@
 //! RAM budget shared by any number of objects (SPEC I11). A chunk may enter state Loaded
 //! only after reserving its size here; leaving Loaded releases it. The budget counts
-//! chunk-sized reservations, an upper bound on the memory the RAM tier can hold.
+//! chunk-sized reservations, an upper bound on the memory the RAM tier can hold, except
+//! for the last chunk of a file that ends inside it: that one is charged by the pages the
+//! file occupies in it (see `object.rs`, "rebate"), so a 1 KiB file costs a page, not a
+//! chunk. While such a file grows, its last chunk's charge grows with it even past the
+//! limit ([`RamBudget::charge`]): the bytes are in RAM already.
 //!
 //! A user of the budget may register a reclaimer: memory it holds only as a cache (a
 //! file system's copies of closed files) and gives back when a reservation would
@@ -96,6 +100,13 @@ impl RamBudget {
                 Err(v) => cur = v,
             }
         }
+    }
+
+    /// Charges `bytes` whether or not the limit allows it: for memory that is in use
+    /// already and cannot be refused (a Loaded chunk that grows with its file). Later
+    /// reservations fail until enough is released.
+    pub fn charge(&self, bytes: u64) {
+        self.used_bytes.fetch_add(bytes, Ordering::AcqRel);
     }
 
     pub fn release(&self, bytes: u64) {

@@ -15,7 +15,8 @@
 //! Locks, in acquisition order: the layout lock (shared by every request; exclusive only
 //! to truncate, to grow the mapping, or to verify), then chunk range locks in ascending
 //! index order (writers register their byte range; disjoint writers share a chunk; the
-//! loader claims a chunk with no writers), then the group-commit and load-queue mutexes.
+//! loader claims a chunk with no writers), then the group-commit and load-queue mutexes;
+//! the rebate mutex (budget accounting of a partial last chunk) is a leaf.
 //! Readers take no chunk lock: they read the chunk state word (state plus a generation
 //! bumped whenever a chunk leaves Loaded), copy, and check the word again, so a read never
 //! waits on a writer and never returns RAM bytes of a chunk that was not Loaded throughout.
@@ -215,6 +216,18 @@ struct LoadQueue {
 
 static NEXT_OBJECT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Budget accounting of a partial last chunk. Every Loaded chunk reserves a whole chunk
+/// (that is what the RAM tier may come to hold there), but the last chunk of a file that
+/// ends inside it holds only the pages up to the end: the difference is given back while
+/// that chunk is Loaded and taken again when it leaves Loaded or the file grows.
+/// Invariant (under the mutex): the budget holds `loaded_chunks * chunk_bytes - bytes`
+/// for this object, and `bytes > 0` only while chunk `chunk` is Loaded.
+#[derive(Default)]
+struct Rebate {
+    chunk: u64,
+    bytes: u64,
+}
+
 struct Inner<D: Durable> {
     id: u64,
     backing: D,
@@ -230,6 +243,9 @@ struct Inner<D: Durable> {
     load_cv: Condvar,
     loaded_chunks: AtomicU64,
     budget: Arc<RamBudget>,
+    /// Budget given back for the Loaded last chunk of a file that ends inside it (see
+    /// `settle_rebate`); guards every release of a chunk's reservation.
+    rebate: Mutex<Rebate>,
     loader: Option<Loader>,
     me: Weak<Inner<D>>,
     closed: AtomicBool,
@@ -352,6 +368,7 @@ impl<D: Durable> HybridObject<D> {
             }),
             load_cv: Condvar::new(),
             loaded_chunks: AtomicU64::new(0),
+            rebate: Mutex::new(Rebate::default()),
             budget,
             loader,
             me: me.clone(),
@@ -600,6 +617,53 @@ impl<D: Durable> Inner<D> {
         }
     }
 
+    /// Re-derives the rebate (see [`Rebate`]) from the current length and the last
+    /// chunk's state. Called after anything that may change either: a load, a write into
+    /// the last chunk or past the end, a size change. A missed call leaves this object's
+    /// charge off by less than a chunk until the next one and can never release more than
+    /// was reserved: `release_chunk` and `Drop` give back exactly what the record says.
+    fn settle_rebate(&self, layout: &Layout) {
+        let mut r = self.rebate.lock();
+        let want = self.rebate_for(layout, self.len.load(Ordering::Acquire));
+        // Taking back the old rebate and giving the new one, netted: the old chunk is still
+        // Loaded (release_chunk clears the record when it leaves), so its full reservation
+        // is restored before the new chunk's is reduced.
+        if want.bytes >= r.bytes {
+            self.budget.release(want.bytes - r.bytes);
+        } else {
+            self.budget.charge(r.bytes - want.bytes);
+        }
+        *r = want;
+    }
+
+    /// What the rebate should be at length `len` with the chunk states in `layout`.
+    fn rebate_for(&self, layout: &Layout, len: u64) -> Rebate {
+        match len.checked_sub(1).map(|l| self.geo.index_of(l)) {
+            Some(last)
+                if (last.0 as usize) < layout.slots.len()
+                    && layout.state(last) == ChunkState::Loaded =>
+            {
+                let held = (len - self.geo.start_of(last)).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+                Rebate {
+                    chunk: last.0,
+                    bytes: self.geo.chunk_bytes().saturating_sub(held),
+                }
+            }
+            _ => Rebate::default(),
+        }
+    }
+
+    /// Gives back the reservation of chunk `c`, which is leaving Loaded.
+    fn release_chunk(&self, c: ChunkIndex) {
+        let mut r = self.rebate.lock();
+        let mut bytes = self.geo.chunk_bytes();
+        if r.bytes > 0 && r.chunk == c.0 {
+            bytes -= r.bytes;
+            *r = Rebate::default();
+        }
+        self.budget.release(bytes);
+    }
+
     fn grow_layout(&self, w: &mut Layout, end: u64) -> Result<()> {
         if end <= w.ram.map_bytes() {
             return Ok(());
@@ -831,7 +895,7 @@ impl<D: Durable> Inner<D> {
         if !was_loaded {
             return;
         }
-        self.budget.release(self.geo.chunk_bytes());
+        self.release_chunk(c);
         self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
         self.stats.add(C::ChunksInvalidated, 1);
         let mut q = self.lq.lock();
@@ -967,6 +1031,13 @@ impl<D: Durable> Inner<D> {
         let grew = end > len_locked;
         if grew {
             self.len.fetch_max(end, Ordering::AcqRel);
+        }
+        // The last chunk's charge depends on the length and on its state (see Rebate).
+        let last = self
+            .geo
+            .index_of(self.len.load(Ordering::Acquire).saturating_sub(1));
+        if grew || self.geo.index_of(end - 1) >= last {
+            self.settle_rebate(&layout);
         }
         drop(plan);
         drop(layout);
@@ -1113,7 +1184,7 @@ impl<D: Durable> Inner<D> {
             for i in first_gone..self.geo.chunks_for(old) {
                 if layout.state(ChunkIndex(i)) == ChunkState::Loaded {
                     layout.slot(ChunkIndex(i)).set_state(ChunkState::Unloaded);
-                    self.budget.release(self.geo.chunk_bytes());
+                    self.release_chunk(ChunkIndex(i));
                     self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
                 }
             }
@@ -1125,6 +1196,7 @@ impl<D: Durable> Inner<D> {
             q.finished = None;
         }
         self.len.store(new_len, Ordering::Release);
+        self.settle_rebate(&layout);
         if let Err(e) = durable {
             let boundary = self.geo.index_of(old.min(new_len));
             if (boundary.0 as usize) < layout.slots.len() {
@@ -1176,6 +1248,7 @@ impl<D: Durable> Inner<D> {
             Ok(want) => {
                 slot.end_load(claim, ChunkState::Loaded);
                 self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
+                self.settle_rebate(&layout);
                 let mut q = self.lq.lock();
                 q.retries.remove(&c.0);
                 q.bytes_loaded += want;
@@ -1430,6 +1503,14 @@ impl<D: Durable> Inner<D> {
                 self.loaded_chunks.load(Ordering::Acquire)
             ));
         }
+        let want = self.rebate_for(&layout, len);
+        let r = self.rebate.lock();
+        if (r.chunk, r.bytes) != (want.chunk, want.bytes) && (r.bytes, want.bytes) != (0, 0) {
+            return Err(format!(
+                "budget rebate of {} bytes on chunk {} where the length {len} asks for {} on {}",
+                r.bytes, r.chunk, want.bytes, want.chunk
+            ));
+        }
         Ok(())
     }
 }
@@ -1461,7 +1542,9 @@ impl<D: Durable> Drop for Inner<D> {
             let _ = self.backing.sync();
         }
         let loaded = self.loaded_chunks.load(Ordering::Acquire);
-        self.budget.release(loaded * self.geo.chunk_bytes());
+        let rebate = self.rebate.get_mut().bytes;
+        self.budget
+            .release((loaded * self.geo.chunk_bytes()).saturating_sub(rebate));
     }
 }
 

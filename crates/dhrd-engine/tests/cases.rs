@@ -649,3 +649,45 @@ fn snapshot_reopen_respects_the_budget() -> Result<(), Box<dyn std::error::Error
     );
     Ok(())
 }
+
+/// The last chunk of a file that ends inside it is charged by the pages it holds, not a
+/// whole chunk, and the charge follows the length: growth within the chunk and into the
+/// next one, a shrink, a hole past the end, and the close.
+#[test]
+fn a_partial_last_chunk_is_charged_by_its_pages() -> Result<(), Box<dyn std::error::Error>> {
+    const BIG: u64 = 64 << 10;
+    const PAGE: u64 = 4096;
+    let budget = RamBudget::new(1 << 30);
+    let c = ObjectConfig {
+        chunk_bytes: BIG,
+        budget: Some(budget.clone()),
+        load_disabled: true,
+        ..cfg(None)
+    };
+    let o: Obj = HybridObject::open(sim_with(pattern(1000, 5)), c)?;
+    while !matches!(o.load_step(), dhrd_engine::LoadStep::Idle) {}
+    assert!(o.is_fully_loaded());
+    assert_eq!(budget.used_bytes(), PAGE, "a 1000-byte file");
+    o.write_at(&[7; 5000], 1000)?;
+    assert_eq!(budget.used_bytes(), 2 * PAGE, "grown to 6000 bytes");
+    // A write into the next chunk: the first is whole now, the new one holds a page.
+    o.write_at(b"x", BIG + 10)?;
+    assert_eq!(budget.used_bytes(), BIG + PAGE);
+    o.verify_mirror()?;
+    o.set_len(100)?;
+    assert_eq!(budget.used_bytes(), PAGE, "shrunk to 100 bytes");
+    // Grown by a hole: the new last chunks are not loaded, so the first is charged whole.
+    o.set_len(3 * BIG + 5)?;
+    assert_eq!(budget.used_bytes(), BIG);
+    while !matches!(o.load_step(), dhrd_engine::LoadStep::Idle) {}
+    assert!(o.is_fully_loaded());
+    assert_eq!(budget.used_bytes(), 3 * BIG + PAGE);
+    o.verify_mirror()?;
+    let mut buf = vec![0u8; 3 * BIG as usize + 5];
+    o.read_at(&mut buf, 0)?;
+    assert_eq!(&buf[..100], &pattern(1000, 5)[..100]);
+    assert!(buf[100..].iter().all(|b| *b == 0));
+    drop(o);
+    assert_eq!(budget.used_bytes(), 0);
+    Ok(())
+}

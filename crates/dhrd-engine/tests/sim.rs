@@ -24,6 +24,8 @@ struct World {
     budget_chunks: Option<u64>,
     sim: Arc<SimBacking>,
     obj: Obj,
+    /// The object's RAM budget: every reservation must come back when it is dropped.
+    budget: Arc<RamBudget>,
     /// What reads must return now.
     model: Model,
     /// Known durable content.
@@ -33,16 +35,23 @@ struct World {
     read_only: bool,
 }
 
-fn open(sim: &Arc<SimBacking>, cb: u64, durability: Durability, budget_chunks: Option<u64>) -> Obj {
+fn open(
+    sim: &Arc<SimBacking>,
+    cb: u64,
+    durability: Durability,
+    budget_chunks: Option<u64>,
+) -> (Obj, Arc<RamBudget>) {
+    let budget = budget_chunks.map_or_else(RamBudget::unlimited, |n| RamBudget::new(n * cb));
     let cfg = ObjectConfig {
         chunk_bytes: cb,
         durability,
         load_disabled: true,
-        budget: budget_chunks.map(|n| RamBudget::new(n * cb)),
+        budget: Some(budget.clone()),
         name: "sim".into(),
         ..Default::default()
     };
-    HybridObject::open(sim.clone(), cfg).unwrap_or_else(|e| panic!("open: {e}"))
+    let obj = HybridObject::open(sim.clone(), cfg).unwrap_or_else(|e| panic!("open: {e}"));
+    (obj, budget)
 }
 
 impl World {
@@ -59,7 +68,7 @@ impl World {
         };
         let budget_chunks = r.chance(1, 4).then(|| r.below(6));
         let sim = Arc::new(SimBacking::from_bytes(init.clone(), seed));
-        let obj = open(&sim, cb, durability, budget_chunks);
+        let (obj, budget) = open(&sim, cb, durability, budget_chunks);
         Self {
             r,
             cb,
@@ -67,6 +76,7 @@ impl World {
             budget_chunks,
             sim,
             obj,
+            budget,
             model: Model { data: init.clone() },
             durable: Model { data: init },
             uncertain: Vec::new(),
@@ -191,7 +201,7 @@ impl World {
         let image = self.sim.crash_image();
         let oracle = CrashOracle::new(&self.durable, &self.uncertain);
         self.sim = Arc::new(SimBacking::from_image(image, seed ^ self.r.next_u64()));
-        self.obj = open(&self.sim, self.cb, self.durability, self.budget_chunks);
+        self.reopen(ctx)?;
         let mut got = vec![0u8; self.obj.len() as usize];
         self.obj
             .read_at(&mut got, 0)
@@ -220,9 +230,24 @@ impl World {
         });
     }
 
+    /// Replaces the object with a new one over `self.sim`; the old one's budget must be
+    /// wholly given back once it is dropped.
+    fn reopen(&mut self, ctx: &str) -> Result<(), String> {
+        let (obj, budget) = open(&self.sim, self.cb, self.durability, self.budget_chunks);
+        let old = std::mem::replace(&mut self.budget, budget);
+        self.obj = obj;
+        if old.used_bytes() != 0 {
+            return Err(format!(
+                "{ctx}: {} bytes of RAM budget still reserved after the object was dropped",
+                old.used_bytes()
+            ));
+        }
+        Ok(())
+    }
+
     fn restart(&mut self, ctx: &str) -> Result<(), String> {
         let _ = self.obj.close();
-        self.obj = open(&self.sim, self.cb, self.durability, self.budget_chunks);
+        self.reopen(ctx)?;
         self.read_only = false;
         let mut got = vec![0u8; self.obj.len() as usize];
         self.obj
