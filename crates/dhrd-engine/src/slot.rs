@@ -225,7 +225,9 @@ const SLOTS_PER_PAGE: usize = 1024;
 
 /// The chunk table: pages of slots allocated when a writer or the loader first touches one
 /// of their chunks, so opening an object costs the same whatever its size (SPEC I7).
-/// Readers of a chunk in a page never touched see Unloaded without allocating.
+/// Readers of a chunk in a page never touched see Unloaded without allocating. A page holds
+/// only the slots the table covers when it is allocated (a one-chunk file gets one slot,
+/// not a full page of about 56 KB) and is lengthened when the table grows.
 pub(crate) struct SlotTable {
     pages: Vec<std::sync::OnceLock<Box<[Slot]>>>,
     chunks: usize,
@@ -248,6 +250,24 @@ impl SlotTable {
             self.pages.resize_with(pages, std::sync::OnceLock::new);
         }
         self.chunks = self.chunks.max(chunks);
+        for p in 0..self.pages.len() {
+            let want = self.page_len(p);
+            if let Some(slots) = self.pages.get_mut(p).and_then(|pg| pg.get_mut()) {
+                if slots.len() < want {
+                    // Exclusive access: no slot is borrowed, so moving them is safe.
+                    let mut v = std::mem::take(slots).into_vec();
+                    v.resize_with(want, Slot::new);
+                    *slots = v.into_boxed_slice();
+                }
+            }
+        }
+    }
+
+    /// Slots page `p` holds at the table's current length.
+    fn page_len(&self, p: usize) -> usize {
+        self.chunks
+            .saturating_sub(p * SLOTS_PER_PAGE)
+            .min(SLOTS_PER_PAGE)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -260,8 +280,9 @@ impl SlotTable {
         if i >= self.chunks {
             return None;
         }
-        let page = self.pages.get(i / SLOTS_PER_PAGE)?;
-        let slots = page.get_or_init(|| (0..SLOTS_PER_PAGE).map(|_| Slot::new()).collect());
+        let p = i / SLOTS_PER_PAGE;
+        let page = self.pages.get(p)?;
+        let slots = page.get_or_init(|| (0..self.page_len(p)).map(|_| Slot::new()).collect());
         slots.get(i % SLOTS_PER_PAGE)
     }
 
@@ -312,5 +333,33 @@ mod tests {
             "growth lost a state"
         );
         assert!(t.get(4 * SLOTS_PER_PAGE).is_some());
+    }
+
+    #[test]
+    fn a_short_page_grows_with_the_table_and_keeps_its_states() {
+        let mut t = SlotTable::new(1);
+        if let Some(s) = t.get(0) {
+            s.set_state(ChunkState::Loaded);
+        }
+        assert_eq!(
+            t.pages[0].get().map(|p| p.len()),
+            Some(1),
+            "one slot for one chunk"
+        );
+        assert!(t.get(1).is_none());
+        t.resize(3);
+        assert_eq!(t.pages[0].get().map(|p| p.len()), Some(3));
+        assert_eq!(
+            state_of(t.word(0)),
+            ChunkState::Loaded,
+            "growth lost a state"
+        );
+        assert_eq!(state_of(t.word(2)), ChunkState::Unloaded);
+        assert!(t.get(2).is_some());
+        t.resize(SLOTS_PER_PAGE + 2);
+        assert_eq!(t.pages[0].get().map(|p| p.len()), Some(SLOTS_PER_PAGE));
+        assert!(t.get(SLOTS_PER_PAGE + 1).is_some());
+        assert_eq!(t.pages[1].get().map(|p| p.len()), Some(2));
+        assert_eq!(state_of(t.word(0)), ChunkState::Loaded);
     }
 }
