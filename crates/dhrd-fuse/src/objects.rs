@@ -49,8 +49,9 @@ use std::sync::Arc;
 /// Closed files whose objects (RAM copy, backing fd, memfd) are kept, by default
 /// (`--object-cache`). Each costs two or
 /// three file descriptors (the daemon raises RLIMIT_NOFILE to its hard limit at start, and
-/// 1024 objects stay well inside a hard limit of 4096) and a few KB of engine statistics
-/// (up to about 80 KB once all its latency histograms are in use), besides its data.
+/// 1024 objects stay well inside a hard limit of 4096), a few KB of engine counters and
+/// chunk slots, and up to about 80 KB once all its latency histograms are in use, besides
+/// its data.
 pub const CLOSED_OBJECTS_MAX: usize = 1024;
 
 pub type Obj = HybridObject<ConfinedFile>;
