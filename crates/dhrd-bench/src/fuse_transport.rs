@@ -559,23 +559,33 @@ fn clone_dev_fuse(master: RawFd) -> anyhow::Result<OwnedFd> {
 }
 
 fn mount_fuse(fd: RawFd, mnt: &Path) -> anyhow::Result<()> {
+    let data = format!("fd={fd},rootmode=40000,user_id=0,group_id=0,max_read={MAX_WRITE}");
+    mount_fs(c"dhrd-null", mnt, c"fuse.dhrd-null", &data)
+}
+
+/// mount(2) of `source` on `mnt` (nosuid, nodev) with file system type `fstype` and `data`.
+fn mount_fs(
+    source: &std::ffi::CStr,
+    mnt: &Path,
+    fstype: &std::ffi::CStr,
+    data: &str,
+) -> anyhow::Result<()> {
     let target = cstr(mnt)?;
-    let data = CString::new(format!(
-        "fd={fd},rootmode=40000,user_id=0,group_id=0,max_read={MAX_WRITE}"
-    ))?;
+    let data = CString::new(data)?;
     // SAFETY: valid NUL-terminated strings for the duration of the call.
     let r = unsafe {
         libc::mount(
-            c"dhrd-null".as_ptr(),
+            source.as_ptr(),
             target.as_ptr(),
-            c"fuse.dhrd-null".as_ptr(),
+            fstype.as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV,
             data.as_ptr().cast(),
         )
     };
     if r != 0 {
         bail!(
-            "mount {}: {}",
+            "mount {} on {}: {}",
+            source.to_string_lossy(),
             mnt.display(),
             std::io::Error::last_os_error()
         );
@@ -1145,25 +1155,12 @@ struct TmpfsMount {
 impl TmpfsMount {
     fn new(mnt: &Path, size: u64) -> anyhow::Result<Self> {
         std::fs::create_dir_all(mnt)?;
-        let target = cstr(mnt)?;
-        let data = CString::new(format!("size={}", size + 16 * MIB))?;
-        // SAFETY: valid NUL-terminated strings.
-        let r = unsafe {
-            libc::mount(
-                c"tmpfs".as_ptr(),
-                target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                data.as_ptr().cast(),
-            )
-        };
-        if r != 0 {
-            bail!(
-                "mount tmpfs {}: {}",
-                mnt.display(),
-                std::io::Error::last_os_error()
-            );
-        }
+        mount_fs(
+            c"tmpfs",
+            mnt,
+            c"tmpfs",
+            &format!("size={}", size + 16 * MIB),
+        )?;
         let t = Self {
             mnt: mnt.to_path_buf(),
             mounted: true,
