@@ -337,6 +337,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn large_copies_through_the_memfd_match_the_mapping() -> Result<()> {
+        let len = 4 * PWRITE_MIN_BYTES as u64;
+        let r = RamRegion::new("t", len, len, &RamOptions::default())?;
+        let src: Vec<u8> = (0..2 * PWRITE_MIN_BYTES + 13)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        // Unaligned, across pages, wholly inside the memfd: the pwrite path.
+        r.copy_in(4096 + 7, &src);
+        let mut back = vec![0u8; src.len()];
+        r.copy_out(4096 + 7, &mut back);
+        assert_eq!(back, src);
+        // pwrite must not have changed the memfd size or the bytes before the copy.
+        assert_eq!(r.file_bytes(), len);
+        let mut head = [1u8; 7];
+        r.copy_out(4096, &mut head);
+        assert_eq!(head, [0; 7], "bytes before the copy changed");
+        Ok(())
+    }
+
+    #[test]
     fn grows_zeroes_and_stays_sparse() -> Result<()> {
         let mut r = RamRegion::new("t", 10_000, 16384, &RamOptions::default())?;
         r.copy_in(5000, b"abc");
