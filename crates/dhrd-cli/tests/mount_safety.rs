@@ -132,6 +132,32 @@ fn bad_input_fails_with_a_clear_error() {
 }
 
 #[test]
+fn an_object_cache_beyond_the_descriptor_limit_is_refused() {
+    let s = Scratch::new("nofile");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    // 2000 objects need about 6256 descriptors; the shell caps the hard limit at 4096.
+    let script = format!(
+        "ulimit -Sn 4096 && ulimit -Hn 4096 && exec {} mount {} {} --quiet --object-cache 2000",
+        dhrd(),
+        backing.display(),
+        mnt.display()
+    );
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .expect("sh");
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "the mount should be refused");
+    assert!(err.contains("file descriptors"), "unclear error: {err}");
+    assert!(!is_mounted(&mnt));
+    // Within the limit it mounts.
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--object-cache", "1000"]);
+    drop(m);
+}
+
+#[test]
 fn status_reports_load_ram_and_durability() {
     let s = Scratch::new("status");
     let backing = s.sub("backing");

@@ -39,6 +39,12 @@ pub const FUSE_DEVICE: &str = "/dev/fuse";
 pub const FUSE_DEVICE_NUMBER: (u32, u32) = (10, 229);
 /// Directory of the control sockets.
 pub const CONTROL_DIR: &str = "/run/dhrd";
+/// Descriptors one cached object may hold: backing file, memfd, O_DIRECT descriptor.
+pub const FDS_PER_OBJECT: u64 = 3;
+/// Descriptors kept for everything besides the object cache: the session, the control
+/// socket, directory handles, the backing directory, objects of open files beyond the
+/// cache's count.
+pub const FDS_RESERVED: u64 = 256;
 /// Default number of FUSE worker threads.
 pub const FUSE_THREADS_DEFAULT: usize = 8;
 /// Default nice value of the FUSE worker threads. A FUSE request is I/O work done on
@@ -238,7 +244,9 @@ pub fn prepare(cfg: &MountConfig) -> Result<(BackingDir, PathBuf)> {
 }
 
 /// Raises the soft descriptor limit to the hard one: each cached object holds descriptors.
-fn raise_nofile() {
+/// Fails when even that cannot hold a full object cache, rather than letting opens fail
+/// with EMFILE once the cache fills.
+fn raise_nofile(object_cache: usize) -> Result<()> {
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let _ = rustix::process::setrlimit(
         rustix::process::Resource::Nofile,
@@ -247,6 +255,17 @@ fn raise_nofile() {
             maximum: lim.maximum,
         },
     );
+    let need = (object_cache as u64)
+        .saturating_mul(FDS_PER_OBJECT)
+        .saturating_add(FDS_RESERVED);
+    let have = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    match have {
+        Some(have) if have < need => Err(setup(format!(
+            "--object-cache {object_cache} needs up to {need} file descriptors, but this \
+             process may open {have} (ulimit -n); lower --object-cache or raise the limit"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn human(b: u64) -> String {
@@ -581,7 +600,7 @@ pub fn run(cfg: MountConfig) -> Result<()> {
         .backing
         .canonicalize()
         .unwrap_or_else(|_| cfg.backing.clone());
-    raise_nofile();
+    raise_nofile(cfg.fs.object_cache)?;
 
     // Block the stop signals in every thread (the mask is inherited); one thread waits for
     // them with sigwait so they never interrupt a request half-way.
