@@ -596,3 +596,75 @@ fn periodic_mode_makes_writes_durable_within_the_period() {
         vec![3u8; 50_000]
     );
 }
+
+/// LOOKUP of a missing name is answered with a negative entry the kernel keeps: probing it
+/// again costs no round trip, and every way of creating the name through the mount makes
+/// it appear at once.
+#[test]
+fn missing_names_are_cached_negatively_and_appear_when_created() {
+    let s = Scratch::new("negative");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("src"), b"source").expect("src");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let lookups = || {
+        m.status()
+            .lines()
+            .find_map(|l| l.strip_prefix("lookups:"))
+            .and_then(|r| r.trim().split(';').next())
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .expect("lookups in status")
+    };
+    let p = |n: &str| mnt.join(n);
+    let missing = |n: &str| {
+        let e = fs::symlink_metadata(p(n)).expect_err("should be missing");
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{n}");
+    };
+    missing("probe");
+    let before = lookups();
+    for _ in 0..5 {
+        missing("probe");
+    }
+    assert_eq!(
+        lookups(),
+        before,
+        "repeated probes of a missing name reached the daemon"
+    );
+    // Each kind of creation replaces the negative entry.
+    missing("file");
+    fs::write(p("file"), b"new").expect("create");
+    assert_eq!(fs::read(p("file")).expect("read file"), b"new");
+    missing("excl");
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(p("excl"))
+        .expect("O_EXCL create");
+    assert!(p("excl").exists());
+    missing("dir");
+    fs::create_dir(p("dir")).expect("mkdir");
+    assert!(p("dir").is_dir());
+    missing("sym");
+    std::os::unix::fs::symlink("src", p("sym")).expect("symlink");
+    assert_eq!(fs::read(p("sym")).expect("through symlink"), b"source");
+    missing("hard");
+    fs::hard_link(p("src"), p("hard")).expect("link");
+    assert_eq!(fs::read(p("hard")).expect("hard"), b"source");
+    missing("renamed");
+    fs::rename(p("file"), p("renamed")).expect("rename");
+    assert_eq!(fs::read(p("renamed")).expect("renamed"), b"new");
+    missing("file");
+    // Removal makes the name missing again; re-creating it works.
+    fs::remove_file(p("renamed")).expect("unlink");
+    missing("renamed");
+    fs::write(p("renamed"), b"again").expect("re-create");
+    assert_eq!(fs::read(p("renamed")).expect("again"), b"again");
+    drop(m);
+    // All of it is on the backing.
+    for n in ["excl", "dir", "sym", "hard", "renamed"] {
+        assert!(
+            fs::symlink_metadata(backing.join(n)).is_ok(),
+            "{n} not on the backing"
+        );
+    }
+}

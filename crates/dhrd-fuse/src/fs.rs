@@ -437,8 +437,8 @@ impl Shared {
         }
     }
 
-    /// Attributes for a READDIRPLUS entry the kernel will not link (".", "..", an entry
-    /// on another file system); only the inode number and type are read.
+    /// Attributes for an entry the kernel will not link: READDIRPLUS's ".", "..", an entry
+    /// on another file system, and negative LOOKUP replies; node 0, nothing else is read.
     fn placeholder_attr(&self) -> FileAttr {
         FileAttr {
             ino: INodeNo(0),
@@ -1387,6 +1387,14 @@ impl Filesystem for DhrdFs {
             .and_then(|pfd| self.sh.lookup_in(Ino(parent.0), &pfd, name));
         match r {
             Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+            // A negative entry (node 0) that the kernel may keep as long as a positive one:
+            // names appear only through this daemon (create, mkdir, link, rename...), and
+            // the kernel replaces the negative dentry itself when they do. Saves a round
+            // trip for every repeated probe of a missing name (PATH and include-path
+            // searches, Python imports, build tools checking outputs).
+            Err(e) if errno(&e) == Errno::ENOENT => {
+                reply.entry(&ATTR_TTL, &self.sh.placeholder_attr(), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
