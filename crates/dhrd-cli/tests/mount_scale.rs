@@ -370,3 +370,57 @@ fn large_objects_are_not_parked() {
     assert_eq!(fs::read(mnt.join("big")).unwrap(), big);
     drop(m);
 }
+
+/// Listings may be kept by the kernel across opens (FOPEN_CACHE_DIR): listing again costs
+/// no READDIR, and every change through the mount, by another process too, shows up in
+/// the next listing.
+#[test]
+fn cached_listings_follow_every_change_through_the_mount() {
+    let s = Scratch::new("dircache");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let dir = backing.join("d");
+    fs::create_dir(&dir).unwrap();
+    fs::create_dir(backing.join("other")).unwrap();
+    for i in 0..300 {
+        fs::write(dir.join(format!("f{i}")), b"x").unwrap();
+    }
+    fs::write(backing.join("other/moved-in"), b"m").unwrap();
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--no-preload"]);
+    let names = |p: &std::path::Path| {
+        let mut v: Vec<String> = fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let d = mnt.join("d");
+    assert_eq!(names(&d), names(&dir));
+    let plus = |m: &Mount| status_number(&m.status(), "lookups:", "readdirplus ");
+    let before = plus(&m);
+    for _ in 0..3 {
+        assert_eq!(names(&d), names(&dir));
+    }
+    assert_eq!(plus(&m), before, "listing again reached the daemon");
+    // Each change, made by another process, must show in the next listing.
+    let changes: &[&str] = &[
+        "touch d/new",
+        "rm d/f7",
+        "mv d/f8 d/f8-renamed",
+        "mkdir d/sub",
+        "ln -s f9 d/link",
+        "ln d/f10 d/hard",
+        "mv other/moved-in d/",
+        "mv d/f11 other/",
+        "rmdir d/sub",
+        "mknod d/fifo p",
+    ];
+    for c in changes {
+        let (ok, out) = sh(&format!("cd {} && {c}", mnt.display()));
+        assert!(ok, "{c}: {out}");
+        assert_eq!(names(&d), names(&dir), "listing after `{c}`");
+    }
+    assert_eq!(names(&mnt.join("other")), names(&backing.join("other")));
+    drop(m);
+}

@@ -181,6 +181,10 @@ struct Handle {
 /// Entries of an open directory, read once at opendir (offsets are indexes into it).
 struct DirHandle {
     entries: Vec<(u64, FileType, OsString)>,
+    /// The directory and its backing inode until the first READDIR reads it: when the
+    /// kernel serves a listing from its cache (FOPEN_CACHE_DIR), none comes, and the
+    /// backing directory is never read.
+    unread: Option<(OwnedFd, u64)>,
 }
 
 /// Progress of the background walk that finds and preloads files.
@@ -1076,6 +1080,50 @@ impl Shared {
 
     fn do_opendir(&self, ino: Ino) -> Result<Fh> {
         let (fd, st) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let fh = self.new_fh();
+        self.dirs.lock().insert(
+            fh,
+            DirHandle {
+                entries: Vec::new(),
+                unread: Some((fd, st.st_ino)),
+            },
+        );
+        Ok(fh)
+    }
+
+    /// Reads the directory of handle `fh` on its first READDIR (see `DirHandle::unread`);
+    /// the entries then stay fixed for the handle, so offsets are stable.
+    fn dir_entries_ready(&self, ino: Ino, fh: Fh) -> Result<()> {
+        let unread = match self.dirs.lock().get_mut(&fh) {
+            Some(d) => d.unread.take(),
+            None => return Err(FsError::Errno(libc::EBADF)),
+        };
+        let Some((fd, self_ino)) = unread else {
+            return Ok(());
+        };
+        let entries = self.read_dir_entries(ino, &fd, self_ino);
+        let mut dirs = self.dirs.lock();
+        let Some(d) = dirs.get_mut(&fh) else {
+            return Err(FsError::Errno(libc::EBADF));
+        };
+        match entries {
+            Ok(e) => {
+                d.entries = e;
+                Ok(())
+            }
+            Err(e) => {
+                d.unread = Some((fd, self_ino));
+                Err(e)
+            }
+        }
+    }
+
+    fn read_dir_entries(
+        &self,
+        ino: Ino,
+        fd: &OwnedFd,
+        self_ino: u64,
+    ) -> Result<Vec<(u64, FileType, OsString)>> {
         let parent_ino = if ino.0 == FUSE_ROOT_INO {
             FUSE_ROOT_INO
         } else {
@@ -1086,13 +1134,13 @@ impl Shared {
         };
         let mut entries = vec![
             (
-                self.dir.fuse_ino(st.st_ino),
+                self.dir.fuse_ino(self_ino),
                 FileType::Directory,
                 OsString::from("."),
             ),
             (parent_ino, FileType::Directory, OsString::from("..")),
         ];
-        let mut d = rustix::fs::Dir::read_from(&fd)?;
+        let mut d = rustix::fs::Dir::read_from(fd)?;
         while let Some(ent) = d.read() {
             let ent = ent?;
             let name = OsStr::from_bytes(ent.file_name().to_bytes());
@@ -1105,9 +1153,7 @@ impl Shared {
                 name.to_owned(),
             ));
         }
-        let fh = self.new_fh();
-        self.dirs.lock().insert(fh, DirHandle { entries });
-        Ok(fh)
+        Ok(entries)
     }
 
     #[allow(clippy::type_complexity)] // the argument list of ReplyStatfs::statfs
@@ -1661,7 +1707,15 @@ impl Filesystem for DhrdFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.sh.do_opendir(Ino(ino.0)) {
-            Ok(fh) => reply.opened(FileHandle(fh.0), FopenFlags::empty()),
+            // The kernel may keep the listing in the directory's page cache across opens:
+            // it drops it itself when a create, unlink, rename... through the mount changes
+            // the directory (or its mtime changes), and nothing else changes it (see the
+            // rule on changes behind the daemon's back). Repeated listings then cost no
+            // READDIR round trip (`ls`, find, git status walking a tree again).
+            Ok(fh) => reply.opened(
+                FileHandle(fh.0),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -1669,11 +1723,15 @@ impl Filesystem for DhrdFs {
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        if let Err(e) = self.sh.dir_entries_ready(Ino(ino.0), Fh(fh.0)) {
+            reply.error(errno(&e));
+            return;
+        }
         let dirs = self.sh.dirs.lock();
         let Some(d) = dirs.get(&Fh(fh.0)) else {
             reply.error(Errno::EBADF);
@@ -1696,6 +1754,10 @@ impl Filesystem for DhrdFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        if let Err(e) = self.sh.dir_entries_ready(Ino(ino.0), Fh(fh.0)) {
+            reply.error(errno(&e));
+            return;
+        }
         // Copy one batch out so the directory lock is not held while stat'ing entries.
         let batch: Vec<(u64, FileType, OsString)> = {
             let dirs = self.sh.dirs.lock();
