@@ -668,3 +668,43 @@ fn missing_names_are_cached_negatively_and_appear_when_created() {
         );
     }
 }
+
+/// The kernel keeps a symlink's target once read (FUSE_CACHE_SYMLINKS): following it again
+/// sends no READLINK, and a symlink replaced through the mount shows its new target.
+#[test]
+fn symlink_targets_are_read_once() {
+    let s = Scratch::new("symcache");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("a"), b"A").expect("a");
+    fs::write(backing.join("b"), b"B").expect("b");
+    std::os::unix::fs::symlink("a", backing.join("l")).expect("symlink");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let readlinks = || {
+        m.status()
+            .lines()
+            .find_map(|l| l.strip_prefix("readlinks:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .expect("readlinks in status")
+    };
+    assert_eq!(fs::read(mnt.join("l")).expect("via l"), b"A");
+    let after_first = readlinks();
+    assert!(after_first >= 1, "the first follow reads the target");
+    for _ in 0..5 {
+        assert_eq!(fs::read(mnt.join("l")).expect("via l"), b"A");
+        assert_eq!(
+            fs::read_link(mnt.join("l")).expect("readlink"),
+            Path::new("a")
+        );
+    }
+    assert_eq!(readlinks(), after_first, "following again sent READLINK");
+    // Replaced through the mount (by another process): the new target is seen.
+    let (ok, out) = sh(&format!("ln -sfn b {}", mnt.join("l").display()));
+    assert!(ok, "{out}");
+    assert_eq!(fs::read(mnt.join("l")).expect("via new l"), b"B");
+    assert_eq!(
+        fs::read_link(mnt.join("l")).expect("readlink"),
+        Path::new("b")
+    );
+    drop(m);
+}

@@ -1368,6 +1368,11 @@ impl Filesystem for DhrdFs {
         if caps.contains(InitFlags::FUSE_PARALLEL_DIROPS) {
             let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         }
+        // A symlink's target never changes (a new target is a new inode), so the kernel
+        // may keep it: following a symlink again costs no READLINK round trip.
+        if caps.contains(InitFlags::FUSE_CACHE_SYMLINKS) {
+            let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
+        }
         if caps.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
             && config
                 .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
@@ -1495,6 +1500,7 @@ impl Filesystem for DhrdFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.sh.stats.readlinks.fetch_add(1, Ordering::Relaxed);
         let r = self
             .sh
             .node_fd(Ino(ino.0), OFlags::PATH)

@@ -79,6 +79,8 @@ pub struct FsStats {
     /// a LOOKUP the kernel need not send).
     pub lookups: AtomicU64,
     pub readdirplus_entries: AtomicU64,
+    /// READLINK requests (the kernel keeps symlink targets once read, FUSE_CACHE_SYMLINKS).
+    pub readlinks: AtomicU64,
     pub read_latency: Histogram,
     pub write_latency: Histogram,
     pub fsync_latency: Histogram,
@@ -127,6 +129,7 @@ impl FsStats {
             g(&self.lookups),
             g(&self.readdirplus_entries)
         );
+        let _ = writeln!(out, "readlinks:       {}", g(&self.readlinks));
         let _ = writeln!(out, "errors:          {}", g(&self.errors));
         let _ = writeln!(out, "read latency:    {}", self.read_latency.line());
         let _ = writeln!(out, "write latency:   {}", self.write_latency.line());
