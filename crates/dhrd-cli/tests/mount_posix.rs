@@ -535,13 +535,8 @@ fn posix_ops_match_a_plain_directory() {
     assert_eq!(want.len(), got.len());
     // copy_file_range reached the daemon (without it, the kernel copies through reads and
     // writes, and the transcript alone could not tell).
-    let status = m.status();
-    let copies = status
-        .lines()
-        .find_map(|l| l.strip_prefix("copies:"))
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|n| n.parse::<u64>().ok());
-    assert!(copies.unwrap_or(0) >= 3, "copies in status: {status}");
+    let copies = m.status_count("copies:");
+    assert!(copies >= 3, "{copies} copies in status");
     // The backing directory holds the same tree as plain files.
     assert_eq!(listing(&backing), listing(&plain));
     assert_eq!(
@@ -607,14 +602,7 @@ fn missing_names_are_cached_negatively_and_appear_when_created() {
     let mnt = s.sub("mnt");
     fs::write(backing.join("src"), b"source").expect("src");
     let m = Mount::start(&backing, &mnt, &["--quiet"]);
-    let lookups = || {
-        m.status()
-            .lines()
-            .find_map(|l| l.strip_prefix("lookups:"))
-            .and_then(|r| r.trim().split(';').next())
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .expect("lookups in status")
-    };
+    let lookups = || m.status_count("lookups:");
     let p = |n: &str| mnt.join(n);
     let missing = |n: &str| {
         let e = fs::symlink_metadata(p(n)).expect_err("should be missing");
@@ -680,13 +668,7 @@ fn symlink_targets_are_read_once() {
     fs::write(backing.join("b"), b"B").expect("b");
     std::os::unix::fs::symlink("a", backing.join("l")).expect("symlink");
     let m = Mount::start(&backing, &mnt, &["--quiet"]);
-    let readlinks = || {
-        m.status()
-            .lines()
-            .find_map(|l| l.strip_prefix("readlinks:"))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .expect("readlinks in status")
-    };
+    let readlinks = || m.status_count("readlinks:");
     assert_eq!(fs::read(mnt.join("l")).expect("via l"), b"A");
     let after_first = readlinks();
     assert!(after_first >= 1, "the first follow reads the target");

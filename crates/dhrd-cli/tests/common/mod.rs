@@ -128,6 +128,20 @@ impl Mount {
         self.mnt.join(rel)
     }
 
+    /// The first number on the status line that starts with `prefix` (e.g. "copies:").
+    #[allow(dead_code)] // not every test binary reads counters
+    pub fn status_count(&self, prefix: &str) -> u64 {
+        let st = self.status();
+        st.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|r| {
+                r.split(|c: char| !c.is_ascii_digit())
+                    .find(|w| !w.is_empty())
+            })
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} count in status:\n{st}"))
+    }
+
     pub fn status(&self) -> String {
         let o = Command::new(dhrd())
             .arg("status")
