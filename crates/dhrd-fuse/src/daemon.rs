@@ -453,7 +453,7 @@ fn preload_walk(sh: Arc<Shared>) {
                         // one read into a parked copy, no object, no descriptor kept, so
                         // the whole tree fits in RAM, not only its first files.
                         let parked = open_walked(fd.as_fd(), name, OFlags::RDONLY, st.st_ino)
-                            .and_then(|f| sh.objects.park_file(st.st_ino, &f, PARK_BYTES_MAX));
+                            .and_then(|f| sh.objects.park_file(st.st_ino, &f));
                         if let Ok(true) = parked {
                             sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
                         }

@@ -178,7 +178,8 @@ struct Handle {
     writable: bool,
 }
 
-/// Entries of an open directory, read once at opendir (offsets are indexes into it).
+/// Entries of an open directory, read once at its first READDIR (offsets are indexes into
+/// it).
 struct DirHandle {
     entries: Vec<(u64, FileType, OsString)>,
     /// The directory and its backing inode until the first READDIR reads it: when the

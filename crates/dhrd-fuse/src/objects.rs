@@ -520,13 +520,13 @@ impl Objects {
     }
 
     /// Parks the content of a closed file read by the preload walk: `file` is its
-    /// backing file (inode `key`), at most `max_bytes` (<= `PARK_BYTES_MAX`) long. `Ok(false)` when
+    /// backing file (inode `key`), at most `PARK_BYTES_MAX` long. `Ok(false)` when
     /// the RAM budget has no room (or the file grew), `Ok(true)` when parked or when the
     /// inode meanwhile got an object or a copy of its own.
-    pub fn park_file(&self, key: u64, file: &File, max_bytes: u64) -> Result<bool> {
+    pub fn park_file(&self, key: u64, file: &File) -> Result<bool> {
         let before = signature(file).ok_or(FsError::Stale)?;
         let len = u64::try_from(before.0).map_err(|_| FsError::Stale)?;
-        if len == 0 || len > max_bytes.min(PARK_BYTES_MAX) {
+        if len == 0 || len > PARK_BYTES_MAX {
             return Ok(false);
         }
         let reserved = parked_charge(len);
