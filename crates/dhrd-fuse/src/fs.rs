@@ -1303,7 +1303,6 @@ impl Shared {
         }
         let src = self.handle_obj(fh_in)?;
         let dst = self.handle_obj(fh_out)?;
-        let t = Instant::now();
         let want = len
             .min(COPY_REQUEST_BYTES_MAX)
             .min(src.len().saturating_sub(offset_in));
@@ -1343,7 +1342,6 @@ impl Shared {
         let s = &self.stats;
         s.copies.fetch_add(1, Ordering::Relaxed);
         s.copy_bytes.fetch_add(done, Ordering::Relaxed);
-        s.write_latency.record(t.elapsed());
         Ok(done as u32)
     }
 }
