@@ -691,3 +691,37 @@ fn a_partial_last_chunk_is_charged_by_its_pages() -> Result<(), Box<dyn std::err
     assert_eq!(budget.used_bytes(), 0);
     Ok(())
 }
+
+/// Writes of 64 KiB and more reach RAM through the memfd (pwrite) instead of the mapping:
+/// RAM must still mirror the backing afterwards, over loaded chunks, into chunks that were
+/// never loaded, unaligned, and past the old end.
+#[test]
+fn large_writes_keep_ram_and_backing_equal() -> Result<(), Box<dyn std::error::Error>> {
+    // Chunks of 1 MiB, so one write's piece of a chunk can reach the pwrite size.
+    let c = ObjectConfig {
+        chunk_bytes: 1 << 20,
+        ..cfg(None)
+    };
+    let data = pattern((2 << 20) + 100, 9);
+    let o: Obj = HybridObject::open(sim_with(data.clone()), c)?;
+    assert!(o.wait_loaded(Some(WAIT)));
+    let mut want = data;
+    for (offset, len, seed) in [
+        (4096 + 7, 200_000usize, 1u8),
+        (100, 70_000, 2),
+        (want.len() as u64 - 30, 300_000, 3),
+    ] {
+        let buf = pattern(len, seed);
+        o.write_at(&buf, offset)?;
+        let end = offset as usize + len;
+        if want.len() < end {
+            want.resize(end, 0);
+        }
+        want[offset as usize..end].copy_from_slice(&buf);
+        o.verify_mirror()?;
+    }
+    let mut got = vec![0u8; want.len()];
+    o.read_at(&mut got, 0)?;
+    assert_eq!(got, want);
+    Ok(())
+}
