@@ -108,7 +108,6 @@ fn d3_for(read_path: &str) {
     let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", read_path]);
     m.wait_loaded();
     let f = mnt.join("f");
-    let pt = read_path == "passthrough";
 
     // A writer descriptor, then a read-only descriptor and a read-only shared mapping.
     let rw = OpenOptions::new()
@@ -138,65 +137,39 @@ fn d3_for(read_path: &str) {
         "{read_path}: mapping sees a write() through another fd"
     );
 
-    // 2. A writable shared mapping: stores reach other processes after msync. (With
-    // passthrough opens on the inode the kernel refuses a caching mmap: documented.)
-    match Map::new(rw.as_raw_fd(), FILE_BYTES, true) {
-        Some(rw_map) => {
-            rw_map.set(5 * PAGE, b'D');
-            rw_map.sync();
-            assert_eq!(
-                child_read(&f, 5).first().copied(),
-                Some(b'D'),
-                "{read_path}: msync'ed store seen by another process"
-            );
-            assert_eq!(
-                ro_map.byte(5 * PAGE),
-                b'D',
-                "{read_path}: msync'ed store seen by the read-only mapping"
-            );
-        }
-        None => {
-            assert!(
-                pt,
-                "{read_path}: writable mmap failed: {}",
-                std::io::Error::last_os_error()
-            );
-            rw.write_all_at(b"D", (5 * PAGE) as u64).expect("pwrite D");
-        }
-    }
+    // 2. A writable shared mapping: stores reach other processes after msync. (The
+    //    read-only open above could not be a passthrough one: the writer was open first.)
+    let rw_map = Map::new(rw.as_raw_fd(), FILE_BYTES, true).expect("writable mmap");
+    rw_map.set(5 * PAGE, b'D');
+    rw_map.sync();
+    assert_eq!(
+        child_read(&f, 5).first().copied(),
+        Some(b'D'),
+        "{read_path}: msync'ed store seen by another process"
+    );
+    assert_eq!(
+        ro_map.byte(5 * PAGE),
+        b'D',
+        "{read_path}: msync'ed store seen by the read-only mapping"
+    );
+    drop(rw_map);
 
     // 3. Another process writes; this process reads through its read-only descriptor.
     let (ok, out) = try_child_write(&f, 2, b'B');
-    if pt {
-        // Kernel rule: no non-passthrough open while passthrough opens exist.
-        assert!(
-            !ok && out.contains("Text file busy"),
-            "passthrough: writer must get ETXTBSY: {out}"
-        );
-        drop(ro_map);
-        drop(ro);
-        let (ok, out) = try_child_write(&f, 2, b'B');
-        assert!(ok, "writer after the passthrough readers closed: {out}");
-        let ro = OpenOptions::new().read(true).open(&f).expect("ro open");
-        ro.read_exact_at(&mut buf, (2 * PAGE) as u64)
-            .expect("pread");
-        assert!(buf.iter().all(|b| *b == b'B'));
-    } else {
-        assert!(ok, "{read_path}: dd write failed: {out}");
-        ro.read_exact_at(&mut buf, (2 * PAGE) as u64)
-            .expect("pread");
-        assert!(
-            buf.iter().all(|b| *b == b'B'),
-            "{read_path}: pread after another process's write"
-        );
-        assert_eq!(
-            ro_map.byte(2 * PAGE + 7),
-            b'B',
-            "{read_path}: read-only mapping after another process's write"
-        );
-        drop(ro_map);
-        drop(ro);
-    }
+    assert!(ok, "{read_path}: dd write failed: {out}");
+    ro.read_exact_at(&mut buf, (2 * PAGE) as u64)
+        .expect("pread");
+    assert!(
+        buf.iter().all(|b| *b == b'B'),
+        "{read_path}: pread after another process's write"
+    );
+    assert_eq!(
+        ro_map.byte(2 * PAGE + 7),
+        b'B',
+        "{read_path}: read-only mapping after another process's write"
+    );
+    drop(ro_map);
+    drop(ro);
 
     // 4. A fresh open by another process after all of it sees everything.
     let all = fs::read(&f).expect("read all");
@@ -222,6 +195,20 @@ fn d3_for(read_path: &str) {
             "{read_path}: no passthrough expected: {st}"
         ),
     }
+    // While a passthrough reader holds a file, a writer is refused: the kernel would send
+    // its writes around the daemon (documented in docs/fuse.md).
+    let held = fs::File::open(mnt.join("ro")).expect("hold ro");
+    let (ok, out) = try_child_write(&mnt.join("ro"), 0, b'W');
+    if matches!(read_path, "auto" | "passthrough") {
+        assert_eq!(passthrough_opens(&m.status()), passthrough_opens(&st) + 1);
+        assert!(
+            !ok && out.contains("Text file busy"),
+            "{read_path}: writer beside a passthrough reader: {out}"
+        );
+    } else {
+        assert!(ok, "{read_path}: writer of a read-only file as root: {out}");
+    }
+    drop(held);
     drop(rw);
     let code = m.umount();
     assert!(code.success());
@@ -248,4 +235,91 @@ fn d3_direct() {
 #[test]
 fn d3_cached() {
     d3_for("cached");
+}
+
+/// The kernel fails an open with EIO when the server's reply does not fit the inode's I/O
+/// mode (fs/fuse/iomode.c): a passthrough open while another open of the inode has it
+/// mapped through the page cache, or a non-passthrough open while passthrough opens exist.
+/// Both orders must give the opener a working descriptor instead.
+#[test]
+fn passthrough_reader_after_a_mapping_writer() {
+    let s = Scratch::new("pt-after-map");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("f"), vec![b'A'; FILE_BYTES]).expect("seed");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", "passthrough"]);
+    m.wait_loaded();
+    let mut buf = vec![0u8; PAGE];
+    let f = mnt.join("f");
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f)
+        .expect("rw open");
+    let rw_map = Map::new(rw.as_raw_fd(), FILE_BYTES, true).expect("writable mmap");
+    rw_map.set(3 * PAGE, b'M');
+    rw_map.sync();
+    let ro = OpenOptions::new()
+        .read(true)
+        .open(&f)
+        .expect("read-only open while a writer maps the file");
+    ro.read_exact_at(&mut buf, (3 * PAGE) as u64)
+        .expect("pread");
+    assert_eq!(buf[0], b'M');
+    assert_eq!(child_read(&f, 3).first().copied(), Some(b'M'));
+    drop(ro);
+    drop(rw_map);
+    drop(rw);
+    // With the writer gone, readers get passthrough again.
+    let before = passthrough_opens(&m.status());
+    assert_eq!(fs::read(&f).expect("read")[3 * PAGE], b'M');
+    assert_eq!(passthrough_opens(&m.status()), before + 1, "{}", m.status());
+    assert!(m.umount().success());
+}
+
+/// A passthrough reader holds a read-only file; the file grows by truncate(2) (its new
+/// tail is not loaded at once) and another reader opens: it must get a descriptor that
+/// reads the old bytes and the new zeros, through read and through mmap.
+fn reader_after_growth(read_path: &str) {
+    let s = Scratch::new(&format!("pt-grow-{read_path}"));
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let g = backing.join("g");
+    fs::write(&g, vec![b'G'; FILE_BYTES]).expect("seed g");
+    fs::set_permissions(&g, std::os::unix::fs::PermissionsExt::from_mode(0o444)).expect("chmod");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", read_path]);
+    m.wait_loaded();
+    let mut buf = vec![0u8; PAGE];
+    let g = mnt.join("g");
+    let ro1 = OpenOptions::new().read(true).open(&g).expect("ro1");
+    assert!(passthrough_opens(&m.status()) >= 1, "{}", m.status());
+    // truncate(2) by path: no open, so no ETXTBSY (truncate(1) would open for writing).
+    let cpath = std::ffi::CString::new(g.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid C string.
+    let rc = unsafe { libc::truncate(cpath.as_ptr(), (64 * FILE_BYTES) as libc::off_t) };
+    assert_eq!(rc, 0, "truncate: {}", std::io::Error::last_os_error());
+    let ro2 = OpenOptions::new()
+        .read(true)
+        .open(&g)
+        .expect("read-only open after the file grew");
+    ro2.read_exact_at(&mut buf, (40 * FILE_BYTES + PAGE) as u64)
+        .expect("pread of the new tail");
+    assert!(buf.iter().all(|b| *b == 0));
+    ro1.read_exact_at(&mut buf, 0).expect("pread ro1");
+    assert!(buf.iter().all(|b| *b == b'G'));
+    let map = Map::new(ro2.as_raw_fd(), 2 * FILE_BYTES, false).expect("read-only mmap");
+    assert_eq!((map.byte(7), map.byte(FILE_BYTES + 9)), (b'G', 0));
+    drop(map);
+    drop((ro1, ro2));
+    assert!(m.umount().success());
+}
+
+#[test]
+fn reader_after_growth_auto() {
+    reader_after_growth("auto");
+}
+
+#[test]
+fn reader_after_growth_passthrough() {
+    reader_after_growth("passthrough");
 }

@@ -25,7 +25,7 @@
 use crate::error::{FsError, Result};
 use crate::killpriv::{self, Caller, Fsetid};
 use crate::nodes::{Fh, Ino, NodeTable};
-use crate::objects::{Obj, Objects};
+use crate::objects::{Obj, Objects, PassthroughChoice};
 use crate::stats::FsStats;
 use crate::sys::{self, BackingDir, FUSE_ROOT_INO};
 use dhrd_engine::{Durability, RamBudget, Served};
@@ -561,40 +561,45 @@ impl Shared {
         // later writable open of an inode with passthrough opens must be refused (see
         // objects.rs); passthrough: every read-only open of a loaded file.
         let no_write_bits = mode & 0o222 == 0;
-        let want_pt = !writable
-            && self.passthrough_negotiated.load(Ordering::Acquire)
-            && match self.cfg.read_path {
+        if !writable && self.passthrough_negotiated.load(Ordering::Acquire) {
+            let pure_ok = match self.cfg.read_path {
                 ReadPath::Auto => no_write_bits && obj.is_fully_loaded(),
                 ReadPath::Passthrough => {
                     obj.is_fully_loaded() || obj.wait_loaded(Some(PASSTHROUGH_LOAD_WAIT))
                 }
                 _ => false,
             };
-        if want_pt {
-            match self
+            let choice = self
                 .objects
-                .passthrough_id(key, self.cfg.read_path == ReadPath::Auto, |o| {
-                    reply.open_backing(o.ram_fd())
-                }) {
-                Ok(id) => {
-                    self.handles.write().insert(
-                        fh,
-                        Handle {
-                            key,
-                            obj,
-                            passthrough: true,
-                            writable,
-                        },
-                    );
+                .choose_passthrough(key, pure_ok, |o| reply.open_backing(o.ram_fd()));
+            let picked = match choice {
+                Ok(PassthroughChoice::Pure(id)) => {
                     self.stats.opens_passthrough.fetch_add(1, Ordering::Relaxed);
-                    reply.opened_passthrough(FileHandle(fh.0), FopenFlags::empty(), &id);
-                    return;
+                    Some((FopenFlags::empty(), id))
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Ok(PassthroughChoice::Joined(id)) => {
+                    self.stats.opens_direct.fetch_add(1, Ordering::Relaxed);
+                    Some((FopenFlags::FOPEN_DIRECT_IO, id))
+                }
+                Ok(PassthroughChoice::Plain) => None,
                 Err(e) => {
                     // Fall back to the direct path: correct, only slower.
                     eprintln!("dhrd: passthrough registration failed ({e}); using the direct path");
+                    None
                 }
+            };
+            if let Some((flags, id)) = picked {
+                self.handles.write().insert(
+                    fh,
+                    Handle {
+                        key,
+                        obj,
+                        passthrough: true,
+                        writable,
+                    },
+                );
+                reply.opened_passthrough(FileHandle(fh.0), flags, &id);
+                return;
             }
         }
         let flags = self.data_open_flags();

@@ -9,11 +9,13 @@
 //!   served from the backing again on the next open until it is reloaded.
 //! - An object whose backing file has no links left is dropped at its last close without a
 //!   flush (`HybridObject::discard`): its data can never be read again.
-//! - Kernel rule for passthrough (fs/fuse/iomode.c): while an inode has passthrough opens,
-//!   every new open of it must be passthrough too. Passthrough writes would bypass the
-//!   daemon (and durability), so a writable open of an inode with passthrough opens is
-//!   refused with ETXTBSY (like writing a running executable), decided under the map lock
-//!   together with the passthrough registration so the two cannot race.
+//! - Kernel rules for passthrough (fs/fuse/iomode.c), broken ones cost the application an
+//!   EIO at open: while an inode has passthrough opens, every new open of it must carry
+//!   the backing id; and passthrough is refused while the inode is mapped through the page
+//!   cache. Passthrough writes would bypass the daemon (and durability), so a writable open
+//!   of an inode with passthrough opens is refused with ETXTBSY (like writing a running
+//!   executable); a first registration needs the open to be the inode's only one; both are
+//!   decided under the map lock (`acquire`, `choose_passthrough`) so they cannot race.
 //! - A closed object whose backing file changed behind the daemon's back (size or mtime
 //!   differ from what was recorded at close) is dropped at the next open and reloaded.
 //! - Parked files: an object pushed out of the LRU that was fully loaded leaves its bytes
@@ -102,6 +104,17 @@ struct Entry {
     /// The parked copy this object was made from (small files only; not charged to the
     /// budget while the object lives).
     origin: Option<Parked>,
+}
+
+/// How one open of a regular file reaches its data (see `Objects::choose_passthrough`).
+pub enum PassthroughChoice {
+    /// The kernel reads the memfd itself.
+    Pure(Arc<fuser::BackingId>),
+    /// Reads go to the daemon; the open carries the inode's backing id because the kernel
+    /// demands it of every open while passthrough opens exist.
+    Joined(Arc<fuser::BackingId>),
+    /// No backing id: the direct or cached path.
+    Plain,
 }
 
 /// The bytes of a closed file kept without an object (see the module header).
@@ -443,31 +456,40 @@ impl Objects {
         }
     }
 
-    /// Registers (or reuses) the passthrough backing id of `key` for one more open.
-    /// With `only_if_no_writers`, refuses (EBUSY) while the inode has writable opens.
-    pub fn passthrough_id(
+    /// Decides whether one more open of `key` (already counted by `acquire`) is a
+    /// passthrough open, registering the backing id with `make` for the first one. Under
+    /// the map lock, so it cannot race another open's choice or a release.
+    ///
+    /// The kernel fails an open with EIO when the reply does not fit the inode's I/O mode
+    /// (fs/fuse/iomode.c), so:
+    /// - while the inode has passthrough opens, every open must be one: `Pure` if `pure_ok`
+    ///   (the file is fully loaded), else `Joined` (FOPEN_DIRECT_IO on top: reads go to the
+    ///   daemon, only mmap uses the memfd). Read-only opens only: writable ones were refused
+    ///   with ETXTBSY by `acquire`.
+    /// - a new registration needs this to be the inode's only open: any other open may have
+    ///   mapped the file through the page cache, and the kernel refuses passthrough then.
+    pub fn choose_passthrough(
         &self,
         key: u64,
-        only_if_no_writers: bool,
+        pure_ok: bool,
         make: impl FnOnce(&Obj) -> std::io::Result<fuser::BackingId>,
-    ) -> std::io::Result<Arc<fuser::BackingId>> {
+    ) -> std::io::Result<PassthroughChoice> {
         let mut g = self.inner.lock();
         let Some(e) = g.map.get_mut(&key) else {
             return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
         };
-        if only_if_no_writers && e.writers > 0 {
-            return Err(std::io::Error::from_raw_os_error(libc::EBUSY));
-        }
-        let id = match &e.passthrough {
-            Some(id) => id.clone(),
-            None => {
+        let choice = match &e.passthrough {
+            Some(id) if pure_ok => PassthroughChoice::Pure(id.clone()),
+            Some(id) => PassthroughChoice::Joined(id.clone()),
+            None if pure_ok && e.opens == 1 => {
                 let id = Arc::new(make(&e.obj)?);
                 e.passthrough = Some(id.clone());
-                id
+                PassthroughChoice::Pure(id)
             }
+            None => return Ok(PassthroughChoice::Plain),
         };
         e.passthrough_opens += 1;
-        Ok(id)
+        Ok(choice)
     }
 
     /// Counts one passthrough close; the backing id is closed with the last one.
