@@ -21,18 +21,13 @@ Usage: bench/fuse/copy.py [--size-mib 512] [--rounds 3] [--dhrd target/release/d
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def sh(*cmd, check=True):
-    return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
+from benchlib import (DEFAULT_DHRD, machine, machine_line, mount, per_round_ratio,
+                      results_dir, sh, unmount, write_report)
 
 
 def timed_copy(src, dst, fsync_after):
@@ -45,33 +40,18 @@ def timed_copy(src, dst, fsync_after):
     return secs
 
 
-def mount(dhrd, backing, mnt):
-    log = open(mnt + ".log", "w")
-    p = subprocess.Popen([dhrd, "mount", backing, mnt, "--quiet"], stdout=log, stderr=log)
-    for _ in range(600):
-        if subprocess.run(["mountpoint", "-q", mnt]).returncode == 0:
-            out = subprocess.run([dhrd, "status", mnt], capture_output=True, text=True).stdout
-            if "complete" in out:
-                return p
-        time.sleep(0.1)
-    p.kill()
-    sys.exit(f"mount of {backing} on {mnt} did not become ready")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dhrd", default=os.path.join(ROOT, "target/release/dhrd"))
+    ap.add_argument("--dhrd", default=DEFAULT_DHRD)
     ap.add_argument("--baseline-dhrd")
     ap.add_argument("--disk-dir", default="/var/tmp")
     a = ap.parse_args()
     work = os.path.join(a.disk_dir, f"dhrd-copy.{os.getpid()}")
-    out = os.path.join(ROOT, "bench/results",
-                       "fuse-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-copy")
-    os.makedirs(out, exist_ok=True)
+    out = results_dir("copy")
     configs = [("dhrd", a.dhrd)] + ([("dhrd-baseline", a.baseline_dhrd)] if a.baseline_dhrd else [])
-    mounts, procs, rows, status = {}, [], [], {}
+    mounts, rows, status = {}, [], {}
     try:
         os.makedirs(os.path.join(work, "ext4"))
         src = os.path.join(work, "ext4", "data")
@@ -83,8 +63,7 @@ def main():
             os.makedirs(m)
             shutil.copyfile(src, os.path.join(b, "data"))
             sh("sync")
-            procs.append(mount(binary, b, m))
-            mounts[name] = (binary, m)
+            mounts[name] = (binary, m, mount(binary, b, m))
         names = ["ext4"] + [n for n, _ in configs]
         for r in range(a.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
@@ -97,45 +76,22 @@ def main():
                 row = {"round": r, "config": c, "secs": secs, "mib_per_s": a.size_mib / secs}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
-        for c, (binary, m) in mounts.items():
-            st = subprocess.run([binary, "status", m], capture_output=True, text=True).stdout
+        for c, (binary, m, _) in mounts.items():
+            st = sh(binary, "status", m, check=False)
             status[c] = [ln for ln in st.splitlines() if ln.startswith(("writes:", "copies:"))]
     finally:
-        for c, (binary, m) in mounts.items():
-            subprocess.run([binary, "umount", m], capture_output=True)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        for binary, m, p in mounts.values():
+            unmount(binary, m, p)
         shutil.rmtree(work, ignore_errors=True)
 
-    def per_round_ratio(num, den):
-        v = []
-        for r in range(a.rounds):
-            x = [w["secs"] for w in rows if w["round"] == r and w["config"] == num]
-            y = [w["secs"] for w in rows if w["round"] == r and w["config"] == den]
-            if x and y:
-                v.append(x[0] / y[0])
-        return statistics.median(v) if v else None
-
     med = {c: statistics.median([w["secs"] for w in rows if w["config"] == c]) for c in names}
-    ratios = {f"{c} vs ext4, time": per_round_ratio(c, "ext4") for c, _ in configs}
+    ratio = lambda n, d: per_round_ratio(rows, "secs", n, d, a.rounds)
+    ratios = {f"{c} vs ext4, time": ratio(c, "ext4") for c, _ in configs}
     if a.baseline_dhrd:
-        ratios["dhrd vs dhrd-baseline, time"] = per_round_ratio("dhrd", "dhrd-baseline")
-    machine = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "dhrd": sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD").strip(),
-        "size_mib": a.size_mib,
-        "rounds": a.rounds,
-    }
-    with open(os.path.join(out, "copy.json"), "w") as f:
-        json.dump({"machine": machine, "rows": rows, "median_secs": med, "ratios": ratios,
-                   "status": status}, f, indent=1)
+        ratios["dhrd vs dhrd-baseline, time"] = ratio("dhrd", "dhrd-baseline")
+    mach = machine(size_mib=a.size_mib, rounds=a.rounds)
     lines = [f"# cp of a {a.size_mib} MiB file inside the same directory, durable", "",
-             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
+             machine_line(mach), "",
              "| config | seconds (median) | MiB/s | per round |", "|---|---|---|---|"]
     for c in names:
         per = ", ".join(f"{w['secs']:.2f}" for w in rows if w["config"] == c)
@@ -144,10 +100,8 @@ def main():
     lines += [f"- {k}: {v:.2f}" for k, v in ratios.items() if v is not None]
     lines += ["", "Daemon status after the last round:", ""]
     lines += [f"- {c}: " + "; ".join(s) for c, s in status.items()]
-    with open(os.path.join(out, "copy.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"results in {out}")
+    write_report(out, "copy", {"machine": mach, "rows": rows, "median_secs": med,
+                               "ratios": ratios, "status": status}, lines)
 
 
 if __name__ == "__main__":

@@ -21,19 +21,16 @@ Usage: bench/fuse/smallfiles.py [--files 20000] [--file-bytes 1024] [--rounds 3]
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchlib import (DEFAULT_DHRD, machine, machine_line, per_round_ratio, results_dir, sh,
+                      write_report)
+
 FILES_PER_DIR = 1000
-
-
-def sh(*cmd, check=True):
-    return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
 
 
 def drop_kernel_caches():
@@ -111,14 +108,13 @@ def main():
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--file-bytes", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dhrd", default=os.path.join(ROOT, "target/release/dhrd"))
+    ap.add_argument("--dhrd", default=DEFAULT_DHRD)
     ap.add_argument("--baseline-dhrd")
     ap.add_argument("--disk-dir", default="/var/tmp")
     a = ap.parse_args()
     work = os.path.join(a.disk_dir, f"dhrd-smallfiles.{os.getpid()}")
     backing, mnt = os.path.join(work, "backing"), os.path.join(work, "mnt")
-    out = os.path.join(ROOT, "bench/results", "fuse-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-smallfiles")
-    os.makedirs(out)
+    out = results_dir("smallfiles")
     configs = [("dhrd", a.dhrd)] + ([("dhrd-baseline", a.baseline_dhrd)] if a.baseline_dhrd else [])
     try:
         paths = make_tree(backing, a.files, a.file_bytes)
@@ -138,36 +134,20 @@ def main():
         subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
-    def per_round_ratio(metric, num, den):
-        vals = []
-        for rnd in range(a.rounds):
-            n = [r[metric] for r in rows if r["config"] == num and r["round"] == rnd]
-            d = [r[metric] for r in rows if r["config"] == den and r["round"] == rnd]
-            if n and d and d[0]:
-                vals.append(n[0] / d[0])
-        return statistics.median(vals) if vals else None
+    def ratio(metric, num, den):
+        return per_round_ratio(rows, metric, num, den, a.rounds)
 
     names = [c for c, _ in configs] + ["ext4-warm"]
     med = {c: {m: statistics.median([r[m] for r in rows if r["config"] == c])
                for m in ("read_us_per_file", "du_secs")} for c in names}
-    machine = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "dhrd": sh("git", "-C", ROOT, "rev-parse", "--short", "HEAD").strip(),
-        "files": a.files,
-        "file_bytes": a.file_bytes,
-        "rounds": a.rounds,
-    }
-    ratios = {f"{c} vs ext4-warm, {m}": per_round_ratio(m, c, "ext4-warm")
+    mach = machine(files=a.files, file_bytes=a.file_bytes, rounds=a.rounds)
+    ratios = {f"{c} vs ext4-warm, {m}": ratio(m, c, "ext4-warm")
               for c, _ in configs for m in ("read_us_per_file", "du_secs")}
     if a.baseline_dhrd:
         for m in ("read_us_per_file", "du_secs"):
-            ratios[f"dhrd vs dhrd-baseline, {m}"] = per_round_ratio(m, "dhrd", "dhrd-baseline")
-    with open(os.path.join(out, "smallfiles.json"), "w") as f:
-        json.dump({"machine": machine, "rows": rows, "medians": med, "ratios": ratios}, f, indent=1)
+            ratios[f"dhrd vs dhrd-baseline, {m}"] = ratio(m, "dhrd", "dhrd-baseline")
     lines = [f"# Small files through dhrd mount ({a.files} files of {a.file_bytes} B)", "",
-             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
+             machine_line(mach), "",
              "| config | read, us per file (median) | du -s, cold kernel cache, s (median) | daemon reads RAM / backing (last round) |",
              "|---|---|---|---|"]
     for c in names:
@@ -176,10 +156,8 @@ def main():
         lines.append(f"| {c} | {med[c]['read_us_per_file']:.1f} | {med[c]['du_secs']:.3f} | {reads} |")
     lines += ["", "Ratios (median of per-round ratios; below 1 means faster than the reference):", ""]
     lines += [f"- {k}: {v:.2f}" for k, v in ratios.items() if v is not None]
-    with open(os.path.join(out, "smallfiles.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"results in {out}")
+    write_report(out, "smallfiles", {"machine": mach, "rows": rows, "medians": med,
+                                     "ratios": ratios}, lines)
 
 
 if __name__ == "__main__":

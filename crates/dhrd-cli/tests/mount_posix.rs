@@ -690,3 +690,77 @@ fn symlink_targets_are_read_once() {
     );
     drop(m);
 }
+
+/// open(O_TRUNC) truncates in the OPEN request itself (FUSE_ATOMIC_O_TRUNC): the size is 0
+/// and durable before open returns, mtime moves even for an empty file, O_RDONLY|O_TRUNC
+/// truncates as on a local file system, and an open refused with ETXTBSY truncates nothing.
+#[test]
+fn open_with_o_trunc_truncates_in_the_open() {
+    let s = Scratch::new("otrunc");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    fs::write(backing.join("a"), vec![b'a'; 100_000]).expect("seed a");
+    fs::write(backing.join("empty"), b"").expect("seed empty");
+    fs::write(backing.join("r"), b"read-only open").expect("seed r");
+    fs::write(backing.join("held"), vec![b'h'; 8192]).expect("seed held");
+    fs::set_permissions(backing.join("held"), fs::Permissions::from_mode(0o444)).expect("chmod");
+    let old = filetime(&backing.join("empty"));
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    assert!(m.status().contains("atomic O_TRUNC: yes"), "{}", m.status());
+    let base = m.status_count("setattrs:");
+
+    // Shell redirection: open(O_WRONLY|O_CREAT|O_TRUNC) of an existing file.
+    fs::write(mnt.join("a"), b"new").expect("rewrite a");
+    let a = fs::read(mnt.join("a")).expect("read a");
+    assert!(a == b"new", "a has {} bytes", a.len());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    drop(
+        OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(mnt.join("empty"))
+            .expect("trunc empty"),
+    );
+    assert!(
+        filetime(&mnt.join("empty")) > old,
+        "O_TRUNC of an empty file must update mtime"
+    );
+    // O_RDONLY|O_TRUNC truncates on Linux local file systems too.
+    let c = cpath(&mnt.join("r"));
+    // SAFETY: a valid C string; the descriptor is closed below.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_TRUNC) };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    assert_eq!(fs::metadata(mnt.join("r")).expect("stat r").len(), 0);
+    // A passthrough reader holds "held": the writer is refused and nothing is truncated.
+    let reader = fs::File::open(mnt.join("held")).expect("reader");
+    let refused = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(mnt.join("held"));
+    assert_eq!(
+        refused.err().and_then(|e| e.raw_os_error()),
+        Some(libc::ETXTBSY)
+    );
+    drop(reader);
+    assert_eq!(fs::read(mnt.join("held")).expect("held").len(), 8192);
+
+    // Each truncation was done by its OPEN: no SETATTR was sent for them.
+    assert_eq!(m.status_count("setattrs:"), base, "{}", m.status());
+    assert!(m.status().contains("with O_TRUNC 3"), "{}", m.status());
+    // Durable before open returned (sync mode): the backing has it after a SIGKILL.
+    m.kill9();
+    let a = fs::read(backing.join("a")).expect("backing a");
+    assert!(a == b"new", "backing a has {} bytes", a.len());
+    assert_eq!(fs::metadata(backing.join("r")).expect("backing r").len(), 0);
+    assert_eq!(
+        fs::metadata(backing.join("held")).expect("held").len(),
+        8192
+    );
+}
+
+fn filetime(p: &Path) -> (i64, i64) {
+    let m = fs::metadata(p).expect("stat");
+    (m.mtime(), m.mtime_nsec())
+}

@@ -334,11 +334,12 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     let _ = writeln!(
         s,
         "read path:       {} (passthrough negotiated: {}, mmap on direct opens: {}, \
-         killpriv_v2: {})",
+         killpriv_v2: {}, atomic O_TRUNC: {})",
         sh.cfg.read_path,
         yes(sh.passthrough_negotiated.load(Ordering::Acquire)),
         yes(sh.mmap_on_direct.load(Ordering::Acquire)),
-        yes(sh.killpriv_negotiated.load(Ordering::Acquire))
+        yes(sh.killpriv_negotiated.load(Ordering::Acquire)),
+        yes(sh.atomic_o_trunc.load(Ordering::Acquire))
     );
     let pre = &sh.preload;
     // Complete only once the walk has found every file too: until then the files it has

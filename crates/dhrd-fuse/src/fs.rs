@@ -215,6 +215,8 @@ pub struct Shared {
     /// FUSE_HANDLE_KILLPRIV_V2 negotiated: the kernel leaves dropping set-id bits on cached
     /// writes, size changes, chown and fallocate to the daemon (killpriv.rs).
     pub killpriv_negotiated: AtomicBool,
+    /// FUSE_ATOMIC_O_TRUNC accepted: OPEN carries O_TRUNC and the daemon truncates.
+    pub atomic_o_trunc: AtomicBool,
     /// Sends cache invalidations to the kernel; set by the daemon once the session exists.
     pub notifier: OnceLock<fuser::Notifier>,
     /// Metadata changed since the last syncfs (non-sync modes).
@@ -326,6 +328,7 @@ impl Shared {
             passthrough_negotiated: AtomicBool::new(false),
             mmap_on_direct: AtomicBool::new(false),
             killpriv_negotiated: AtomicBool::new(false),
+            atomic_o_trunc: AtomicBool::new(false),
             notifier: OnceLock::new(),
             meta_dirty: AtomicBool::new(false),
             final_error: Mutex::new(None),
@@ -1417,6 +1420,15 @@ impl Filesystem for DhrdFs {
         {
             self.sh.killpriv_negotiated.store(true, Ordering::Release);
         }
+        // open(O_TRUNC) of an existing file (shell `>`, editors, log rotation) is then one
+        // OPEN instead of an OPEN and a SETATTR round trip.
+        if caps.contains(InitFlags::FUSE_ATOMIC_O_TRUNC)
+            && config
+                .add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC)
+                .is_ok()
+        {
+            self.sh.atomic_o_trunc.store(true, Ordering::Release);
+        }
         if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
             let _ = config.set_max_write(max);
         }
@@ -1487,6 +1499,7 @@ impl Filesystem for DhrdFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.sh.stats.setattrs.fetch_add(1, Ordering::Relaxed);
         match self.sh.do_setattr(
             &Caller::of(req),
             Ino(ino.0),
@@ -1607,16 +1620,45 @@ impl Filesystem for DhrdFs {
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let sh = &self.sh;
         let ino = Ino(ino.0);
         let key = sh.dir.backing_ino(ino.0);
         let name = sh.display_name(ino);
         let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        // The kernel has checked write permission for O_TRUNC, whatever the access mode,
+        // and passes it only once FUSE_ATOMIC_O_TRUNC is negotiated.
+        let truncate = flags.0 & libc::O_TRUNC != 0;
         let mut mode = 0u32;
         let r = sh.objects.acquire(key, &name, writable, || {
             let f = sh.open_backing_file(ino)?;
             Ok(f)
+        });
+        // What the SETATTR of a non-atomic open(O_TRUNC) would do: size 0, mtime and ctime
+        // now (even when the file was empty already), set-id bits dropped, durable in sync
+        // mode; after the ETXTBSY check, so a refused open changes nothing.
+        let r = r.and_then(|obj| {
+            if truncate {
+                let caller = Caller::of(req);
+                let done = sh.do_setattr(
+                    &caller,
+                    ino,
+                    None,
+                    None,
+                    None,
+                    Some(0),
+                    None,
+                    Some(TimeOrNow::Now),
+                    None,
+                );
+                if let Err(e) = done {
+                    drop(obj);
+                    sh.objects.release(key, writable);
+                    return Err(e);
+                }
+                sh.stats.open_truncates.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(obj)
         });
         match r {
             Ok(obj) => {

@@ -75,12 +75,17 @@ pub struct FsStats {
     pub opens_passthrough: AtomicU64,
     pub opens_direct: AtomicU64,
     pub opens_cached: AtomicU64,
+    /// Opens with O_TRUNC that truncated the file themselves (FUSE_ATOMIC_O_TRUNC).
+    pub open_truncates: AtomicU64,
     /// LOOKUP requests, and entries handed out with attributes by READDIRPLUS (each one
     /// a LOOKUP the kernel need not send).
     pub lookups: AtomicU64,
     pub readdirplus_entries: AtomicU64,
     /// READLINK requests (the kernel keeps symlink targets once read, FUSE_CACHE_SYMLINKS).
     pub readlinks: AtomicU64,
+    /// SETATTR requests (chmod, chown, utimens, truncate; not open(O_TRUNC), see
+    /// `open_truncates`).
+    pub setattrs: AtomicU64,
     pub read_latency: Histogram,
     pub write_latency: Histogram,
     pub fsync_latency: Histogram,
@@ -100,10 +105,11 @@ impl FsStats {
         );
         let _ = writeln!(
             out,
-            "opens:           passthrough {}, direct {}, cached {} (passthrough reads never reach the daemon)",
+            "opens:           passthrough {}, direct {}, cached {} (passthrough reads never reach the daemon); with O_TRUNC {}",
             g(&self.opens_passthrough),
             g(&self.opens_direct),
-            g(&self.opens_cached)
+            g(&self.opens_cached),
+            g(&self.open_truncates)
         );
         let _ = writeln!(
             out,
@@ -130,6 +136,7 @@ impl FsStats {
             g(&self.readdirplus_entries)
         );
         let _ = writeln!(out, "readlinks:       {}", g(&self.readlinks));
+        let _ = writeln!(out, "setattrs:        {}", g(&self.setattrs));
         let _ = writeln!(out, "errors:          {}", g(&self.errors));
         let _ = writeln!(out, "read latency:    {}", self.read_latency.line());
         let _ = writeln!(out, "write latency:   {}", self.write_latency.line());
