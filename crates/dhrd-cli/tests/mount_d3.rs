@@ -323,3 +323,45 @@ fn reader_after_growth_auto() {
 fn reader_after_growth_passthrough() {
     reader_after_growth("passthrough");
 }
+
+/// Readers that open a read-only file at the same moment all get passthrough, from the
+/// first round on (the file starts as a parked copy): concurrent first opens must not
+/// build a second object that finds the parked copy gone and loads from the disk, and an
+/// open that is counted but not yet decided must not push another to the direct path.
+#[test]
+fn concurrent_readers_all_get_passthrough() {
+    const ROUNDS: usize = 100;
+    const READERS: usize = 4;
+    let s = Scratch::new("pt-concurrent");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let f = backing.join("ro");
+    fs::write(&f, vec![b'R'; FILE_BYTES]).expect("seed");
+    fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o444)).expect("chmod");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+    let f = mnt.join("ro");
+    for _ in 0..ROUNDS {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(READERS));
+        let threads: Vec<_> = (0..READERS)
+            .map(|_| {
+                let (f, b) = (f.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    let file = fs::File::open(&f).expect("open");
+                    let mut buf = [0u8; 16];
+                    file.read_exact_at(&mut buf, 4096).expect("read");
+                    assert_eq!(buf, [b'R'; 16]);
+                    // Hold the open until every reader has one.
+                    b.wait();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("reader");
+        }
+    }
+    let st = m.status();
+    assert_eq!(passthrough_opens(&st), (ROUNDS * READERS) as u64, "{st}");
+    assert!(m.umount().success());
+}

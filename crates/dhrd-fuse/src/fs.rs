@@ -25,7 +25,7 @@
 use crate::error::{FsError, Result};
 use crate::killpriv::{self, Caller, Fsetid};
 use crate::nodes::{Fh, Ino, NodeTable};
-use crate::objects::{Obj, Objects, PassthroughChoice};
+use crate::objects::{Obj, Objects, OpenKind, PassthroughChoice};
 use crate::stats::FsStats;
 use crate::sys::{self, BackingDir, FUSE_ROOT_INO};
 use dhrd_engine::{Durability, RamBudget, Served};
@@ -174,8 +174,8 @@ pub struct FsConfig {
 struct Handle {
     key: u64,
     obj: Obj,
-    passthrough: bool,
-    writable: bool,
+    /// How the open was counted in `Objects` (passed back at release).
+    kind: OpenKind,
 }
 
 /// Entries of an open directory, read once at its first READDIR (offsets are indexes into
@@ -564,17 +564,20 @@ impl Shared {
         // later writable open of an inode with passthrough opens must be refused (see
         // objects.rs); passthrough: every read-only open of a loaded file.
         let no_write_bits = mode & 0o222 == 0;
-        if !writable && self.passthrough_negotiated.load(Ordering::Acquire) {
-            let pure_ok = match self.cfg.read_path {
-                ReadPath::Auto => no_write_bits && obj.is_fully_loaded(),
-                ReadPath::Passthrough => {
-                    obj.is_fully_loaded() || obj.wait_loaded(Some(PASSTHROUGH_LOAD_WAIT))
-                }
-                _ => false,
-            };
+        let mut kind = OpenKind::Writer;
+        if !writable {
+            let pure_ok = self.passthrough_negotiated.load(Ordering::Acquire)
+                && match self.cfg.read_path {
+                    ReadPath::Auto => no_write_bits && obj.is_fully_loaded(),
+                    ReadPath::Passthrough => {
+                        obj.is_fully_loaded() || obj.wait_loaded(Some(PASSTHROUGH_LOAD_WAIT))
+                    }
+                    _ => false,
+                };
             let choice = self
                 .objects
                 .choose_passthrough(key, pure_ok, |o| reply.open_backing(o.ram_fd()));
+            kind = OpenKind::PlainReader;
             let picked = match choice {
                 Ok(PassthroughChoice::Pure(id)) => {
                     self.stats.opens_passthrough.fetch_add(1, Ordering::Relaxed);
@@ -586,7 +589,7 @@ impl Shared {
                 }
                 Ok(PassthroughChoice::Plain) => None,
                 Err(e) => {
-                    // Fall back to the direct path: correct, only slower.
+                    // Served on the direct path: correct, only slower.
                     eprintln!("dhrd: passthrough registration failed ({e}); using the direct path");
                     None
                 }
@@ -597,8 +600,7 @@ impl Shared {
                     Handle {
                         key,
                         obj,
-                        passthrough: true,
-                        writable,
+                        kind: OpenKind::Passthrough,
                     },
                 );
                 reply.opened_passthrough(FileHandle(fh.0), flags, &id);
@@ -606,15 +608,7 @@ impl Shared {
             }
         }
         let flags = self.data_open_flags();
-        self.handles.write().insert(
-            fh,
-            Handle {
-                key,
-                obj,
-                passthrough: false,
-                writable,
-            },
-        );
+        self.handles.write().insert(fh, Handle { key, obj, kind });
         reply.opened(FileHandle(fh.0), flags);
     }
 
@@ -1653,7 +1647,12 @@ impl Filesystem for DhrdFs {
                 );
                 if let Err(e) = done {
                     drop(obj);
-                    sh.objects.release(key, writable);
+                    let kind = if writable {
+                        OpenKind::Writer
+                    } else {
+                        OpenKind::Undecided
+                    };
+                    sh.objects.release(key, kind);
                     return Err(e);
                 }
                 sh.stats.open_truncates.fetch_add(1, Ordering::Relaxed);
@@ -1734,11 +1733,8 @@ impl Filesystem for DhrdFs {
     ) {
         let h = self.sh.handles.write().remove(&Fh(fh.0));
         if let Some(h) = h {
-            if h.passthrough {
-                self.sh.objects.passthrough_release(h.key);
-            }
             drop(h.obj);
-            self.sh.objects.release(h.key, h.writable);
+            self.sh.objects.release(h.key, h.kind);
         }
         reply.ok();
     }
@@ -2003,8 +1999,7 @@ impl Filesystem for DhrdFs {
                     Handle {
                         key,
                         obj,
-                        passthrough: false,
-                        writable: true,
+                        kind: OpenKind::Writer,
                     },
                 );
                 reply.created(&ATTR_TTL, &attr, Generation(0), FileHandle(fh.0), fl);

@@ -29,9 +29,10 @@
 //!   older object never replaces one of a newer (generations), so a stale copy is never
 //!   served.
 //! - Objects are created outside the map lock (opening the backing file, the memfd and an
-//!   inline load of a small file take tens of microseconds and may read the disk); two
-//!   racing opens of one inode may both create one, and the second to insert drops its own
-//!   unused object, so only one object per inode is ever handed out.
+//!   inline load of a small file take tens of microseconds and may read the disk), by one
+//!   open per inode at a time (`Inner::creating`); concurrent opens of the same inode wait
+//!   for it, so the parked copy it takes is never missing for a second creator, and only
+//!   one object per inode is ever handed out.
 //!
 //! Crash semantics: dropping an object calls `close()` first, which makes every write
 //! durable in the non-sync modes; in sync mode every write already is. Parked copies are
@@ -42,8 +43,8 @@ use crate::error::{FsError, Result};
 use crate::sys;
 use dhrd_engine::{Durability, HybridObject, ObjectConfig, RamBudget};
 use dhrd_io::Durable as _;
-use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -98,12 +99,30 @@ struct Entry {
     /// Passthrough registration shared by all passthrough opens of this inode (the kernel
     /// requires one backing id per inode).
     passthrough: Option<Arc<fuser::BackingId>>,
+    /// Opens carrying the backing id (`OpenKind::Passthrough`), among `opens`.
     passthrough_opens: u32,
+    /// Read-only opens without it (`OpenKind::PlainReader`), among `opens`. Like writers,
+    /// they may map the file through the page cache, which rules out a new registration.
+    plain_readers: u32,
     /// Creation order; a parked copy of an older generation never replaces a newer one.
     generation: u64,
     /// The parked copy this object was made from (small files only; not charged to the
     /// budget while the object lives).
     origin: Option<Parked>,
+}
+
+/// What an open was counted as, for `Objects::release`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenKind {
+    /// Writable: always without a backing id.
+    Writer,
+    /// Read-only without a backing id (direct or cached path).
+    PlainReader,
+    /// Carries the inode's backing id (`PassthroughChoice::Pure` or `Joined`).
+    Passthrough,
+    /// Read-only, counted by `acquire` but released before `choose_passthrough` decided
+    /// (an open that failed after `acquire`).
+    Undecided,
 }
 
 /// How one open of a regular file reaches its data (see `Objects::choose_passthrough`).
@@ -135,6 +154,10 @@ struct Inner {
     parked_bytes: u64,
     /// Parked copies by generation, oldest first: the order the budget reclaims them in.
     parked_order: BTreeMap<u64, u64>,
+    /// Inodes whose object one open is creating outside the lock; other opens of them wait
+    /// for it (`Objects::created`) rather than build a second object, which would find no
+    /// parked copy left and load from the disk.
+    creating: HashSet<u64>,
 }
 
 impl Inner {
@@ -172,6 +195,8 @@ impl Inner {
 
 pub struct Objects {
     inner: Mutex<Inner>,
+    /// Signalled whenever an entry leaves `Inner::creating`.
+    created: Condvar,
     base: ObjectConfig,
     budget: Arc<RamBudget>,
     /// Objects kept after their last close (`--object-cache`).
@@ -205,6 +230,7 @@ impl Objects {
         let budget = base.budget.clone().unwrap_or_else(RamBudget::unlimited);
         Self {
             inner: Mutex::new(Inner::default()),
+            created: Condvar::new(),
             base,
             budget,
             closed_objects_max: closed_objects_max.max(1),
@@ -261,25 +287,34 @@ impl Objects {
                 if inner.map.contains_key(&key) {
                     return self.finish_open(g, key, count_open, dropped, stale);
                 }
+                if inner.creating.contains(&key) {
+                    self.created.wait(&mut g);
+                    continue;
+                }
+                inner.creating.insert(key);
                 (inner.unpark(key, &self.budget), inner.next_tick())
             };
-            // Nobody else can be handed an object for `key` before we insert ours; one
-            // created concurrently by another open loses to whichever is inserted first.
+            // Nobody else creates an object for `key` meanwhile (`creating`), and nobody can
+            // be handed one before we insert ours.
             let created = match open.take() {
                 Some(open) => open().and_then(|f| self.create(name, f, parked)),
                 None => Err(FsError::Stale),
             };
+            let mut g = self.inner.lock();
+            g.creating.remove(&key);
+            self.created.notify_all();
             let (obj, origin) = match created {
                 Ok(o) => o,
                 Err(e) => {
+                    drop(g);
                     close_unparked(stale);
                     return Err(e);
                 }
             };
-            let mut g = self.inner.lock();
             let inner = &mut *g;
             if inner.map.contains_key(&key) {
-                // Lost the race: ours was never used, nothing to flush.
+                // Not expected while creations are serialized; should an entry appear
+                // anyway, ours was never used and is dropped without a flush.
                 drop(g);
                 obj.discard();
                 continue;
@@ -299,6 +334,7 @@ impl Objects {
                     closed_sig: None,
                     passthrough: None,
                     passthrough_opens: 0,
+                    plain_readers: 0,
                     generation,
                     origin,
                 },
@@ -374,7 +410,8 @@ impl Objects {
 
     /// Counts one close. At the last close the object goes to the LRU, or is dropped when
     /// its file has no links left.
-    pub fn release(&self, key: u64, writable: bool) {
+    /// The backing id is closed with the last passthrough open.
+    pub fn release(&self, key: u64, kind: OpenKind) {
         let mut dropped = Vec::new();
         let mut gone = None;
         {
@@ -383,8 +420,16 @@ impl Objects {
             let mut unlinked = false;
             if let Some(e) = inner.map.get_mut(&key) {
                 e.opens = e.opens.saturating_sub(1);
-                if writable {
-                    e.writers = e.writers.saturating_sub(1);
+                match kind {
+                    OpenKind::Writer => e.writers = e.writers.saturating_sub(1),
+                    OpenKind::PlainReader => e.plain_readers = e.plain_readers.saturating_sub(1),
+                    OpenKind::Passthrough => {
+                        e.passthrough_opens = e.passthrough_opens.saturating_sub(1);
+                        if e.passthrough_opens == 0 {
+                            e.passthrough = None;
+                        }
+                    }
+                    OpenKind::Undecided => {}
                 }
                 if e.opens == 0 {
                     unlinked = has_no_links(&e.obj);
@@ -456,18 +501,23 @@ impl Objects {
         }
     }
 
-    /// Decides whether one more open of `key` (already counted by `acquire`) is a
-    /// passthrough open, registering the backing id with `make` for the first one. Under
-    /// the map lock, so it cannot race another open's choice or a release.
+    /// Decides how one more read-only open of `key` (already counted by `acquire`) reaches
+    /// the data, registering the backing id with `make` for the first passthrough open,
+    /// and counts it for `release` under the returned kind. Under the map lock, so it
+    /// cannot race another open's choice or a release.
     ///
     /// The kernel fails an open with EIO when the reply does not fit the inode's I/O mode
     /// (fs/fuse/iomode.c), so:
-    /// - while the inode has passthrough opens, every open must be one: `Pure` if `pure_ok`
-    ///   (the file is fully loaded), else `Joined` (FOPEN_DIRECT_IO on top: reads go to the
-    ///   daemon, only mmap uses the memfd). Read-only opens only: writable ones were refused
-    ///   with ETXTBSY by `acquire`.
-    /// - a new registration needs this to be the inode's only open: any other open may have
-    ///   mapped the file through the page cache, and the kernel refuses passthrough then.
+    /// - while the inode has passthrough opens, every open must carry the backing id: `Pure`
+    ///   if `pure_ok` (the file is fully loaded), else `Joined` (FOPEN_DIRECT_IO on top:
+    ///   reads go to the daemon, only mmap uses the memfd). Writable opens never get here
+    ///   then: `acquire` refuses them with ETXTBSY.
+    /// - a new registration needs no writer and no plain reader: either may have mapped the
+    ///   file through the page cache, and the kernel refuses passthrough then. Opens that
+    ///   are counted but not yet decided do not matter: they decide after this one.
+    ///
+    /// A failed registration counts the open as a plain reader and returns the error (the
+    /// caller serves it on the direct path).
     pub fn choose_passthrough(
         &self,
         key: u64,
@@ -481,26 +531,24 @@ impl Objects {
         let choice = match &e.passthrough {
             Some(id) if pure_ok => PassthroughChoice::Pure(id.clone()),
             Some(id) => PassthroughChoice::Joined(id.clone()),
-            None if pure_ok && e.opens == 1 => {
-                let id = Arc::new(make(&e.obj)?);
-                e.passthrough = Some(id.clone());
-                PassthroughChoice::Pure(id)
+            None if pure_ok && e.writers == 0 && e.plain_readers == 0 => match make(&e.obj) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    e.passthrough = Some(id.clone());
+                    PassthroughChoice::Pure(id)
+                }
+                Err(err) => {
+                    e.plain_readers += 1;
+                    return Err(err);
+                }
+            },
+            None => {
+                e.plain_readers += 1;
+                return Ok(PassthroughChoice::Plain);
             }
-            None => return Ok(PassthroughChoice::Plain),
         };
         e.passthrough_opens += 1;
         Ok(choice)
-    }
-
-    /// Counts one passthrough close; the backing id is closed with the last one.
-    pub fn passthrough_release(&self, key: u64) {
-        let mut g = self.inner.lock();
-        if let Some(e) = g.map.get_mut(&key) {
-            e.passthrough_opens = e.passthrough_opens.saturating_sub(1);
-            if e.passthrough_opens == 0 {
-                e.passthrough = None;
-            }
-        }
     }
 
     /// Number of objects (open and cached).
