@@ -25,7 +25,7 @@
 use crate::error::{FsError, Result};
 use crate::killpriv::{self, Caller, Fsetid};
 use crate::nodes::{Fh, Ino, NodeTable};
-use crate::objects::{Obj, Objects, OpenKind, PassthroughChoice};
+use crate::objects::{Obj, Objects, OpenKind, ParkedReader, PassthroughChoice, ReaderState};
 use crate::stats::FsStats;
 use crate::sys::{self, BackingDir, FUSE_ROOT_INO};
 use dhrd_engine::{Durability, RamBudget, Served};
@@ -173,9 +173,45 @@ pub struct FsConfig {
 /// One open file.
 struct Handle {
     key: u64,
-    obj: Obj,
+    data: HandleData,
     /// How the open was counted in `Objects` (passed back at release).
     kind: OpenKind,
+}
+
+enum HandleData {
+    Object(Obj),
+    /// A read-only open served from a parked copy until the inode gets an object.
+    Parked(Arc<ParkedReader>),
+}
+
+/// What a read through a handle reads from.
+enum Source {
+    Object(Obj),
+    Bytes(Arc<Vec<u8>>),
+}
+
+impl Source {
+    fn len(&self) -> u64 {
+        match self {
+            Source::Object(o) => o.len(),
+            Source::Bytes(b) => b.len() as u64,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(usize, Served)> {
+        match self {
+            Source::Object(o) => {
+                let out = o.read_at(buf, offset)?;
+                Ok((out.bytes, out.served))
+            }
+            Source::Bytes(b) => {
+                let from = usize::try_from(offset).unwrap_or(usize::MAX).min(b.len());
+                let n = buf.len().min(b.len() - from);
+                buf[..n].copy_from_slice(&b[from..from + n]);
+                Ok((n, Served::Ram))
+            }
+        }
+    }
 }
 
 /// Entries of an open directory, read once at its first READDIR (offsets are indexes into
@@ -549,12 +585,45 @@ impl Shared {
         Ok(())
     }
 
+    /// A read-only open served from the inode's parked copy (`ParkedReader`), where the
+    /// read path would serve it through the daemon anyway: not with `--read-path
+    /// passthrough`, nor in auto for a file without write bits (those get passthrough,
+    /// which needs the object's memfd).
+    fn parked_reader(&self, ino: Ino, key: u64) -> Option<Arc<ParkedReader>> {
+        if self.cfg.read_path == ReadPath::Passthrough {
+            return None;
+        }
+        let st = self.stat_node(ino).ok()?;
+        let passthrough_wanted = self.cfg.read_path == ReadPath::Auto
+            && st.st_mode & 0o222 == 0
+            && self.passthrough_negotiated.load(Ordering::Acquire);
+        if passthrough_wanted || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return None;
+        }
+        self.objects
+            .open_parked(key, (st.st_size, st.st_mtime, st.st_mtime_nsec))
+    }
+
+    /// The object behind a handle. A parked reader still on its bytes has none: EBADF,
+    /// which only operations a read-only open cannot make (write, fallocate, copy into
+    /// it, ftruncate) would see; reads, fsync and lseek use `handle_source`.
     fn handle_obj(&self, fh: FileHandle) -> Result<Obj> {
-        self.handles
-            .read()
-            .get(&Fh(fh.0))
-            .map(|h| h.obj.clone())
-            .ok_or(FsError::Errno(libc::EBADF))
+        match self.handle_source(fh)? {
+            Source::Object(o) => Ok(o),
+            Source::Bytes(_) => Err(FsError::Errno(libc::EBADF)),
+        }
+    }
+
+    fn handle_source(&self, fh: FileHandle) -> Result<Source> {
+        let handles = self.handles.read();
+        let h = handles.get(&Fh(fh.0)).ok_or(FsError::Errno(libc::EBADF))?;
+        Ok(match &h.data {
+            HandleData::Object(o) => Source::Object(o.clone()),
+            HandleData::Parked(r) => match r.state() {
+                ReaderState::Object(o) => Source::Object(o),
+                ReaderState::Bytes(b) => Source::Bytes(b),
+            },
+        })
     }
 
     /// Chooses the read path of one open and registers the handle.
@@ -599,7 +668,7 @@ impl Shared {
                     fh,
                     Handle {
                         key,
-                        obj,
+                        data: HandleData::Object(obj),
                         kind: OpenKind::Passthrough,
                     },
                 );
@@ -608,7 +677,14 @@ impl Shared {
             }
         }
         let flags = self.data_open_flags();
-        self.handles.write().insert(fh, Handle { key, obj, kind });
+        self.handles.write().insert(
+            fh,
+            Handle {
+                key,
+                data: HandleData::Object(obj),
+                kind,
+            },
+        );
         reply.opened(FileHandle(fh.0), flags);
     }
 
@@ -999,18 +1075,18 @@ impl Shared {
     }
 
     fn do_read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let obj = self.handle_obj(fh)?;
+        let src = self.handle_source(fh)?;
         let t = Instant::now();
         // Sized to what the file can return: a whole-file read of a small file often asks
         // for far more (1 MiB and up), and zeroing that per request is pure waste.
-        let want = (size as u64).min(obj.len().saturating_sub(offset));
+        let want = (size as u64).min(src.len().saturating_sub(offset));
         let mut buf = vec![0u8; want as usize];
-        let out = obj.read_at(&mut buf, offset)?;
-        buf.truncate(out.bytes);
+        let (got, served) = src.read_at(&mut buf, offset)?;
+        buf.truncate(got);
         let s = &self.stats;
         s.reads.fetch_add(1, Ordering::Relaxed);
-        s.read_bytes.fetch_add(out.bytes as u64, Ordering::Relaxed);
-        match out.served {
+        s.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
+        match served {
             Served::Ram => s.reads_ram.fetch_add(1, Ordering::Relaxed),
             Served::Backing => s.reads_backing.fetch_add(1, Ordering::Relaxed),
             Served::Mixed => s.reads_mixed.fetch_add(1, Ordering::Relaxed),
@@ -1048,9 +1124,11 @@ impl Shared {
     }
 
     fn do_fsync(&self, fh: FileHandle) -> Result<()> {
-        let obj = self.handle_obj(fh)?;
         let t = Instant::now();
-        obj.flush()?;
+        // A parked reader has written nothing; metadata below is synced either way.
+        if let Source::Object(obj) = self.handle_source(fh)? {
+            obj.flush()?;
+        }
         if !self.sync_mode() {
             // Attribute changes of this file and the entry that names it.
             self.meta_dirty.store(true, Ordering::Release);
@@ -1069,7 +1147,18 @@ impl Shared {
         if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
             return Err(FsError::Errno(libc::EINVAL));
         }
-        let obj = self.handle_obj(fh)?;
+        let obj = match self.handle_source(fh)? {
+            Source::Object(o) => o,
+            // A parked copy has no holes: data up to the length.
+            Source::Bytes(b) => {
+                let len = b.len() as i64;
+                return match whence {
+                    _ if offset < 0 || offset >= len => Err(FsError::Errno(libc::ENXIO)),
+                    libc::SEEK_DATA => Ok(offset),
+                    _ => Ok(len),
+                };
+            }
+        };
         let fd = std::os::fd::AsRawFd::as_raw_fd(obj.backing().file());
         // SAFETY: lseek on a descriptor the object keeps open for as long as `obj` lives;
         // the backing is only ever accessed with positioned I/O, so moving its offset is
@@ -1303,7 +1392,7 @@ impl Shared {
         if flags != 0 {
             return Err(FsError::Errno(libc::EINVAL));
         }
-        let src = self.handle_obj(fh_in)?;
+        let src = self.handle_source(fh_in)?;
         let dst = self.handle_obj(fh_out)?;
         let want = len
             .min(COPY_REQUEST_BYTES_MAX)
@@ -1325,9 +1414,10 @@ impl Shared {
             let n = (want - done).min(buf.len() as u64) as usize;
             let step = src
                 .read_at(&mut buf[..n], offset_in + done)
-                .and_then(|out| {
-                    dst.write_at(&buf[..out.bytes], offset_out + done)
-                        .map(|()| out.bytes)
+                .and_then(|(got, _)| {
+                    dst.write_at(&buf[..got], offset_out + done)
+                        .map(|()| got)
+                        .map_err(FsError::from)
                 });
             match step {
                 Ok(0) => break,
@@ -1337,7 +1427,7 @@ impl Shared {
                         break;
                     }
                 }
-                Err(e) if done == 0 => return Err(e.into()),
+                Err(e) if done == 0 => return Err(e),
                 Err(_) => break,
             }
         }
@@ -1623,6 +1713,23 @@ impl Filesystem for DhrdFs {
         // The kernel has checked write permission for O_TRUNC, whatever the access mode,
         // and passes it only once FUSE_ATOMIC_O_TRUNC is negotiated.
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        if !writable && !truncate {
+            if let Some(r) = sh.parked_reader(ino, key) {
+                let fh = sh.new_fh();
+                let flags = sh.data_open_flags();
+                sh.stats.opens_parked.fetch_add(1, Ordering::Relaxed);
+                sh.handles.write().insert(
+                    fh,
+                    Handle {
+                        key,
+                        data: HandleData::Parked(r),
+                        kind: OpenKind::PlainReader,
+                    },
+                );
+                reply.opened(FileHandle(fh.0), flags);
+                return;
+            }
+        }
         let mut mode = 0u32;
         let r = sh.objects.acquire(key, &name, writable, || {
             let f = sh.open_backing_file(ino)?;
@@ -1733,8 +1840,13 @@ impl Filesystem for DhrdFs {
     ) {
         let h = self.sh.handles.write().remove(&Fh(fh.0));
         if let Some(h) = h {
-            drop(h.obj);
-            self.sh.objects.release(h.key, h.kind);
+            match h.data {
+                HandleData::Object(obj) => {
+                    drop(obj);
+                    self.sh.objects.release(h.key, h.kind);
+                }
+                HandleData::Parked(r) => self.sh.objects.release_parked(&r),
+            }
         }
         reply.ok();
     }
@@ -1998,7 +2110,7 @@ impl Filesystem for DhrdFs {
                     fh,
                     Handle {
                         key,
-                        obj,
+                        data: HandleData::Object(obj),
                         kind: OpenKind::Writer,
                     },
                 );

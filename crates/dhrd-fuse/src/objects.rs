@@ -34,6 +34,11 @@
 //!   for it, so the parked copy it takes is never missing for a second creator, and only
 //!   one object per inode is ever handed out.
 //!
+//! - Parked readers: a read-only open of an inode with no object may be served from its
+//!   parked copy (`ParkedReader`); creating the inode's object switches every such reader
+//!   to it under the map lock (D3), and an unlink or rename-over that frees the inode
+//!   detaches them first (see `ParkedReader`).
+//!
 //! Crash semantics: dropping an object calls `close()` first, which makes every write
 //! durable in the non-sync modes; in sync mode every write already is. Parked copies are
 //! RAM only; the backing holds the same bytes.
@@ -47,7 +52,7 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// Closed files whose objects (RAM copy, backing fd, memfd) are kept, by default
 /// (`--object-cache`). Each costs two or
@@ -111,6 +116,36 @@ struct Entry {
     origin: Option<Parked>,
 }
 
+/// A read-only open of a file that has no object, served from its parked copy: no
+/// backing descriptor, no memfd, no mapping. Opening and closing one costs a lookup in the
+/// parked map, where creating an object costs about a dozen system calls.
+///
+/// D3: when an object is created for the inode (a writer opens it, a truncate, a
+/// passthrough open), every registered reader is switched to it under the map lock before
+/// that open returns, and counted as one of its plain readers; a read that starts after
+/// any write through the object reads the object. A reader whose inode lost its last link
+/// is detached first (its bytes stay, as for any open of an unlinked file), so a new file
+/// that reuses the inode number never takes it over; so is one whose file changed behind
+/// the daemon's back (its signature no longer matches).
+pub struct ParkedReader {
+    key: u64,
+    sig: Signature,
+    state: Mutex<ReaderState>,
+}
+
+/// Where a `ParkedReader` reads from now.
+#[derive(Clone)]
+pub enum ReaderState {
+    Bytes(Arc<Vec<u8>>),
+    Object(Obj),
+}
+
+impl ParkedReader {
+    pub fn state(&self) -> ReaderState {
+        self.state.lock().clone()
+    }
+}
+
 /// What an open was counted as, for `Objects::release`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenKind {
@@ -139,7 +174,8 @@ pub enum PassthroughChoice {
 /// The bytes of a closed file kept without an object (see the module header).
 struct Parked {
     sig: Signature,
-    bytes: Box<[u8]>,
+    /// Shared with the parked readers opened on it (`ParkedReader`).
+    bytes: Arc<Vec<u8>>,
     /// Charged to the RAM budget (`parked_charge`).
     reserved_bytes: u64,
     generation: u64,
@@ -158,6 +194,9 @@ struct Inner {
     /// for it (`Objects::created`) rather than build a second object, which would find no
     /// parked copy left and load from the disk.
     creating: HashSet<u64>,
+    /// Read-only opens served from parked copies, by inode; they are converted to the
+    /// inode's object when one is created (`convert_parked_readers`).
+    parked_readers: HashMap<u64, Vec<Weak<ParkedReader>>>,
 }
 
 impl Inner {
@@ -180,6 +219,24 @@ impl Inner {
         self.parked_bytes += p.bytes.len() as u64;
         self.parked_order.insert(p.generation, key);
         self.parked.insert(key, p);
+    }
+
+    /// Switches the parked readers of `key` to `obj` (just created) and returns how many
+    /// there were; readers whose file has changed since they opened are left on their
+    /// bytes. Under the map lock, before the creating open replies (D3).
+    fn convert_parked_readers(&mut self, key: u64, obj: &Obj) -> u32 {
+        let Some(readers) = self.parked_readers.remove(&key) else {
+            return 0;
+        };
+        let current = signature(obj.backing().file());
+        let mut n = 0;
+        for r in readers.iter().filter_map(Weak::upgrade) {
+            if Some(r.sig) == current {
+                *r.state.lock() = ReaderState::Object(obj.clone());
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Removes the entry of `key` from the map and the LRU, and any parked copy with it.
@@ -322,19 +379,23 @@ impl Objects {
             // An older parked copy that appeared meanwhile (an eviction finishing late)
             // must not outlive the object that now exists.
             inner.unpark(key, &self.budget);
-            let tick = inner.next_tick();
-            inner.lru.insert(tick, key);
+            let converted = inner.convert_parked_readers(key, &obj);
+            // Converted readers are opens: an open object is never in the LRU.
+            let tick = (converted == 0).then(|| inner.next_tick());
+            if let Some(t) = tick {
+                inner.lru.insert(t, key);
+            }
             inner.map.insert(
                 key,
                 Entry {
                     obj,
-                    opens: 0,
+                    opens: converted,
                     writers: 0,
-                    tick: Some(tick),
+                    tick,
                     closed_sig: None,
                     passthrough: None,
                     passthrough_opens: 0,
-                    plain_readers: 0,
+                    plain_readers: converted,
                     generation,
                     origin,
                 },
@@ -475,10 +536,13 @@ impl Objects {
 
     /// Drops the cached object (or parked copy) of a closed file, after unlink or
     /// rename-over removed a link. Open objects stay until their last release.
+    /// Parked readers of the inode are detached: they keep their bytes, and a new file
+    /// that reuses the inode number does not take them over.
     pub fn forget_if_closed(&self, key: u64) {
         let dropped = {
             let mut g = self.inner.lock();
             let inner = &mut *g;
+            inner.parked_readers.remove(&key);
             match inner.map.get(&key) {
                 Some(e) if e.opens == 0 => inner.remove_entry(key, &self.budget).map(|e| e.obj),
                 Some(_) => None,
@@ -498,6 +562,53 @@ impl Objects {
             } else {
                 close_unparked(vec![o]);
             }
+        }
+    }
+
+    /// A read-only open of `key` served from its parked copy, if the inode has no object
+    /// (nor one being created) and the copy matches the file's current signature `sig`
+    /// (size and mtime). `None`: open it through `acquire`.
+    pub fn open_parked(&self, key: u64, sig: (i64, i64, i64)) -> Option<Arc<ParkedReader>> {
+        let mut g = self.inner.lock();
+        let inner = &mut *g;
+        if inner.map.contains_key(&key) || inner.creating.contains(&key) {
+            return None;
+        }
+        let p = inner.parked.get(&key).filter(|p| p.sig == sig)?;
+        let r = Arc::new(ParkedReader {
+            key,
+            sig,
+            state: Mutex::new(ReaderState::Bytes(p.bytes.clone())),
+        });
+        let list = inner.parked_readers.entry(key).or_default();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&r));
+        Some(r)
+    }
+
+    /// Closes a parked reader: deregisters it, or, if it was converted, releases its open
+    /// of the object.
+    pub fn release_parked(&self, r: &ParkedReader) {
+        let converted = {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            let state = r.state.lock().clone();
+            match state {
+                ReaderState::Object(_) => true,
+                ReaderState::Bytes(_) => {
+                    if let Some(list) = inner.parked_readers.get_mut(&r.key) {
+                        list.retain(|w| !std::ptr::eq(w.as_ptr(), r));
+                        if list.is_empty() {
+                            inner.parked_readers.remove(&r.key);
+                        }
+                    }
+                    false
+                }
+            }
+        };
+        if converted {
+            *r.state.lock() = ReaderState::Bytes(Arc::new(Vec::new()));
+            self.release(r.key, OpenKind::PlainReader);
         }
     }
 
@@ -627,7 +738,7 @@ impl Objects {
             key,
             Parked {
                 sig: before,
-                bytes: bytes.into_boxed_slice(),
+                bytes: Arc::new(bytes),
                 reserved_bytes: reserved,
                 generation,
             },
@@ -691,7 +802,7 @@ impl Objects {
         let bytes = match origin {
             Some(p) if !o.was_modified() && o.failure().is_none() => p.bytes,
             _ => match o.snapshot_bytes().filter(|b| !b.is_empty()) {
-                Some(b) => b.into_boxed_slice(),
+                Some(b) => Arc::new(b),
                 None => return,
             },
         };

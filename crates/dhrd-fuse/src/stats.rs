@@ -75,6 +75,9 @@ pub struct FsStats {
     pub opens_passthrough: AtomicU64,
     pub opens_direct: AtomicU64,
     pub opens_cached: AtomicU64,
+    /// Read-only opens served from a parked copy, without an object (among the direct or
+    /// cached opens).
+    pub opens_parked: AtomicU64,
     /// Opens with O_TRUNC that truncated the file themselves (FUSE_ATOMIC_O_TRUNC).
     pub open_truncates: AtomicU64,
     /// LOOKUP requests, and entries handed out with attributes by READDIRPLUS (each one
@@ -105,10 +108,11 @@ impl FsStats {
         );
         let _ = writeln!(
             out,
-            "opens:           passthrough {}, direct {}, cached {} (passthrough reads never reach the daemon); with O_TRUNC {}",
+            "opens:           passthrough {}, direct {}, cached {} (passthrough reads never reach the daemon); from parked copies {}; with O_TRUNC {}",
             g(&self.opens_passthrough),
             g(&self.opens_direct),
             g(&self.opens_cached),
+            g(&self.opens_parked),
             g(&self.open_truncates)
         );
         let _ = writeln!(
