@@ -81,3 +81,12 @@ def write_report(out, tag, data, lines):
 
 def machine_line(m):
     return "Machine: " + ", ".join(f"{k} {v}" for k, v in m.items())
+
+
+def ratios_and_status_lines(ratios, status):
+    """The report's tail: same-round time ratios, then the daemons' status lines."""
+    lines = ["", "Ratios of times (median of per-round ratios; below 1 is faster):", ""]
+    lines += [f"- {k}: {v:.2f}" for k, v in ratios.items() if v is not None]
+    lines += ["", "Daemon status after the last round:", ""]
+    lines += [f"- {c}: " + "; ".join(s) for c, s in status.items()]
+    return lines

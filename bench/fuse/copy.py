@@ -27,7 +27,8 @@ import sys
 import time
 
 from benchlib import (DEFAULT_DHRD, machine, machine_line, mount, per_round_ratio,
-                      results_dir, sh, unmount, write_report)
+                      ratios_and_status_lines, results_dir, sh, unmount,
+                      write_report)
 
 
 def timed_copy(src, dst, fsync_after):
@@ -96,10 +97,7 @@ def main():
     for c in names:
         per = ", ".join(f"{w['secs']:.2f}" for w in rows if w["config"] == c)
         lines.append(f"| {c} | {med[c]:.2f} | {a.size_mib / med[c]:.0f} | {per} |")
-    lines += ["", "Ratios of times (median of per-round ratios; below 1 is faster):", ""]
-    lines += [f"- {k}: {v:.2f}" for k, v in ratios.items() if v is not None]
-    lines += ["", "Daemon status after the last round:", ""]
-    lines += [f"- {c}: " + "; ".join(s) for c, s in status.items()]
+    lines += ratios_and_status_lines(ratios, status)
     write_report(out, "copy", {"machine": mach, "rows": rows, "median_secs": med,
                                "ratios": ratios, "status": status}, lines)
 

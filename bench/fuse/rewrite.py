@@ -27,7 +27,8 @@ import sys
 import time
 
 from benchlib import (DEFAULT_DHRD, machine, machine_line, mount, per_round_ratio,
-                      results_dir, sh, unmount, write_report)
+                      ratios_and_status_lines, results_dir, sh, unmount,
+                      write_report)
 
 
 def rewrite_us(base, names, data, fsync):
@@ -103,10 +104,7 @@ def main():
     for c in cfgs:
         per = ", ".join(f"{w['us_per_file']:.0f}" for w in rows if w["config"] == c)
         lines.append(f"| {c} | {med[c]:.0f} | {per} |")
-    lines += ["", "Ratios of times (median of per-round ratios; below 1 is faster):", ""]
-    lines += [f"- {k}: {v:.2f}" for k, v in ratios.items() if v is not None]
-    lines += ["", "Daemon status after the last round:", ""]
-    lines += [f"- {c}: " + "; ".join(s) for c, s in status.items()]
+    lines += ratios_and_status_lines(ratios, status)
     write_report(out, "rewrite", {"machine": mach, "rows": rows, "median_us": med,
                                   "ratios": ratios, "status": status}, lines)
 

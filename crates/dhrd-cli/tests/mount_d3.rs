@@ -84,6 +84,14 @@ fn try_child_write(file: &Path, offset_pages: usize, byte: u8) -> (bool, String)
     r
 }
 
+fn open_rw(p: &Path) -> fs::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p)
+        .expect("rw open")
+}
+
 fn passthrough_opens(status: &str) -> u64 {
     status
         .lines()
@@ -110,11 +118,7 @@ fn d3_for(read_path: &str) {
     let f = mnt.join("f");
 
     // A writer descriptor, then a read-only descriptor and a read-only shared mapping.
-    let rw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&f)
-        .expect("rw open");
+    let rw = open_rw(&f);
     let ro = OpenOptions::new().read(true).open(&f).expect("ro open");
     let ro_map = Map::new(ro.as_raw_fd(), FILE_BYTES, false).expect("read-only mmap");
     assert_eq!(ro_map.byte(2 * PAGE), b'A');
@@ -251,11 +255,7 @@ fn passthrough_reader_after_a_mapping_writer() {
     m.wait_loaded();
     let mut buf = vec![0u8; PAGE];
     let f = mnt.join("f");
-    let rw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&f)
-        .expect("rw open");
+    let rw = open_rw(&f);
     let rw_map = Map::new(rw.as_raw_fd(), FILE_BYTES, true).expect("writable mmap");
     rw_map.set(3 * PAGE, b'M');
     rw_map.sync();
