@@ -590,7 +590,7 @@ impl Shared {
     /// passthrough`, nor in auto for a file without write bits (those get passthrough,
     /// which needs the object's memfd).
     fn parked_reader(&self, ino: Ino, key: u64) -> Option<Arc<ParkedReader>> {
-        if self.cfg.read_path == ReadPath::Passthrough {
+        if self.cfg.read_path == ReadPath::Passthrough || !self.objects.parked_only(key) {
             return None;
         }
         let st = self.stat_node(ino).ok()?;

@@ -565,6 +565,13 @@ impl Objects {
         }
     }
 
+    /// Whether `key` has a parked copy and no object: worth checking the file's signature
+    /// for `open_parked`.
+    pub fn parked_only(&self, key: u64) -> bool {
+        let g = self.inner.lock();
+        g.parked.contains_key(&key) && !g.map.contains_key(&key) && !g.creating.contains(&key)
+    }
+
     /// A read-only open of `key` served from its parked copy, if the inode has no object
     /// (nor one being created) and the copy matches the file's current signature `sig`
     /// (size and mtime). `None`: open it through `acquire`.
@@ -607,7 +614,6 @@ impl Objects {
             }
         };
         if converted {
-            *r.state.lock() = ReaderState::Bytes(Arc::new(Vec::new()));
             self.release(r.key, OpenKind::PlainReader);
         }
     }
