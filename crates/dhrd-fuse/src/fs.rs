@@ -180,7 +180,9 @@ struct Handle {
 
 enum HandleData {
     Object(Obj),
-    /// A read-only open served from a parked copy until the inode gets an object.
+    /// A read-only open served from a parked copy until the inode gets an object; counted
+    /// in `Objects` only once switched to it, and closed by `Objects::release_parked`
+    /// (which ignores `Handle::kind`).
     Parked(Arc<ParkedReader>),
 }
 
