@@ -16,6 +16,15 @@ def sh(*cmd, check=True):
     return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
 
 
+def add_common_args(ap, rounds=3):
+    """The options every FUSE benchmark here takes: rounds, the dhrd build, an optional
+    baseline build, and where on the disk to work."""
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--dhrd", default=DEFAULT_DHRD)
+    ap.add_argument("--baseline-dhrd")
+    ap.add_argument("--disk-dir", default="/var/tmp")
+
+
 def mount(dhrd, backing, mnt, *extra):
     """Starts `dhrd mount` in the foreground (its log next to the mount point) and waits
     until the load is complete; returns the process."""

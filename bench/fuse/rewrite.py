@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from benchlib import (DEFAULT_DHRD, machine, machine_line, mount, per_round_ratio,
+from benchlib import (add_common_args, machine, machine_line, mount, per_round_ratio,
                       ratios_and_status_lines, results_dir, sh, unmount,
                       write_report)
 
@@ -46,10 +46,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--file-bytes", type=int, default=4096)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dhrd", default=DEFAULT_DHRD)
-    ap.add_argument("--baseline-dhrd")
-    ap.add_argument("--disk-dir", default="/var/tmp")
+    add_common_args(ap)
     ap.add_argument("--durability", default="sync", help="dhrd mount --durability")
     a = ap.parse_args()
     work = os.path.join(a.disk_dir, f"dhrd-rewrite.{os.getpid()}")

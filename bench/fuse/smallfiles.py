@@ -27,8 +27,8 @@ import subprocess
 import sys
 import time
 
-from benchlib import (DEFAULT_DHRD, machine, machine_line, per_round_ratio, results_dir, sh,
-                      write_report)
+from benchlib import (add_common_args, machine, machine_line, per_round_ratio, results_dir,
+                      sh, write_report)
 
 FILES_PER_DIR = 1000
 
@@ -107,10 +107,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=20000)
     ap.add_argument("--file-bytes", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dhrd", default=DEFAULT_DHRD)
-    ap.add_argument("--baseline-dhrd")
-    ap.add_argument("--disk-dir", default="/var/tmp")
+    add_common_args(ap)
     a = ap.parse_args()
     work = os.path.join(a.disk_dir, f"dhrd-smallfiles.{os.getpid()}")
     backing, mnt = os.path.join(work, "backing"), os.path.join(work, "mnt")
