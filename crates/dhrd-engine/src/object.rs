@@ -682,8 +682,19 @@ impl<D: Durable> Inner<D> {
     // ---------------------------------------------------------------- reads
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<ReadOutcome> {
+        if buf.is_empty() {
+            return Ok(ReadOutcome {
+                bytes: 0,
+                served: Served::Eof,
+            });
+        }
+        let timed = sample_read().then(Instant::now);
+        // The length is read under the layout lock: a shrinking `set_len` takes it
+        // exclusively, so no shrink can fall between reading the length and touching RAM
+        // below it (past the memfd size a RAM access raises SIGBUS and kills the process).
+        let layout = read_guard(&self.layout);
         let len = self.len.load(Ordering::Acquire);
-        if offset >= len || buf.is_empty() {
+        if offset >= len {
             return Ok(ReadOutcome {
                 bytes: 0,
                 served: Served::Eof,
@@ -691,8 +702,6 @@ impl<D: Durable> Inner<D> {
         }
         let n = (len - offset).min(buf.len() as u64);
         let end = offset + n;
-        let timed = sample_read().then(Instant::now);
-        let layout = read_guard(&self.layout);
         let (mut ram_bytes, mut backing_bytes) = (0u64, 0u64);
         let mut demanded: Option<ChunkIndex> = None;
         let mut pos = offset;
@@ -783,12 +792,16 @@ impl<D: Durable> Inner<D> {
     }
 
     fn view(&self, offset: u64, len: usize) -> Result<View<'_>> {
+        if len == 0 {
+            return Ok(View::Eof);
+        }
+        // As in `read_at`: the length only under the layout lock, which the view keeps.
+        let g = read_guard(&self.layout);
         let size = self.len.load(Ordering::Acquire);
-        if offset >= size || len == 0 {
+        if offset >= size {
             return Ok(View::Eof);
         }
         let n = (size - offset).min(len as u64);
-        let g = read_guard(&self.layout);
         for p in self.geo.pieces(offset, n) {
             if g.state(p.chunk) != ChunkState::Loaded {
                 return Ok(View::NotLoaded(p.chunk));
@@ -1149,6 +1162,9 @@ impl<D: Durable> Inner<D> {
                 max: OBJECT_BYTES_MAX,
             });
         }
+        // The old length is read under the exclusive lock: read before it, a concurrent
+        // size change could make this call skip the change or miss chunks to unload.
+        let mut layout = write_guard(&self.layout);
         let old = self.len.load(Ordering::Acquire);
         if new_len == old {
             return Ok(());
@@ -1161,7 +1177,6 @@ impl<D: Durable> Inner<D> {
             });
         }
         self.stats.add(C::SetLens, 1);
-        let mut layout = write_guard(&self.layout);
         if let Err(e) = self.backing.set_len(new_len) {
             // The size may or may not have changed: everything the change touches leaves
             // Loaded and is reloaded from what the backing says.
