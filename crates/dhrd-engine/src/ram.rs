@@ -197,9 +197,12 @@ impl RamRegion {
 
     /// Copies `dst.len()` bytes at `offset` out of RAM.
     pub(crate) fn copy_out(&self, offset: u64, dst: &mut [u8]) {
-        debug_assert!(offset + dst.len() as u64 <= self.map_bytes);
-        // SAFETY: in bounds of the mapping (callers stay below the length, which is below
-        // the memfd size, checked in debug builds); `dst` is a distinct Rust buffer.
+        // Checked in every build: past the memfd size the copy would raise SIGBUS and take
+        // the whole process down; a failed check names the broken caller instead, for
+        // one atomic load per copy.
+        self.check(offset, dst.len());
+        // SAFETY: below the memfd size (checked above), which is below the mapping's size;
+        // `dst` is a distinct Rust buffer.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.ptr.add(offset as usize),
