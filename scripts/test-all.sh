@@ -4,9 +4,12 @@
 # Long soak runs are opt-in: DHRD_SOAK=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The packages the tests use (installed when missing; needs root then).
+bash scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace
+# Every test binary runs even when an earlier one fails, so one run shows every failure.
+cargo test --workspace --no-fail-fast
 
 # The benchmark suite's tiny profile, so the harness cannot rot: every experiment and
 # configuration runs with small sizes on the binaries the tests just built, and the report

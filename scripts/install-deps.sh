@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite and the benchmark suite need (FUSE, the NBD
+# and block clients, the applications the tests run), skipping those already present.
+# Idempotent; needs root for apt-get. Rust's toolchain is expected to be present.
+set -euo pipefail
+
+packages=(fuse3 libfuse3-dev fio nbdkit libnbd-bin python3-libnbd nbdfuse qemu-utils sqlite3
+          e2fsprogs util-linux pkg-config python3-matplotlib vmtouch)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: missing packages: ${missing[*]}" >&2
+    echo "install-deps: run as root (sudo bash scripts/test-all.sh) or install them first" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}"
