@@ -20,6 +20,9 @@
 //! Readers take no chunk lock: they read the chunk state word (state plus a generation
 //! bumped whenever a chunk leaves Loaded), copy, and check the word again, so a read never
 //! waits on a writer and never returns RAM bytes of a chunk that was not Loaded throughout.
+//! Whatever touches RAM reads the length only while holding the layout lock: a size change
+//! takes it exclusively, so the memfd never shrinks below a length a copy was bounded by
+//! (past the memfd's size a copy raises SIGBUS, which kills the process).
 //!
 //! Write ordering (C3): the backing first, then (in `sync` mode) a group-committed sync,
 //! then RAM, then the reply. A request that fails after reaching the backing takes the
