@@ -40,7 +40,7 @@ use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, SlotTable, Write
 use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
-use dhrd_io::{read_full, Durable, Persistence};
+use dhrd_io::{read_full, Durable, Persistence, PAGE_BYTES};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
@@ -52,8 +52,6 @@ use std::time::{Duration, Instant};
 /// Chunks zeroed per lock round in `zero_range`, so a whole-device TRIM does not hold
 /// every chunk lock at once.
 const ZERO_BATCH_CHUNKS: u64 = 64;
-/// Page size used to round bulk loads (O_DIRECT needs whole pages).
-const PAGE_BYTES: u64 = 4096;
 /// In `sync` mode the written pages are clean once synced; they are dropped from the
 /// backing's page cache (RAM holds the data) once this many bytes were written, rather
 /// than after every write, which would cost a system call per write.

@@ -13,13 +13,13 @@
 
 use crate::config::RamOptions;
 use crate::error::{Error, Result};
+use dhrd_io::PAGE_BYTES;
 use parking_lot::Mutex;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const PAGE_BYTES: u64 = 4096;
 /// Copies into RAM from this size on use `pwrite` on the memfd rather than the mapping
 /// (see `copy_in`); below it the system call costs more than the faults it saves.
 const PWRITE_MIN_BYTES: usize = 64 << 10;

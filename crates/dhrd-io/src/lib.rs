@@ -20,7 +20,7 @@ mod rng;
 mod sim;
 mod timed;
 
-pub use file::{FileBacking, FileOptions, WriteSync};
+pub use file::{FileBacking, FileOptions, WriteSync, DIRECT_ALIGN_BYTES};
 pub use rng::SplitMix64;
 pub use sim::{CrashImage, Fault, FaultKind, SimBacking, SimStats};
 pub use timed::{DeviceProfile, Timed};
@@ -29,6 +29,10 @@ use std::io;
 
 /// Sector size at which simulated crashes tear writes, and the unit device timing uses.
 pub const SECTOR_BYTES: u64 = 512;
+
+/// The memory page size every crate assumes (x86-64 and most arm64 kernels): the unit of
+/// the RAM tier's mappings and of whole-page loads. The one definition in the workspace.
+pub const PAGE_BYTES: u64 = 4096;
 
 /// Whether a completed write is already durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
