@@ -711,10 +711,8 @@ impl<D: Durable> Inner<D> {
             let piece_end = self.geo.end_of(c).min(end);
             let w = layout.word(c);
             if state_of(w) == ChunkState::Loaded {
-                let dst = buf.get_mut((pos - offset) as usize..(piece_end - offset) as usize);
-                if let Some(dst) = dst {
-                    layout.ram.copy_out(pos, dst);
-                }
+                let dst = &mut buf[(pos - offset) as usize..(piece_end - offset) as usize];
+                layout.ram.copy_out(pos, dst);
                 fence(Ordering::Acquire);
                 if layout.word(c) == w {
                     ram_bytes += piece_end - pos;
@@ -733,16 +731,12 @@ impl<D: Durable> Inner<D> {
                 run_end = self.geo.end_of(c2).min(end);
             }
             let t = Instant::now();
-            let dst = buf
-                .get_mut((pos - offset) as usize..(run_end - offset) as usize)
-                .unwrap_or(&mut []);
+            let dst = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
             let got =
                 read_full(&self.backing, dst, pos).map_err(|e| backing_err(BackingOp::Read, e))?;
             // The backing is shorter than we think only if it was truncated behind our back;
             // what is not there reads as zeros.
-            if let Some(rest) = dst.get_mut(got..) {
-                rest.fill(0);
-            }
+            dst[got..].fill(0);
             self.stats.record(Lat::ReadBacking, t.elapsed());
             if demanded.is_none() && self.cfg.demand_priority {
                 demanded = Some(c);
@@ -1036,9 +1030,7 @@ impl<D: Durable> Inner<D> {
         }
         for (p, (c, how, _)) in self.geo.pieces(offset, end - offset).zip(&plan) {
             debug_assert_eq!(p.chunk, *c);
-            let src = buf
-                .get((p.offset - offset) as usize..(p.offset - offset + p.len) as usize)
-                .unwrap_or(&[]);
+            let src = &buf[(p.offset - offset) as usize..(p.offset - offset + p.len) as usize];
             self.apply_piece(&layout, *how, *c, p.offset, src);
         }
         // 4. The new length becomes visible only after the bytes are in place.
@@ -1480,10 +1472,7 @@ impl<D: Durable> Inner<D> {
             let c = ChunkIndex(i);
             let start = self.geo.start_of(c);
             let n = (self.geo.end_of(c).min(len) - start) as usize;
-            let (r, d) = (
-                ram.get_mut(..n).unwrap_or(&mut []),
-                disk.get_mut(..n).unwrap_or(&mut []),
-            );
+            let (r, d) = (&mut ram[..n], &mut disk[..n]);
             layout.ram.copy_out(start, r);
             match layout.state(c) {
                 ChunkState::Loaded if self.diverged.lock().contains(&i) => loaded += 1,

@@ -150,7 +150,7 @@ impl FileBacking {
     fn direct_read(direct: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let mut done = 0usize;
         while done < buf.len() {
-            let rest = buf.get_mut(done..).unwrap_or(&mut []);
+            let rest = &mut buf[done..];
             match direct.read_at(rest, offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => {
@@ -169,7 +169,7 @@ impl FileBacking {
     fn buffered_read(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let mut done = 0usize;
         while done < buf.len() {
-            let rest = buf.get_mut(done..).unwrap_or(&mut []);
+            let rest = &mut buf[done..];
             match self.file.read_at(rest, offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => done += n,
@@ -305,8 +305,7 @@ impl Durable for FileBacking {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(zeros.len() as u64) as usize;
-            self.file
-                .write_all_at(zeros.get(..n).unwrap_or(&[]), offset + done)?;
+            self.file.write_all_at(&zeros[..n], offset + done)?;
             done += n as u64;
         }
         Ok(())

@@ -127,7 +127,7 @@ pub fn write_zero_bytes<D: Durable + ?Sized>(d: &D, offset: u64, len: u64) -> io
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(zeros.len() as u64) as usize;
-        d.write_at(zeros.get(..n).unwrap_or(&[]), offset + done)?;
+        d.write_at(&zeros[..n], offset + done)?;
         done += n as u64;
     }
     Ok(())
@@ -179,7 +179,7 @@ impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
 pub fn read_full<D: Durable + ?Sized>(d: &D, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0usize;
     while done < buf.len() {
-        let rest = buf.get_mut(done..).unwrap_or(&mut []);
+        let rest = &mut buf[done..];
         match d.read_at(rest, offset + done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,

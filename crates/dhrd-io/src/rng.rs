@@ -35,7 +35,7 @@ impl SplitMix64 {
         for chunk in buf.chunks_mut(8) {
             let v = self.next_u64().to_le_bytes();
             let n = chunk.len();
-            chunk.copy_from_slice(v.get(..n).unwrap_or(&[]));
+            chunk.copy_from_slice(&v[..n]);
         }
     }
 }

@@ -107,17 +107,13 @@ fn write_into(v: &mut Vec<u8>, offset: u64, data: &[u8]) {
     if v.len() < end {
         v.resize(end, 0);
     }
-    if let Some(dst) = v.get_mut(offset as usize..end) {
-        dst.copy_from_slice(data);
-    }
+    v[offset as usize..end].copy_from_slice(data);
 }
 
 fn zero_into(v: &mut [u8], offset: u64, len: u64) {
     let start = (offset as usize).min(v.len());
     let end = ((offset + len) as usize).min(v.len());
-    if let Some(dst) = v.get_mut(start..end) {
-        dst.fill(0);
-    }
+    v[start..end].fill(0);
 }
 
 /// Applies `op` to `img`; writes keep each sector with probability 1/2 when `tear` is set.
@@ -136,7 +132,7 @@ fn apply(img: &mut Vec<u8>, op: &Pending, rng: &mut SplitMix64, tear: bool) {
                 if rng.chance(1, 2) {
                     let s = (pos - offset) as usize;
                     let e = (piece_end - offset) as usize;
-                    write_into(img, pos, data.get(s..e).unwrap_or(&[]));
+                    write_into(img, pos, &data[s..e]);
                 }
                 pos = piece_end;
             }
@@ -287,11 +283,7 @@ impl Durable for SimBacking {
             return Ok(0);
         }
         let n = (len - offset).min(buf.len() as u64) as usize;
-        let src = g
-            .volatile
-            .get(offset as usize..offset as usize + n)
-            .unwrap_or(&[]);
-        buf.get_mut(..n).unwrap_or(&mut []).copy_from_slice(src);
+        buf[..n].copy_from_slice(&g.volatile[offset as usize..offset as usize + n]);
         g.stats.bytes_read += n as u64;
         Ok(n)
     }
@@ -310,7 +302,7 @@ impl Durable for SimBacking {
                 let keep = g.rng.below(buf.len() as u64 + 1) as usize;
                 let part = Pending::Write {
                     offset,
-                    data: buf.get(..keep).unwrap_or(&[]).to_vec(),
+                    data: buf[..keep].to_vec(),
                 };
                 apply(&mut g.volatile, &part, &mut g.rng, false);
                 g.pending.push(part);
