@@ -1,4 +1,4 @@
-"""The seven experiments of the suite (SPEC section 8, issue 5), scaled to this machine.
+"""The seven experiments of the suite (the papers' evaluation, issue 5), scaled to this machine.
 
 Each experiment takes the run context and returns a dict: `title`, `scaling` (how it was
 scaled down from the paper), `rows` (one dict per measured point, with `config`), `ratios`

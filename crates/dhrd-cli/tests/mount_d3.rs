@@ -1,4 +1,4 @@
-//! SPEC D3 across processes for every read path: a read that starts after a write returned
+//! D3 across processes for every read path: a read that starts after a write returned
 //! sees it, whether the write came from another process, another descriptor, or a shared
 //! mapping; the reader may be a passthrough open, a direct open, a cached open or a mapping.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design

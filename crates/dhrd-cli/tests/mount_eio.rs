@@ -1,7 +1,7 @@
 //! The backing disk fails under a mounted dhrd: the backing directory lives on an ext4 file
 //! system (a loop device over a file), which the test shuts down with the
 //! `EXT4_IOC_SHUTDOWN` ioctl, after which every I/O to it fails with EIO, as on a dead disk.
-//! No device-mapper is needed. Expected (SPEC C4): the write that hits the error gets EIO,
+//! No device-mapper is needed. Expected (C4): the write that hits the error gets EIO,
 //! the file turns read-only with the cause in `dhrd status`, reads keep being served from
 //! RAM with the data acknowledged before the failure, and the daemon unmounts cleanly.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design

@@ -1,4 +1,4 @@
-//! RAM budget shared by any number of objects (SPEC I11). A chunk may enter state Loaded
+//! RAM budget shared by any number of objects (I11). A chunk may enter state Loaded
 //! only after reserving its size here; leaving Loaded releases it. The budget counts
 //! chunk-sized reservations, an upper bound on the memory the RAM tier can hold, except
 //! for the last chunk of a file that ends inside it: that one is charged by the pages the

@@ -6,12 +6,12 @@
 //! sync runs at a time; writers arriving meanwhile wait and are covered together by the
 //! next one, so N concurrent writers cost about one sync per round instead of N.
 //!
-//! Failure rules (SPEC C4, C5):
+//! Failure rules (C4, C5):
 //! - a sync failing with anything but ENOSPC makes the object read-only for good
 //!   (`Failure`); no later sync is attempted, so a failed fsync is never retried and
 //!   mistaken for success;
 //! - a sync failing with ENOSPC is sticky as well, but the requests it covered report
-//!   ENOSPC itself. A full disk normally shows at `pwrite` (SPEC C5, handled per request by
+//!   ENOSPC itself. A full disk normally shows at `pwrite` (C5, handled per request by
 //!   the object); at sync time it means the kernel could not write back pages it already
 //!   accepted, and may have dropped them: a later successful sync would not bring them
 //!   back, and the bytes could revert once the page cache lets them go.

@@ -17,13 +17,13 @@ pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
 /// `cp` into tmpfs at 2.9/2.5 s); the threads sleep at nice 10 once the load is done.
 pub const LOADER_THREADS_DEFAULT: usize = 4;
 pub const LOADER_THREADS_MAX: usize = 64;
-/// Retry back-off for chunks that failed to load (SPEC I9): base, doubling, capped.
+/// Retry back-off for chunks that failed to load (I9): base, doubling, capped.
 pub const LOAD_RETRY_BASE: Duration = Duration::from_millis(100);
 pub const LOAD_RETRY_MAX: Duration = Duration::from_secs(30);
 pub const LOAD_RETRY_ATTEMPTS_MAX: u32 = 10;
 /// Largest object the RAM tier can map (virtual address space is 128 TiB on x86-64).
 pub const OBJECT_BYTES_MAX: u64 = 1 << 46;
-/// Demand-priority queue bound per object (SPEC I10); more demands are dropped, the
+/// Demand-priority queue bound per object (I10); more demands are dropped, the
 /// sequential pass still reaches those chunks.
 pub const DEMAND_QUEUE_MAX: usize = 256;
 /// Objects up to this size may be loaded on the opening thread (`inline_load_bytes_max`):
@@ -31,7 +31,7 @@ pub const DEMAND_QUEUE_MAX: usize = 256;
 /// thread, and the read that follows an open finds the data in RAM.
 pub const INLINE_LOAD_BYTES_MAX: u64 = 64 << 10;
 
-/// When writes become durable (SPEC section 4).
+/// When writes become durable (docs/requirements.md, durability modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
     /// Every write and metadata change is durable before the call returns.
@@ -82,7 +82,7 @@ pub struct RamOptions {
     pub huge_pages: bool,
 }
 
-/// Background loader options (SPEC I8, I9).
+/// Background loader options (I8, I9).
 #[derive(Debug, Clone)]
 pub struct LoaderConfig {
     pub threads: usize,
@@ -118,7 +118,7 @@ pub struct ObjectConfig {
     pub loader_config: LoaderConfig,
     /// Do not load at all (cache-mode experiments, tests).
     pub load_disabled: bool,
-    /// Chunks read while unloaded are loaded ahead of the sequential order (SPEC I10).
+    /// Chunks read while unloaded are loaded ahead of the sequential order (I10).
     pub demand_priority: bool,
     /// The size never changes (block devices, NBD exports).
     pub fixed_len: bool,

@@ -28,7 +28,7 @@ impl fmt::Display for BackingOp {
     }
 }
 
-/// Why an object turned read-only (SPEC C4). Kept for status output forever after.
+/// Why an object turned read-only (C4). Kept for status output forever after.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailureCause {
     pub op: BackingOp,
@@ -58,7 +58,7 @@ pub enum Error {
     /// Sticky: a backing write or sync failed earlier; writes are refused from then on.
     #[error("read-only after a backing failure: {0}")]
     ReadOnly(FailureCause),
-    /// The backing is full (SPEC C5). This request failed; the object stays writable.
+    /// The backing is full (C5). This request failed; the object stays writable.
     #[error("backing is full (ENOSPC)")]
     NoSpace,
     /// A backing operation failed for this request.

@@ -4,7 +4,7 @@
 //! frontend can also hand it to the kernel) and on a durable backing that every write
 //! reaches before it is acknowledged. After a restart, a background loader copies the
 //! backing into RAM chunk by chunk while requests are already served, following the
-//! rules of SPEC section 2. This crate knows nothing about FUSE or NBD: frontends translate
+//! rules of requirements I1-I11. This crate knows nothing about FUSE or NBD: frontends translate
 //! their protocol into `read_at`, `write_at`, `zero_range`, `flush` and `set_len`.
 //!
 //! See `docs/design.md` for the architecture and `docs/crash-model.md` for what is durable

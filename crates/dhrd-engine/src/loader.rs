@@ -1,4 +1,4 @@
-//! The background loader (SPEC I7-I11): a pool of threads that copies chunks from the
+//! The background loader (I7-I11): a pool of threads that copies chunks from the
 //! backing into RAM while foreground I/O is already served.
 //!
 //! One [`Loader`] can serve many objects (a file system has one per mount). Targets are kept
@@ -39,9 +39,9 @@ pub(crate) enum LoadResult {
     },
     /// Already Loaded, past the end, or the object is closed.
     Skipped,
-    /// The RAM budget is exhausted; the chunk stays Unloaded (SPEC I11).
+    /// The RAM budget is exhausted; the chunk stays Unloaded (I11).
     OverBudget,
-    /// The backing read failed; the chunk stays Unloaded and is retried (SPEC I9).
+    /// The backing read failed; the chunk stays Unloaded and is retried (I9).
     Failed,
 }
 

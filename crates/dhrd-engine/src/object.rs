@@ -1,4 +1,4 @@
-//! The durable hybrid object (SPEC sections 1, 2, 4; D5, D6).
+//! The durable hybrid object (docs/requirements.md: C1-C5, I1-I11, D5, D6, durability modes).
 //!
 //! A byte-addressed extent held twice: in a RAM tier ([`RamRegion`], a memfd) and on a
 //! durable backing ([`Durable`]). It is divided into fixed-size chunks, each in one of three
@@ -166,7 +166,7 @@ pub enum LoadStep {
     Idle,
 }
 
-/// Load progress (SPEC I8).
+/// Load progress (I8).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadProgress {
     pub chunk_bytes: u64,

@@ -1,6 +1,6 @@
 //! One chunk's state word and its range lock.
 //!
-//! The state word packs the chunk state (SPEC section 2) with a generation that is bumped
+//! The state word packs the chunk state (requirements I1-I11) with a generation that is bumped
 //! whenever the chunk leaves Loaded, so a lock-free reader can check that the chunk stayed
 //! Loaded throughout its copy (seqlock style).
 //!
@@ -21,7 +21,7 @@
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// State of one chunk (SPEC section 2).
+/// State of one chunk (requirements I1-I11).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkState {
     Unloaded,
@@ -224,7 +224,7 @@ impl Slot {
 const SLOTS_PER_PAGE: usize = 1024;
 
 /// The chunk table: pages of slots allocated when a writer or the loader first touches one
-/// of their chunks, so opening an object costs the same whatever its size (SPEC I7).
+/// of their chunks, so opening an object costs the same whatever its size (I7).
 /// Readers of a chunk in a page never touched see Unloaded without allocating. A page holds
 /// only the slots the table covers when it is allocated (a one-chunk file gets one slot,
 /// not a full page of about 56 KB) and is lengthened when the table grows.

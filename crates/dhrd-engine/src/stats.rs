@@ -207,7 +207,7 @@ pub struct StatsSnapshot {
     pub bytes_read_ram: u64,
     pub bytes_read_backing: u64,
     pub writes: u64,
-    /// Write pieces that went to the backing only (chunk not yet loaded, SPEC I3).
+    /// Write pieces that went to the backing only (chunk not yet loaded, I3).
     pub write_pieces_backing_only: u64,
     pub bytes_written: u64,
     pub writes_failed: u64,
@@ -218,7 +218,7 @@ pub struct StatsSnapshot {
     pub flushes: u64,
     /// Chunks that left Loaded because a request failed after reaching the backing.
     pub chunks_invalidated: u64,
-    /// Writes that waited for a chunk being loaded (SPEC I1).
+    /// Writes that waited for a chunk being loaded (I1).
     pub write_waits_on_load: u64,
     /// RAM-hit reads, sampled.
     pub read_ram: Latency,

@@ -12,7 +12,7 @@ impl fmt::Display for ChunkIndex {
     }
 }
 
-/// Smallest and largest chunk sizes accepted (SPEC 2: default chosen from a sweep of
+/// Smallest and largest chunk sizes accepted (the default was chosen from a sweep of
 /// 256 KiB to 4 MiB; tests use smaller chunks to exercise boundaries).
 pub const CHUNK_BYTES_MIN: u64 = 4096;
 pub const CHUNK_BYTES_MAX: u64 = 64 << 20;
@@ -53,7 +53,7 @@ impl ChunkGeometry {
         len.div_ceil(self.chunk_bytes())
     }
 
-    /// Splits `[offset, offset+len)` at chunk boundaries (SPEC I6).
+    /// Splits `[offset, offset+len)` at chunk boundaries (I6).
     pub fn pieces(&self, offset: u64, len: u64) -> Pieces {
         Pieces {
             geo: *self,

@@ -1,4 +1,4 @@
-//! The paper's request cases during initialization (SPEC I1-I6), driven deterministically
+//! The paper's request cases during initialization (I1-I6), driven deterministically
 //! with the loader gate, plus basic behaviour on a real file.
 
 use dhrd_engine::{

@@ -1,4 +1,4 @@
-//! Fault injection at every mutating backing operation: EIO (SPEC C4) and ENOSPC (C5).
+//! Fault injection at every mutating backing operation: EIO (C4) and ENOSPC (C5).
 //! After every request RAM must mirror the backing; after EIO the object is read-only for
 //! good with the cause kept; after ENOSPC only that request fails.
 

@@ -13,7 +13,7 @@
 //! - after a crash, any write issued after the last successful `sync` may be absent, present,
 //!   or torn at 512-byte sector granularity;
 //! - a failed `sync` promises nothing about the writes it covered, and a later successful
-//!   `sync` does not repair that promise (the engine treats it as sticky, see SPEC C4).
+//!   `sync` does not repair that promise (the engine treats it as sticky, see C4).
 
 mod file;
 mod rng;

@@ -1,4 +1,4 @@
-//! Device-timing emulation (SPEC E1): wraps any [`Durable`] and makes each operation take at
+//! Device-timing emulation (E1): wraps any [`Durable`] and makes each operation take at
 //! least a fixed latency plus its transfer time at a bandwidth cap.
 //!
 //! Bandwidth is modelled as one shared channel: an operation's transfer starts when the
