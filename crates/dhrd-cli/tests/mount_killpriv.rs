@@ -31,6 +31,7 @@ fn statx_mode(p: &Path) -> String {
     let c = cpath(p);
     // SAFETY: valid NUL-terminated path and a zeroed statx buffer we own.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C path and a statx buffer we own.
     let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MODE, &mut stx) };
     if r != 0 {
         return format!("errno {}", std::io::Error::last_os_error());

@@ -354,6 +354,7 @@ fn nbd_nbdfuse_loop_mkfs_ext4_mount() {
     let missing: Vec<&str> = [
         ("/dev/loop-control", Path::new("/dev/loop-control").exists()),
         ("/dev/fuse", Path::new("/dev/fuse").exists()),
+        // SAFETY: geteuid has no preconditions.
         ("root", unsafe { libc::geteuid() } == 0),
     ]
     .iter()
@@ -442,7 +443,9 @@ fn nbd_nbdfuse_loop_mkfs_ext4_mount() {
 
 #[test]
 fn nbd_block_device_backing_is_exported_at_its_size() {
-    if !Path::new("/dev/loop-control").exists() || unsafe { libc::geteuid() } != 0 {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !Path::new("/dev/loop-control").exists() || !root {
         eprintln!("SKIPPED nbd_block_device_backing_is_exported_at_its_size: needs root and /dev/loop-control");
         return;
     }

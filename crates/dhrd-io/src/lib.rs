@@ -34,6 +34,10 @@ pub const SECTOR_BYTES: u64 = 512;
 /// the RAM tier's mappings and of whole-page loads. The one definition in the workspace.
 pub const PAGE_BYTES: u64 = 4096;
 
+// Offsets and lengths are u64 and cast to usize for slices and system calls throughout the
+// workspace; that is lossless only with 64-bit pointers.
+const _: () = assert!(usize::BITS == 64, "dhrd needs a 64-bit target");
+
 /// Whether a completed write is already durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Persistence {
