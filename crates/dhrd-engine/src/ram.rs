@@ -45,14 +45,32 @@ fn os_err() -> Error {
     Error::Ram(io::Error::last_os_error())
 }
 
+/// Longest memfd name the kernel accepts, without its terminating NUL (memfd_create(2):
+/// 249 bytes; longer names fail with EINVAL).
+const MEMFD_NAME_BYTES_MAX: usize = 249;
+
+/// The memfd's name: only a label in /proc/PID/fd, so a name that is too long keeps its
+/// tail (the end of a path tells files apart), cut at a character boundary, and NULs are
+/// replaced. Any object can be opened whatever its name.
+fn memfd_name(name: &str) -> String {
+    let name = name.replace('\0', "_");
+    if name.len() <= MEMFD_NAME_BYTES_MAX {
+        return name;
+    }
+    let mut start = name.len() - MEMFD_NAME_BYTES_MAX;
+    while !name.is_char_boundary(start) {
+        start += 1;
+    }
+    name[start..].to_owned()
+}
+
 fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to) * to
 }
 
 impl RamRegion {
     pub(crate) fn new(name: &str, len: u64, map_bytes: u64, opts: &RamOptions) -> Result<Self> {
-        let cname =
-            CString::new(name.replace('\0', "_")).map_err(|e| Error::Config(e.to_string()))?;
+        let cname = CString::new(memfd_name(name)).map_err(|e| Error::Config(e.to_string()))?;
         // SAFETY: valid C string; flags are constants.
         let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
@@ -356,6 +374,19 @@ mod tests {
         let mut head = [1u8; 7];
         r.copy_out(4096, &mut head);
         assert_eq!(head, [0; 7], "bytes before the copy changed");
+        Ok(())
+    }
+
+    #[test]
+    fn names_of_any_length_make_a_memfd() -> Result<()> {
+        // 300 bytes of a path, with multi-byte characters across the cut.
+        let long: String = "dhrd:".to_owned() + &"é/".repeat(100);
+        assert!(long.len() > MEMFD_NAME_BYTES_MAX);
+        let r = RamRegion::new(&long, 4096, 4096, &RamOptions::default())?;
+        r.copy_in(0, b"x");
+        let n = memfd_name(&long);
+        assert!(n.len() <= MEMFD_NAME_BYTES_MAX && long.ends_with(&n));
+        assert_eq!(memfd_name("a\0b"), "a_b");
         Ok(())
     }
 
