@@ -631,6 +631,13 @@ pub fn run(cfg: MountConfig) -> Result<()> {
         .map_err(|e| setup(format!("control socket {}: {e}", sock_path.display())))?;
     let _sock_guard = RemoveOnDrop(sock_path.clone());
 
+    // From here on the daemon creates files only on behalf of callers, whose umask the
+    // kernel has already applied to the mode it sends (or sent along for us to apply):
+    // the daemon's own umask must not mask them a second time (umask 0 and mode 0777 must
+    // give 0777, as on a local file system). Everything the daemon made for itself is
+    // made above, with explicit permissions.
+    rustix::process::umask(rustix::fs::Mode::empty());
+
     let sh = Shared::new(dir, cfg.fs.clone())?;
     let mut options = vec![
         fuser::MountOption::FSName(format!("dhrd:{}", backing.display())),

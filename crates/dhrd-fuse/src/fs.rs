@@ -477,7 +477,7 @@ impl Shared {
             nlink: st.st_nlink as u32,
             uid: st.st_uid,
             gid: st.st_gid,
-            rdev: st.st_rdev as u32,
+            rdev: sys::encode_fuse_rdev(st.st_rdev),
             blksize: STAT_BLKSIZE,
             flags: 0,
         }
@@ -585,6 +585,20 @@ impl Shared {
             None => rustix::fs::chownat(pfd, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?,
         }
         Ok(())
+    }
+
+    /// `chown` clears S_ISUID and S_ISGID of a non-directory even when root makes it, so a
+    /// node created with set-id bits on the caller's behalf gets them back after
+    /// `chown_new`. What the caller may not set the kernel has stripped already
+    /// (`vfs_prepare_mode`) before the request reached the daemon.
+    fn restore_setid_bits(&self, pfd: &OwnedFd, name: &OsStr, perm: Mode) -> Result<()> {
+        if perm.bits() & (libc::S_ISUID | libc::S_ISGID) == 0
+            || !rustix::process::geteuid().is_root()
+        {
+            return Ok(());
+        }
+        let st = sys::stat_at(pfd.as_fd(), name)?;
+        sys::chmod_node(pfd.as_fd(), name, perm, st.st_ino)
     }
 
     /// A read-only open served from the inode's parked copy (`ParkedReader`), where the
@@ -826,12 +840,8 @@ impl Shared {
                     let (parent, name) = self.parent_and_name(ino)?;
                     let pfd = self.dir_fd(parent)?;
                     if let Some(m) = mode {
-                        rustix::fs::chmodat(
-                            &pfd,
-                            &name,
-                            Mode::from_raw_mode(m & 0o7777),
-                            AtFlags::SYMLINK_NOFOLLOW,
-                        )?;
+                        let m = Mode::from_raw_mode(m & 0o7777);
+                        sys::chmod_node(pfd.as_fd(), &name, m, st.st_ino)?;
                     }
                     if uid.is_some() || gid.is_some() {
                         rustix::fs::chownat(
@@ -886,6 +896,7 @@ impl Shared {
         name: &OsStr,
         mode: u32,
         umask: u32,
+        rdev: u32,
     ) -> Result<FileAttr> {
         sys::check_name(name)?;
         let pfd = self.dir_fd(parent)?;
@@ -899,20 +910,27 @@ impl Shared {
                     perm,
                 )?;
                 self.chown_new(req, &pfd, Some(&fd), name)?;
+                self.restore_setid_bits(&pfd, name, perm)?;
                 self.meta_durable(&[&fd, &pfd])?;
             }
-            libc::S_IFIFO | libc::S_IFSOCK => {
-                let ft = if mode & libc::S_IFMT == libc::S_IFIFO {
-                    rustix::fs::FileType::Fifo
+            libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK => {
+                // Device nodes: the kernel lets only callers with CAP_MKNOD (in the initial
+                // user namespace) send this request, so making the node in the backing
+                // directory is what that caller could do there directly; through the
+                // mount, which is nodev, the node opens no device. A daemon without
+                // CAP_MKNOD gets EPERM from the backing, which passes through.
+                let ft = rustix::fs::FileType::from_raw_mode(mode);
+                let dev = if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) {
+                    sys::decode_fuse_rdev(rdev)
                 } else {
-                    rustix::fs::FileType::Socket
+                    0
                 };
-                rustix::fs::mknodat(&pfd, name, ft, perm, 0)?;
+                rustix::fs::mknodat(&pfd, name, ft, perm, dev)?;
                 self.chown_new(req, &pfd, None, name)?;
+                self.restore_setid_bits(&pfd, name, perm)?;
                 self.meta_durable(&[&pfd])?;
             }
-            // Device nodes would give access to devices through the backing directory.
-            _ => return Err(FsError::Errno(libc::EPERM)),
+            _ => return Err(FsError::Errno(libc::EINVAL)),
         }
         self.lookup_in(parent, &pfd, name)
     }
@@ -1063,17 +1081,47 @@ impl Shared {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(FsError::Errno(libc::EINVAL));
         }
-        if created {
-            self.chown_new(req, &pfd, Some(&fd), name)?;
+        let mut looked_up = false;
+        let r = (|| {
+            if created {
+                self.chown_new(req, &pfd, Some(&fd), name)?;
+                self.restore_setid_bits(&pfd, name, perm)?;
+            }
+            self.meta_durable(&[&fd, &pfd])?;
+            let attr = self.lookup_in(parent, &pfd, name)?;
+            looked_up = true;
+            let key = st.st_ino;
+            let label = self.display_name(Ino(attr.ino.0));
+            let obj = self
+                .objects
+                .acquire(key, &label, true, || Ok(File::from(fd)))?;
+            Ok((attr, key, obj))
+        })();
+        if r.is_err() && created {
+            self.undo_create(parent, &pfd, name, st.st_ino, looked_up);
         }
-        self.meta_durable(&[&fd, &pfd])?;
-        let attr = self.lookup_in(parent, &pfd, name)?;
-        let key = st.st_ino;
-        let label = self.display_name(Ino(attr.ino.0));
-        let obj = self
-            .objects
-            .acquire(key, &label, true, || Ok(File::from(fd)))?;
-        Ok((attr, key, obj))
+        r
+    }
+
+    /// A create that failed after making its file (ownership, durability, the object)
+    /// takes the file away again: a failed operation changes nothing the caller can see.
+    /// Only the inode this call made is removed, and only under the name it got. Best
+    /// effort: if the removal fails too, an empty file is left, as a crash at that point
+    /// would leave it.
+    fn undo_create(&self, parent: Ino, pfd: &OwnedFd, name: &OsStr, key: u64, looked_up: bool) {
+        let still_ours = sys::stat_at(pfd.as_fd(), name).is_ok_and(|st| st.st_ino == key);
+        if still_ours && rustix::fs::unlinkat(pfd, name, AtFlags::empty()).is_ok() {
+            let _ = self.meta_durable(&[pfd]);
+        }
+        let ino = Ino(self.dir.fuse_ino(key));
+        let mut nodes = self.nodes.lock();
+        nodes.unlinked(ino, parent, name);
+        if looked_up {
+            // The kernel never got the entry, so it will never forget it.
+            nodes.forget(ino, 1);
+        }
+        drop(nodes);
+        self.objects.forget_if_closed(key);
     }
 
     fn do_read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
@@ -1621,11 +1669,12 @@ impl Filesystem for DhrdFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
         self.reply_new_entry(
-            self.sh.do_mknod(req, Ino(parent.0), name, mode, umask),
+            self.sh
+                .do_mknod(req, Ino(parent.0), name, mode, umask, rdev),
             reply,
         );
     }

@@ -110,6 +110,47 @@ pub fn cstr(name: &OsStr) -> io::Result<CString> {
 
 /// Rejects names that are not a single component: the kernel never sends them, but a
 /// name with '/' or a dot-dot would defeat the single-component rule of the `*at` calls.
+/// Changes the mode of `dir/name` without following a symlink there: FIFOs, sockets and
+/// device nodes, which cannot be opened for an `fchmod` without side effects (a FIFO open
+/// blocks, a device open reaches the driver). `fchmodat(AT_SYMLINK_NOFOLLOW)` is refused
+/// by kernels without fchmodat2, so the node is opened `O_PATH | O_NOFOLLOW` (which touches
+/// nothing) and changed through its /proc/self/fd link, which names exactly that inode.
+/// `expect_ino` guards against the name having been replaced in between.
+pub fn chmod_node(dir: BorrowedFd<'_>, name: &OsStr, mode: Mode, expect_ino: u64) -> Result<()> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = fstat(fd.as_fd())?;
+    if st.st_ino != expect_ino {
+        return Err(FsError::Stale);
+    }
+    if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+        // Linux keeps symlink modes fixed; say so as chmod(2) on one would.
+        return Err(FsError::Errno(libc::EOPNOTSUPP));
+    }
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::fs::chmod(link.as_str(), mode)?;
+    Ok(())
+}
+
+/// The device number of a FUSE MKNOD request: the kernel sends it in its 32-bit encoding
+/// (`new_encode_dev`: minor's low byte, 12 bits of major, then the minor's upper bits).
+pub fn decode_fuse_rdev(rdev: u32) -> rustix::fs::Dev {
+    let major = (rdev & 0x000f_ff00) >> 8;
+    let minor = (rdev & 0xff) | ((rdev >> 12) & 0x000f_ff00);
+    rustix::fs::makedev(major, minor)
+}
+
+/// The 32-bit encoding of a device number that FUSE attributes carry (the inverse of
+/// `decode_fuse_rdev`); the kernel decodes it with `new_decode_dev`.
+pub fn encode_fuse_rdev(dev: u64) -> u32 {
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+
 pub fn check_name(name: &OsStr) -> Result<()> {
     let b = name.as_bytes();
     if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
@@ -226,4 +267,22 @@ pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
 pub fn drop_cache(fd: BorrowedFd<'_>) {
     // SAFETY: advice on a descriptor we borrow; no memory is passed.
     unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuse_device_numbers_round_trip() {
+        // Small and large majors and minors, as mknod(2) and the kernel's new_encode_dev
+        // see them: /dev/null (1, 3), a 12-bit major, a 20-bit minor.
+        for (major, minor) in [(1, 3), (8, 17), (4095, 255), (259, 0x000f_ffff)] {
+            let dev = rustix::fs::makedev(major, minor);
+            let wire = encode_fuse_rdev(dev);
+            assert_eq!(decode_fuse_rdev(wire), dev, "{major}:{minor}");
+        }
+        // The kernel's encoding of 8:17 (new_encode_dev): minor low byte, major above it.
+        assert_eq!(encode_fuse_rdev(rustix::fs::makedev(8, 17)), (8 << 8) | 17);
+    }
 }
