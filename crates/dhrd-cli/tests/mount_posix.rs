@@ -507,6 +507,88 @@ fn exercise(root: &Path) -> Vec<String> {
         let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
         rec!("mkfifo {r}: {}", meta_line(&p("fifo")));
     }
+    // chmod of a FIFO and of a socket: acts on the node, opens nothing.
+    rec!(
+        "chmod fifo: {} {}",
+        errno_of(fs::set_permissions(
+            p("fifo"),
+            fs::Permissions::from_mode(0o640)
+        )),
+        meta_line(&p("fifo"))
+    );
+    {
+        let l = std::os::unix::net::UnixListener::bind(p("sock"));
+        rec!("bind sock: {}", errno_of(l));
+        rec!(
+            "chmod sock: {} {}",
+            errno_of(fs::set_permissions(
+                p("sock"),
+                fs::Permissions::from_mode(0o604)
+            )),
+            meta_line(&p("sock"))
+        );
+        fs::remove_file(p("sock")).expect("rm sock");
+    }
+    // Device nodes (the suite runs as root; the mount is nodev, so they open nothing).
+    for (name, kind, major, minor) in [
+        ("chr", libc::S_IFCHR, 1, 3),
+        ("blk", libc::S_IFBLK, 259, 70_000),
+    ] {
+        let c = cpath(&p(name));
+        // SAFETY: valid path; mknod has no memory arguments.
+        let r = unsafe { libc::mknod(c.as_ptr(), kind | 0o640, libc::makedev(major, minor)) };
+        let rdev = fs::symlink_metadata(p(name)).map(|m| m.rdev()).unwrap_or(0);
+        rec!(
+            "mknod {name} {r}: {} rdev {}:{}",
+            meta_line(&p(name)),
+            libc::major(rdev),
+            libc::minor(rdev)
+        );
+        let _ = fs::remove_file(p(name));
+    }
+    // The caller's umask alone decides the mode (umask 0: 0777 stays 0777), and set-id
+    // bits asked for at creation stay. In a child process: the umask is per process.
+    {
+        let script = "import os; os.umask(0); \
+            os.close(os.open('um_f', os.O_CREAT | os.O_WRONLY, 0o777)); \
+            os.mkdir('um_d', 0o777); \
+            os.close(os.open('um_s', os.O_CREAT | os.O_WRONLY, 0o6777)); \
+            os.mknod('um_p', 0o777 | 0o010000)";
+        let st = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .current_dir(root)
+            .status();
+        rec!("umask 0 creates: {:?}", st.map(|s| s.success()).ok());
+        for n in ["um_f", "um_d", "um_s", "um_p"] {
+            rec!("umask 0 {n}: {}", meta_line(&p(n)));
+        }
+        fs::remove_dir(p("um_d")).expect("rm um_d");
+        for n in ["um_f", "um_s", "um_p"] {
+            fs::remove_file(p(n)).expect("rm umask file");
+        }
+    }
+    // Long names: a path of more than 300 bytes (longer than a memfd name may be), created,
+    // written, appended to and read back.
+    {
+        let dir = p(&"d".repeat(200));
+        fs::create_dir(&dir).expect("long dir");
+        let f = dir.join("f".repeat(150));
+        let data = vec![7u8; 3 << 20];
+        rec!("long write: {}", errno_of(fs::write(&f, &data)));
+        let app = OpenOptions::new()
+            .append(true)
+            .open(&f)
+            .map(|mut h| h.write_all(b"end"));
+        rec!("long append: {}", errno_of(app.and_then(|r| r)));
+        let back = fs::read(&f).unwrap_or_default();
+        rec!(
+            "long read: {} {:?}",
+            back.len(),
+            back.get(back.len().saturating_sub(4)..)
+        );
+        fs::remove_dir_all(&dir).expect("rm long dir");
+    }
     // Removal.
     rec!("rm file: {}", errno_of(fs::remove_file(p("d2/e/f"))));
     rec!("meta hl after rm: {}", meta_line(&p("hl")));
