@@ -194,8 +194,10 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let summary = server.run().context("serving")?;
     let closed = obj.close();
     eprintln!(
-        "dhrd nbd: stopped after {} connection(s){}; {}",
+        "dhrd nbd: stopped after {} connection(s) ({} refused, {} idle ones evicted){}; {}",
         summary.connections,
+        summary.refused,
+        summary.evicted,
         if summary.abandoned > 0 {
             format!(", {} did not finish in time", summary.abandoned)
         } else {

@@ -32,10 +32,10 @@ use parking_lot::{Condvar, Mutex};
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A connected socket of either family.
 #[derive(Debug)]
@@ -240,6 +240,7 @@ struct Shared<T: Target> {
     /// Threads not executing a request (waiting for or holding the reader lock).
     idle: AtomicUsize,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    activity: Arc<Activity>,
 }
 
 /// Checks a request header against the export; `Err(wire errno)` means reply with that
@@ -386,6 +387,61 @@ pub(crate) enum End {
 }
 
 /// Options fixed for the whole transmission phase of one connection.
+/// What the server's registry knows of a connection's use, for choosing one to evict when
+/// every slot is taken (see `server.rs`). Updated by the connection's threads, read by
+/// the accept loop; a stale value only changes which idle connection is chosen.
+pub(crate) struct Activity {
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the last request read or reply sent.
+    last_ms: AtomicU64,
+    /// Requests read and not yet answered.
+    in_flight: AtomicU64,
+    /// Negotiation is over; before that the handshake timeout bounds the connection.
+    transmitting: AtomicBool,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            transmitting: AtomicBool::new(false),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_transmitting(&self) {
+        self.touch();
+        self.transmitting.store(true, Ordering::Release);
+    }
+
+    fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+    }
+
+    fn end(&self) {
+        self.touch();
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How long the connection has been idle, if it may be evicted at all: past
+    /// negotiation and with no request being executed.
+    pub(crate) fn idle_for(&self) -> Option<Duration> {
+        if !self.transmitting.load(Ordering::Acquire) || self.in_flight.load(Ordering::Acquire) > 0
+        {
+            return None;
+        }
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        Some(self.epoch.elapsed().saturating_sub(last))
+    }
+}
+
 pub(crate) struct ConnParams {
     pub framing: Framing,
     pub read_only: bool,
@@ -399,6 +455,7 @@ pub(crate) fn serve<T: Target>(
     writer: Stream,
     target: Arc<T>,
     params: ConnParams,
+    activity: Arc<Activity>,
 ) -> End {
     let sh = Arc::new(Shared {
         target,
@@ -414,6 +471,7 @@ pub(crate) fn serve<T: Target>(
         },
         idle: AtomicUsize::new(1),
         threads: Mutex::new(Vec::new()),
+        activity,
     });
     // The connection thread is the first server thread.
     serve_thread(&sh);
@@ -467,7 +525,12 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
                 return;
             }
             match next_job(&mut rs.reader, sh, &mut spare) {
-                Ok(Some(job)) => job,
+                Ok(Some(job)) => {
+                    // Counted while the reader lock is held, so an eviction that sees no
+                    // request in flight saw none that was already read.
+                    sh.activity.begin();
+                    job
+                }
                 Ok(None) => continue,
                 Err(end) => {
                     rs.end = Some(end);
@@ -480,6 +543,7 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
         maybe_spawn(sh);
         let charged = job.charged;
         execute(&*sh.target, sh.params.framing, &job, &sh.replier);
+        sh.activity.end();
         sh.budget.release(charged);
         recycle(&mut spare, job.payload);
         sh.idle.fetch_add(1, Ordering::SeqCst);

@@ -43,7 +43,7 @@ pub mod limits {
     /// are refused and the connection closed, because their payload cannot be skipped
     /// without reading it.
     pub const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
-    /// Advertised minimum block size: the engine accepts any offset and length (SPEC D2).
+    /// Advertised minimum block size: the engine accepts any offset and length (D2).
     pub const MIN_BLOCK_BYTES: u32 = 1;
     /// Advertised preferred block size: below it the engine would do partial-page work.
     pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
@@ -68,8 +68,15 @@ pub mod limits {
     /// executing at once. Blocking engine calls (a `sync` write waits for fdatasync) need
     /// several in parallel so they share backing syncs.
     pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
-    /// Connections served at once; further connections are closed at accept.
+    /// Connections served at once (the default of `ServerConfig::max_connections`). When
+    /// all are taken, a new client gets the slot of the connection idle longest, if one
+    /// has been idle for `IDLE_EVICT_AFTER`; otherwise it is closed at accept.
     pub const MAX_CONNECTIONS: usize = 64;
+    /// How long a negotiated connection with no request in flight must have been idle
+    /// before a new client may take its slot (the default of
+    /// `ServerConfig::idle_evict_after`). Long enough that a client between two requests
+    /// of a burst is never chosen; short enough that idle clients cannot lock others out.
+    pub const IDLE_EVICT_AFTER: Duration = Duration::from_secs(10);
     /// Buffered reader size for request headers and write payloads.
     pub const READ_BUFFER_BYTES: usize = 256 << 10;
     /// How long a graceful shutdown waits for connections to finish in-flight requests.

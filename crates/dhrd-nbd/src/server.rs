@@ -4,17 +4,25 @@
 //! - by default only local clients can connect: a Unix socket is created with mode 0600
 //!   before it starts listening (bind, chmod, listen: no window where others can connect),
 //!   and a TCP address must be loopback unless `allow_remote` is set;
-//! - at most [`MAX_CONNECTIONS`] connections are served; further ones are closed at once;
+//! - at most `max_connections` connections hold a slot ([`MAX_CONNECTIONS`] by default).
+//!   When all are taken, a new client takes the slot of the negotiated connection that has
+//!   been idle longest, if it has been idle for `idle_evict_after` with no request in
+//!   flight: that connection's read side is closed, exactly as at shutdown, so every
+//!   request it had already read is executed and answered, and its writes stay where they
+//!   are (an eviction never drops an acknowledged write; in `fsync` mode they are durable
+//!   at the next flush or unmount, as for any other client). Connections still
+//!   negotiating are bounded by the handshake timeout instead and are never evicted. With
+//!   no evictable connection the newcomer is closed at once;
 //! - [`Server::run`] returns only after every connection thread has finished (or the
 //!   drain timeout passed), so the caller can flush and close the engine afterwards with
 //!   no request still executing;
 //! - shutdown stops accepting first, then closes the read side of every connection, so
 //!   requests already received are executed and answered, and no new one is read.
 
-use crate::conn::{self, ConnParams, End, Stream};
+use crate::conn::{self, Activity, ConnParams, End, Stream};
 use crate::handshake::{self, ExportView, Outcome};
 use crate::limits::{
-    HANDSHAKE_TIMEOUT, MAX_CONNECTIONS, READ_BUFFER_BYTES, REPLY_WRITE_TIMEOUT,
+    HANDSHAKE_TIMEOUT, IDLE_EVICT_AFTER, MAX_CONNECTIONS, READ_BUFFER_BYTES, REPLY_WRITE_TIMEOUT,
     SHUTDOWN_DRAIN_TIMEOUT, THREAD_STACK_BYTES,
 };
 use crate::proto::*;
@@ -31,7 +39,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where the server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +67,10 @@ pub struct ServerConfig {
     pub allow_remote: bool,
     /// Log connection open/close to stderr.
     pub verbose: bool,
+    /// Connections holding a slot at once.
+    pub max_connections: usize,
+    /// Idle time after which a negotiated connection's slot may go to a new client.
+    pub idle_evict_after: Duration,
 }
 
 impl ServerConfig {
@@ -69,6 +81,8 @@ impl ServerConfig {
             description: String::from("dhrd durable hybrid RAM disk"),
             allow_remote: false,
             verbose: false,
+            max_connections: MAX_CONNECTIONS,
+            idle_evict_after: IDLE_EVICT_AFTER,
         }
     }
 }
@@ -235,18 +249,28 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut conns = self.shared.conns.lock();
-        if let Some(s) = conns.remove(&self.id) {
-            s.shutdown(Shutdown::Both);
+        if let Some(e) = conns.remove(&self.id) {
+            e.stream.shutdown(Shutdown::Both);
         }
         self.shared.drained.notify_all();
     }
 }
 
+/// A live connection in the registry.
+struct Entry {
+    stream: Stream,
+    activity: Arc<Activity>,
+    /// Its read side was closed to free its slot; it is finishing what it had read.
+    evicted: bool,
+}
+
 struct Shared {
+    evicted: AtomicU64,
     stop: AtomicBool,
     waker: Waker,
-    /// Control handles of live connections, to close their read side at shutdown.
-    conns: Mutex<HashMap<u64, Stream>>,
+    /// Live connections: control handles to close their read side (at shutdown or
+    /// eviction) and what they are doing.
+    conns: Mutex<HashMap<u64, Entry>>,
     drained: Condvar,
 }
 
@@ -261,9 +285,15 @@ impl ShutdownHandle {
         self.0.waker.wake();
     }
 
-    /// Connections currently open (negotiating or transmitting); for status and tests.
+    /// Connections currently open (negotiating or transmitting, including evicted ones
+    /// still finishing); for status and tests.
     pub fn active_connections(&self) -> usize {
         self.0.conns.lock().len()
+    }
+
+    /// Connections evicted so far to make room for new clients.
+    pub fn evicted_connections(&self) -> u64 {
+        self.0.evicted.load(Ordering::Relaxed)
     }
 }
 
@@ -272,6 +302,8 @@ impl ShutdownHandle {
 pub struct ServeSummary {
     pub connections: u64,
     pub refused: u64,
+    /// Idle connections closed to give their slot to a new client.
+    pub evicted: u64,
     /// Connections still running when the drain timeout passed.
     pub abandoned: usize,
 }
@@ -298,6 +330,7 @@ impl<T: Target> Server<T> {
                 waker: Waker::new()?,
                 conns: Mutex::new(HashMap::new()),
                 drained: Condvar::new(),
+                evicted: AtomicU64::new(0),
             }),
         })
     }
@@ -377,9 +410,13 @@ impl<T: Target> Server<T> {
                     continue;
                 }
             };
-            if self.shared.conns.lock().len() >= MAX_CONNECTIONS {
+            if !self.make_room() {
                 summary.refused += 1;
-                eprintln!("dhrd nbd: refusing a connection: {MAX_CONNECTIONS} already open");
+                eprintln!(
+                    "dhrd nbd: refusing a connection: {} open, none idle for {} s",
+                    self.cfg.max_connections,
+                    self.cfg.idle_evict_after.as_secs_f64()
+                );
                 stream.shutdown(Shutdown::Both);
                 continue;
             }
@@ -392,12 +429,50 @@ impl<T: Target> Server<T> {
         }
         drop(self.listener);
         summary.abandoned = drain(&self.shared);
+        summary.evicted = self.shared.evicted.load(Ordering::Relaxed);
         Ok(summary)
+    }
+
+    /// Whether a new connection may have a slot: one is free, or the connection idle
+    /// longest (past `idle_evict_after`, nothing in flight) is evicted for it.
+    fn make_room(&self) -> bool {
+        let mut conns = self.shared.conns.lock();
+        let held = conns.values().filter(|e| !e.evicted).count();
+        if held < self.cfg.max_connections {
+            return true;
+        }
+        let victim = conns
+            .iter_mut()
+            .filter(|(_, e)| !e.evicted)
+            .filter_map(|(id, e)| e.activity.idle_for().map(|d| (d, *id, e)))
+            .filter(|(d, _, _)| *d >= self.cfg.idle_evict_after)
+            .max_by_key(|(d, _, _)| *d);
+        let Some((idle, id, e)) = victim else {
+            return false;
+        };
+        // Its slot is free from now on; the entry stays until its thread has finished
+        // what it had read, so a drain still waits for it.
+        e.evicted = true;
+        e.stream.shutdown(Shutdown::Read);
+        self.shared.evicted.fetch_add(1, Ordering::Relaxed);
+        eprintln!(
+            "dhrd nbd: connection {id} idle for {:.0} s gives its slot to a new client",
+            idle.as_secs_f64()
+        );
+        true
     }
 
     fn spawn_connection(&self, id: u64, stream: Stream) -> Result<(), NbdError> {
         let control = stream.try_clone()?;
-        self.shared.conns.lock().insert(id, control);
+        let activity = Arc::new(Activity::new());
+        self.shared.conns.lock().insert(
+            id,
+            Entry {
+                stream: control,
+                activity: Arc::clone(&activity),
+                evicted: false,
+            },
+        );
         let shared = Arc::clone(&self.shared);
         let target = Arc::clone(&self.target);
         let view = ExportView {
@@ -414,7 +489,7 @@ impl<T: Target> Server<T> {
                 // Deregisters even if the connection panics, so a drain never waits for
                 // a connection that no longer exists.
                 let _reg = Registration { shared, id };
-                let res = connection(stream, target, &view);
+                let res = connection(stream, target, &view, activity);
                 match &res {
                     Ok(()) if verbose => eprintln!("dhrd nbd: connection {id} closed"),
                     Ok(()) => {}
@@ -434,8 +509,8 @@ impl<T: Target> Server<T> {
 fn drain(shared: &Shared) -> usize {
     let deadline = Instant::now() + SHUTDOWN_DRAIN_TIMEOUT;
     let mut conns = shared.conns.lock();
-    for s in conns.values() {
-        s.shutdown(Shutdown::Read);
+    for e in conns.values() {
+        e.stream.shutdown(Shutdown::Read);
     }
     while !conns.is_empty() {
         if shared.drained.wait_until(&mut conns, deadline).timed_out() {
@@ -450,6 +525,7 @@ fn connection<T: Target>(
     stream: Stream,
     target: Arc<T>,
     view: &ExportView,
+    activity: Arc<Activity>,
 ) -> Result<(), NbdError> {
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     stream.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
@@ -459,14 +535,16 @@ fn connection<T: Target>(
         Outcome::Closed => return Ok(()),
         Outcome::Transmission(f) => f,
     };
-    // Transmission: a client may idle between requests for as long as it likes.
+    // Transmission: a client may idle between requests for as long as it likes, unless
+    // all slots are taken and a new client needs one (`make_room`).
     reader.get_ref().set_read_timeout(None)?;
+    activity.set_transmitting();
     let params = ConnParams {
         framing,
         read_only: view.tflags & TFLAG_READ_ONLY != 0,
         size: view.size,
     };
-    match conn::serve(reader, writer, target, params) {
+    match conn::serve(reader, writer, target, params, activity) {
         End::Clean => Ok(()),
         End::Error(e) => Err(e),
     }

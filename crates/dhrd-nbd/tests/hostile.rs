@@ -362,6 +362,53 @@ fn connections_beyond_the_limit_are_closed_at_once() {
 }
 
 #[test]
+#[allow(clippy::expect_used)] // a test fails loudly by design
+fn idle_connections_give_their_slots_to_new_clients() {
+    use dhrd_nbd::client::Client;
+    use std::time::Duration;
+    // Generous compared with the gaps between this test's own steps, so that only the
+    // clients made idle on purpose can ever be chosen.
+    const EVICT_AFTER: Duration = Duration::from_secs(3);
+    let srv = TestServer::start_with(mem(), |c| {
+        c.max_connections = 3;
+        c.idle_evict_after = EVICT_AFTER;
+    });
+    let sock = srv.sock.clone();
+    let connect = || Client::connect(&sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    // Two clients go idle after an acknowledged write each.
+    let mut old1 = connect();
+    old1.write(0, b"first", false).expect("write 1");
+    let mut old2 = connect();
+    old2.write(4096, b"second", false).expect("write 2");
+    std::thread::sleep(EVICT_AFTER + Duration::from_millis(500));
+    old2.read(4096, 1)
+        .expect("old2 becomes the more recently active one");
+    // The third slot goes to a fresh client; all slots are now taken.
+    let mut fresh = connect();
+    fresh.read(0, 1).expect("fresh client");
+    // A fourth client takes the slot of the connection idle longest (old1) and is served;
+    // old1's acknowledged write is still there.
+    let mut newcomer = connect();
+    assert_eq!(newcomer.read(0, 5).expect("newcomer read"), b"first");
+    assert_eq!(srv.handle().evicted_connections(), 1);
+    // The evicted client sees the connection end; the others keep working.
+    assert!(old1.read(0, 1).is_err(), "evicted client still served");
+    assert_eq!(old2.read(4096, 6).expect("old2"), b"second");
+    fresh.write(8192, b"fresh", false).expect("fresh write");
+    // No connection is idle long enough now: a fifth client is refused at once.
+    let mut extra = RawClient::connect(&srv.sock);
+    let mut b = [0u8; 18];
+    let n = std::io::Read::read(&mut extra.s, &mut b).unwrap_or(0);
+    assert_eq!(
+        n, 0,
+        "a client over the limit was served while none was idle"
+    );
+    assert_eq!(srv.handle().evicted_connections(), 1);
+    let summary = srv.stop();
+    assert_eq!((summary.evicted, summary.refused), (1, 1));
+}
+
+#[test]
 fn random_requests_and_garbage_never_break_the_server() {
     let t = mem();
     let srv = TestServer::start(Arc::clone(&t));

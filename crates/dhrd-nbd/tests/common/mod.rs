@@ -124,6 +124,10 @@ impl TestServer {
         nbd_uri(&self.sock)
     }
 
+    pub fn handle(&self) -> &ShutdownHandle {
+        &self.handle
+    }
+
     /// Waits until the server has no open connection (every connection thread ended and
     /// its socket closed); false on timeout.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
