@@ -29,7 +29,8 @@
 //! Crash semantics are the kernel's: what `fdatasync` (or an `RWF_DSYNC` write) returned
 //! `Ok` for is on the device.
 
-use dhrd_io::{Durable, Persistence};
+// The alignment of offsets, lengths and buffers for the O_DIRECT write descriptor.
+use dhrd_io::{Durable, Persistence, DIRECT_ALIGN_BYTES as DIRECT_ALIGN};
 use parking_lot::Mutex;
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -42,8 +43,6 @@ use std::sync::OnceLock;
 
 /// Largest page-cache folio (PMD size on x86-64); drop-behind ranges are widened to it.
 pub const PAGE_CACHE_FOLIO_MAX_BYTES: u64 = 2 << 20;
-/// Alignment of offsets, lengths and buffers for the O_DIRECT write descriptor.
-pub const DIRECT_ALIGN: usize = 4096;
 /// Largest aligned bounce buffer a thread keeps between writes (FUSE's max_write).
 const BOUNCE_KEEP_BYTES: usize = 1 << 20;
 
@@ -343,7 +342,7 @@ fn write_all_v2(
         match rustix::io::pwritev2(f, &[io::IoSlice::new(buf)], offset, flags) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => {
-                buf = buf.get(n..).unwrap_or(&[]);
+                buf = &buf[n..];
                 offset += n as u64;
             }
             Err(rustix::io::Errno::INTR) => continue,

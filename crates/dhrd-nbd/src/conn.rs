@@ -134,9 +134,7 @@ fn write_all_parts<W: Write>(w: &mut W, parts: &[&[u8]]) -> io::Result<()> {
     let (mut idx, mut off) = (0usize, 0usize);
     while idx < parts.len() {
         let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() - idx);
-        slices.push(IoSlice::new(
-            parts.get(idx).and_then(|p| p.get(off..)).unwrap_or(&[]),
-        ));
+        slices.push(IoSlice::new(&parts[idx][off..]));
         slices.extend(parts.iter().skip(idx + 1).map(|p| IoSlice::new(p)));
         let mut n = match w.write_vectored(&slices) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -312,7 +310,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
         let mut hdr = [0u8; MAX_REPLY_HEADER_BYTES];
         let hl = reply_header_len(framing, true, 0);
         encode_reply_header(&mut hdr, framing, true, handle, 0, offset, length);
-        let head = hdr.get(..hl).unwrap_or(&[]);
+        let head = &hdr[..hl];
         match target.read_borrowed(offset, length as usize, &mut |data| {
             replier.send_parts(&[head, data])
         }) {
@@ -329,17 +327,9 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
         Op::Read => {
             let hdr = reply_header_len(framing, true, 0);
             let mut buf = vec![0u8; hdr + length as usize];
-            match target.read_at(buf.get_mut(hdr..).unwrap_or(&mut []), offset) {
+            match target.read_at(&mut buf[hdr..], offset) {
                 Ok(()) => {
-                    encode_reply_header(
-                        buf.get_mut(..hdr).unwrap_or(&mut []),
-                        framing,
-                        true,
-                        handle,
-                        0,
-                        offset,
-                        length,
-                    );
+                    encode_reply_header(&mut buf[..hdr], framing, true, handle, 0, offset, length);
                     replier.send(&buf);
                     return;
                 }
@@ -347,7 +337,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
             }
         }
         Op::Write { fua } => target
-            .write_at(payload.get(..length as usize).unwrap_or(&[]), offset, fua)
+            .write_at(&payload[..length as usize], offset, fua)
             .map_err(|e| report("write", offset, length, &e)),
         Op::Flush => target.flush().map_err(|e| report("flush", 0, 0, &e)),
         Op::Trim { fua } => target
@@ -366,7 +356,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
 fn read_msg<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
     let mut done = 0;
     while done < buf.len() {
-        match r.read(buf.get_mut(done..).unwrap_or(&mut [])) {
+        match r.read(&mut buf[done..]) {
             Ok(0) if done == 0 => return Ok(false),
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => done += n,
@@ -603,7 +593,7 @@ fn next_job<T: Target>(
         if payload.len() < n {
             payload.resize(n, 0);
         }
-        match read_msg(reader, payload.get_mut(..n).unwrap_or(&mut [])) {
+        match read_msg(reader, &mut payload[..n]) {
             Ok(true) => {}
             // The client vanished mid-payload: drop the partial write untouched.
             Ok(false) | Err(_) => {

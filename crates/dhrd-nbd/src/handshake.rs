@@ -64,7 +64,7 @@ fn send_reply<W: Write>(
 fn read_or_eof<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<bool, NbdError> {
     let mut done = 0;
     while done < buf.len() {
-        match r.read(buf.get_mut(done..).unwrap_or(&mut [])) {
+        match r.read(&mut buf[done..]) {
             Ok(0) if done == 0 => return Ok(false),
             Ok(0) => {
                 return Err(NbdError::Protocol(format!(
