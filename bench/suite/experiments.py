@@ -278,9 +278,9 @@ def exp_replay(ctx):
         path = start()
         try:
             def replay(tname, rel, tag, qd_label, args):
-                """One `dhrd replay --verify` of a trace; returns its row and the full JSON."""
+                """One `dhrd-bench replay --verify` of a trace; returns its row and the full JSON."""
                 out = os.path.join(ctx.out, "logs", f"replay-{name}-{tname}-{tag}.json")
-                run([ws.dhrd, "replay", "--trace", os.path.join(traces_dir, rel), "--target", path,
+                run([ws.dhrd_bench, "replay", "--trace", os.path.join(traces_dir, rel), "--target", path,
                      "--size", str(size), "--verify", "--json", out] + args + extra, timeout=3600)
                 d = json.load(open(out))
                 if not d["verify"]["ok"]:
@@ -324,7 +324,7 @@ def exp_replay(ctx):
                     ratios.append(r)
     return {
         "title": "2. Trace replay: SPC WebSearch, TPC-C (DiskSim), MSR hm_0 (paper Figure 7)",
-        "scaling": f"offsets folded into a {lib.fmt_size(size)} target (`dhrd replay` states the rule); "
+        "scaling": f"offsets folded into a {lib.fmt_size(size)} target (`dhrd-bench replay` states the rule); "
                    f"each trace replayed {p['replay_repeat']} times in a row, as fast as possible, "
                    f"queue depths {p['replay_qd']}; WebSearch also with its own timing sped up "
                    f"{p['replay_speedup']:g}x; every read verified against a shadow of the writes",
@@ -333,7 +333,7 @@ def exp_replay(ctx):
         "notes": ["disk-direct replays with O_DIRECT and an fdatasync after every write (durable like dhrd's "
                   "sync mode); disk-buffered leaves writes in the page cache. dhrd-direct and disk-direct replay "
                   "with O_DIRECT (lengths rounded up to 4 KiB), the others buffered (512-byte alignment), as "
-                  "`dhrd replay` states."],
+                  "`dhrd-bench replay` states."],
     }
 
 

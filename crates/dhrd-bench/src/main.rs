@@ -12,6 +12,7 @@ mod fileio;
 mod fileserver;
 mod fuse_transport;
 mod machine;
+mod replay;
 mod report;
 mod video;
 
@@ -37,6 +38,9 @@ enum Cmd {
     /// over io_uring (per-CPU pinned queues) against tmpfs, fio 4 KiB QD1 (root; sets
     /// fuse.enable_uring for the run and restores it).
     FuseTransport(fuse_transport::FuseTransportArgs),
+    /// Replay an SPC, MSR or DiskSim block trace against a file or block device, with
+    /// verification against a shadow copy (docs/replay.md).
+    Replay(replay::ReplayArgs),
     /// The paper's video-editing experiment (read, modify 10%, write a new file; rounds)
     /// on any directory: prints one JSON object on stdout.
     Video(video::VideoArgs),
@@ -61,6 +65,7 @@ fn main() {
         Cmd::Engine(a) => engine::run(a),
         Cmd::Fileserver(a) => fileserver::run(a),
         Cmd::FuseTransport(a) => fuse_transport::run(a),
+        Cmd::Replay(a) => replay::run(a),
         Cmd::Video(a) => video::run(a),
     };
     if let Err(e) = r {

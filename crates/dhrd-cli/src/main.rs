@@ -4,7 +4,6 @@
 mod load;
 mod mount;
 mod nbd;
-mod replay;
 
 use clap::{Parser, Subcommand};
 
@@ -31,8 +30,6 @@ enum Cmd {
     Nbd(nbd::NbdArgs),
     /// Open one backing file as a hybrid object, load it, and report (engine smoke test).
     Load(load::LoadArgs),
-    /// Replay an SPC, MSR or DiskSim block trace against a file or block device.
-    Replay(replay::ReplayArgs),
 }
 
 fn main() {
@@ -43,7 +40,6 @@ fn main() {
         Cmd::Status(a) => mount::run_status(a),
         Cmd::Nbd(a) => nbd::run(a),
         Cmd::Load(a) => load::run(a),
-        Cmd::Replay(a) => replay::run(a),
     };
     if let Err(e) = r {
         eprintln!("dhrd: {e:#}");

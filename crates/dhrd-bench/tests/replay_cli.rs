@@ -43,7 +43,7 @@ fn traces_dir() -> Option<PathBuf> {
 }
 
 fn dhrd(args: &[&str]) -> Result<Output, Box<dyn Error>> {
-    Ok(Command::new(env!("CARGO_BIN_EXE_dhrd"))
+    Ok(Command::new(env!("CARGO_BIN_EXE_dhrd-bench"))
         .arg("replay")
         .args(args)
         .output()?)
@@ -141,7 +141,7 @@ fn tampered_target_fails_verify() -> TestResult {
         .truncate(true)
         .open(&target)?;
     f.set_len(1 << 20)?;
-    let child = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+    let child = Command::new(env!("CARGO_BIN_EXE_dhrd-bench"))
         .args(["replay", "--trace", s(&trace), "--target", s(&target)])
         .args(["--timing", "original", "--verify"])
         .stdout(Stdio::piped())

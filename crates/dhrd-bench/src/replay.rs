@@ -38,7 +38,7 @@ pub const MAX_REPLAY_REQUESTS: u64 = 1 << 24;
 /// Trace LBAs (SPC, DiskSim) count 512-byte sectors; buffered replay aligns to this too.
 pub const SECTOR_BYTES: u64 = 512;
 /// O_DIRECT alignment of offsets, lengths and buffers (the common logical block size).
-pub const DIRECT_ALIGN: u64 = 4096;
+pub const DIRECT_ALIGN: u64 = dhrd_io::DIRECT_ALIGN_BYTES as u64;
 /// A single trace request larger than this is treated as a malformed line (real traces
 /// stay far below; it also bounds each worker's buffer).
 pub const MAX_REQUEST_BYTES: u64 = 64 << 20;
@@ -102,7 +102,7 @@ pub struct ReplayArgs {
     /// Size of the target span (e.g. 1G); a regular file is created or extended to it.
     /// Default: the target's current size. Trace offsets are folded into this span: offset
     /// mod span, aligned down (512, or 4096 with --direct), clipped at the end.
-    #[arg(long, value_parser = crate::nbd::parse_size)]
+    #[arg(long, value_parser = dhrd_engine::parse_size)]
     pub size: Option<u64>,
     /// Open the target with O_DIRECT (offsets aligned, lengths rounded up to 4096).
     #[arg(long)]
