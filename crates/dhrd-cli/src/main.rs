@@ -2,6 +2,7 @@
 //! only parses arguments and calls into the library crates; no storage logic lives here.
 
 mod load;
+mod metrics;
 mod mount;
 mod nbd;
 

@@ -80,6 +80,13 @@ pub struct UmountArgs {
 #[derive(Args)]
 pub struct StatusArgs {
     pub mountpoint: PathBuf,
+    /// Print the status as one JSON object (stable field names, docs/fuse.md).
+    #[arg(long, conflicts_with = "prometheus")]
+    pub json: bool,
+    /// Print the status in Prometheus text format (for a textfile collector or a scrape
+    /// wrapper).
+    #[arg(long)]
+    pub prometheus: bool,
 }
 
 pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
@@ -186,7 +193,22 @@ pub fn run_umount(a: UmountArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
-    let out = dhrd_fuse::control_request(&a.mountpoint, "status")?;
-    print!("{out}");
+    if !(a.json || a.prometheus) {
+        let out = dhrd_fuse::control_request(&a.mountpoint, "status")?;
+        print!("{out}");
+        return Ok(());
+    }
+    let out = dhrd_fuse::control_request(&a.mountpoint, "status-json")?;
+    let doc: serde_json::Value = serde_json::from_str(out.trim())
+        .map_err(|e| anyhow::anyhow!("the daemon's status is not JSON ({e}): {out}"))?;
+    if a.json {
+        println!("{doc}");
+    } else {
+        let mnt = a.mountpoint.display().to_string();
+        print!(
+            "{}",
+            crate::metrics::prometheus_text("dhrd_mount", &[("mountpoint", &mnt)], &doc)
+        );
+    }
     Ok(())
 }

@@ -171,6 +171,37 @@ fn status_reports_load_ram_and_durability() {
     m.wait_loaded();
     let _ = fs::read(mnt.join("f")).expect("read");
     let st = m.status();
+    // The same facts for machines: JSON with stable names, and Prometheus text.
+    let status_as = |flag: &str| {
+        let o = std::process::Command::new(dhrd())
+            .args(["status", flag])
+            .arg(&mnt)
+            .output()
+            .expect("dhrd status");
+        assert!(o.status.success(), "status {flag}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let doc: serde_json::Value = serde_json::from_str(&status_as("--json")).expect("JSON");
+    assert_eq!(doc["durability"], "sync");
+    assert_eq!(doc["read_path"], "direct");
+    assert_eq!(doc["read_only"], false);
+    assert_eq!(doc["ram"]["budget_bytes"], 64u64 << 20);
+    assert_eq!(doc["load"]["complete"], true);
+    assert_eq!(doc["load"]["bytes_total"], 3u64 << 20);
+    assert!(doc["counters"]["reads"].as_u64() > Some(0), "{doc}");
+    assert!(
+        doc["latency"]["read"]["p99_le_us"].as_u64().is_some(),
+        "{doc}"
+    );
+    let prom = status_as("--prometheus");
+    let label = format!("{{mountpoint=\"{}\"}}", mnt.display());
+    for want in [
+        format!("dhrd_mount_ram_budget_bytes{label} 67108864\n"),
+        format!("dhrd_mount_load_complete{label} 1\n"),
+        format!("dhrd_mount_read_only{label} 0\n"),
+    ] {
+        assert!(prom.contains(&want), "prometheus lacks {want:?}:\n{prom}");
+    }
     for want in [
         "load:",
         "100.0%",

@@ -398,6 +398,72 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     s
 }
 
+/// What `dhrd status --json` prints: the same facts as [`status_text`] under stable field
+/// names (documented in docs/fuse.md; fields are only ever added).
+pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> serde_json::Value {
+    use serde_json::{json, Map, Value};
+    let (loaded, total, all, over) = load_totals_ext(sh);
+    let pre = &sh.preload;
+    let walk_done = pre.done.load(Ordering::Acquire);
+    let read_only: Vec<Value> = sh
+        .objects
+        .snapshot()
+        .iter()
+        .filter_map(|o| {
+            o.failure()
+                .map(|c| json!({"file": o.backing().describe(), "cause": c.to_string()}))
+        })
+        .collect();
+    let counters: Map<String, Value> = sh
+        .stats
+        .counters()
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    let latency: Map<String, Value> = sh
+        .stats
+        .latency_quantiles_us()
+        .iter()
+        .map(|(op, qs)| {
+            let m: Map<String, Value> = qs
+                .iter()
+                .map(|(q, v)| (format!("{q}_le_us"), json!(v)))
+                .collect();
+            ((*op).to_owned(), Value::Object(m))
+        })
+        .collect();
+    json!({
+        "mountpoint": mountpoint.display().to_string(),
+        "backing": backing.display().to_string(),
+        "durability": sh.cfg.durability.to_string(),
+        "read_path": sh.cfg.read_path.to_string(),
+        "passthrough_negotiated": sh.passthrough_negotiated.load(Ordering::Acquire),
+        "load": {
+            "bytes_in_ram": loaded,
+            "bytes_total": total,
+            "fraction": if total == 0 { 1.0 } else { loaded as f64 / total as f64 },
+            "complete": all && (walk_done || !sh.cfg.preload),
+            "objects": sh.objects.len(),
+            "parked_files": sh.objects.parked_totals().files,
+        },
+        "tree_walk": {
+            "done": walk_done,
+            "files_seen": pre.files_seen.load(Ordering::Relaxed),
+            "bytes_seen": pre.bytes_seen.load(Ordering::Relaxed),
+            "files_preloaded": pre.files_preloaded.load(Ordering::Relaxed),
+        },
+        "ram": {
+            "used_bytes": sh.budget.used_bytes(),
+            "budget_bytes": sh.budget.limit_bytes(),
+            "over_budget_bytes": over,
+        },
+        "read_only": !read_only.is_empty(),
+        "read_only_files": read_only,
+        "counters": counters,
+        "latency": latency,
+    })
+}
+
 fn yes(b: bool) -> &'static str {
     if b {
         "yes"
@@ -568,6 +634,9 @@ fn control_server(
         match line.trim() {
             "status" => {
                 let _ = conn.write_all(status_text(&sh, &mnt, &backing).as_bytes());
+            }
+            "status-json" => {
+                let _ = writeln!(conn, "{}", status_json(&sh, &mnt, &backing));
             }
             "umount" => {
                 // The reply is written by the main thread once the unmount is done.

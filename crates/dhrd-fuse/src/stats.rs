@@ -56,6 +56,9 @@ impl Histogram {
     }
 }
 
+/// Named latency quantiles (upper bounds in microseconds; None without samples).
+pub type Quantiles = [(&'static str, Option<u64>); 3];
+
 #[derive(Default)]
 pub struct FsStats {
     pub reads: AtomicU64,
@@ -95,6 +98,52 @@ pub struct FsStats {
 }
 
 impl FsStats {
+    /// Every counter with its stable name (`dhrd status --json`, `--prometheus`; the
+    /// names are documented in docs/fuse.md and only ever added to).
+    pub fn counters(&self) -> [(&'static str, u64); 21] {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        [
+            ("reads", g(&self.reads)),
+            ("read_bytes", g(&self.read_bytes)),
+            ("reads_ram", g(&self.reads_ram)),
+            ("reads_backing", g(&self.reads_backing)),
+            ("reads_mixed", g(&self.reads_mixed)),
+            ("writes", g(&self.writes)),
+            ("write_bytes", g(&self.write_bytes)),
+            ("copies", g(&self.copies)),
+            ("copy_bytes", g(&self.copy_bytes)),
+            ("fsyncs", g(&self.fsyncs)),
+            ("metadata_syncs", g(&self.metadata_syncs)),
+            ("errors", g(&self.errors)),
+            ("opens_passthrough", g(&self.opens_passthrough)),
+            ("opens_direct", g(&self.opens_direct)),
+            ("opens_cached", g(&self.opens_cached)),
+            ("opens_parked", g(&self.opens_parked)),
+            ("open_truncates", g(&self.open_truncates)),
+            ("lookups", g(&self.lookups)),
+            ("readdirplus_entries", g(&self.readdirplus_entries)),
+            ("readlinks", g(&self.readlinks)),
+            ("setattrs", g(&self.setattrs)),
+        ]
+    }
+
+    /// Latency quantiles by operation, as upper bounds in microseconds (the histogram's
+    /// buckets are powers of two); absent where nothing was timed.
+    pub fn latency_quantiles_us(&self) -> [(&'static str, Quantiles); 3] {
+        let q = |h: &Histogram| {
+            [
+                ("p50", h.quantile_us(0.5)),
+                ("p99", h.quantile_us(0.99)),
+                ("p999", h.quantile_us(0.999)),
+            ]
+        };
+        [
+            ("read", q(&self.read_latency)),
+            ("write", q(&self.write_latency)),
+            ("fsync", q(&self.fsync_latency)),
+        ]
+    }
+
     pub fn render(&self, out: &mut String) {
         let g = |a: &AtomicU64| a.load(Relaxed);
         let _ = writeln!(
