@@ -1,6 +1,7 @@
 //! `dhrd`: the command-line entry point. Each subcommand family lives in its own module and
 //! only parses arguments and calls into the library crates; no storage logic lives here.
 
+mod boot;
 mod load;
 mod metrics;
 mod mount;
@@ -12,6 +13,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "dhrd",
     version,
+    // A flag given twice takes its last value: the defaults file's flags come first.
+    args_override_self = true,
     about = "Durable hybrid RAM disk: RAM-speed reads, SSD durability"
 )]
 struct Cli {
@@ -34,7 +37,26 @@ enum Cmd {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().into_owned());
+    if invoked_as.as_deref() == Some(boot::MOUNT_HELPER_NAME) {
+        if let Err(e) = boot::run_mount_helper(&argv) {
+            eprintln!("{}: {e:#}", boot::MOUNT_HELPER_NAME);
+            std::process::exit(1);
+        }
+        return;
+    }
+    let argv = match boot::with_config(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("dhrd: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     let r = match cli.cmd {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Umount(a) => mount::run_umount(a),
