@@ -1,4 +1,4 @@
-//! The real `dhrd replay` process on the public traces in `../shared/traces/`: verified
+//! The real `dhrd-bench replay` process on the public traces in `../shared/traces/`: verified
 //! replays at queue depth 1 and 4, a target tampered with mid-run (verify must fail), an
 //! O_DIRECT replay, original timing with a large speedup, and malformed traces.
 

@@ -1,0 +1,517 @@
+//! The C API of the dhrd engine: one hybrid object (a RAM tier plus a durable backing
+//! file) behind an opaque handle.
+//!
+//! Conventions, for every function:
+//! - the return value is 0 on success or a positive errno value (`EIO`, `ENOSPC`,
+//!   `EROFS`, `EINVAL`, `EFBIG`, `ENOMEM`, `ETIMEDOUT`, ...), as pthreads functions do;
+//!   `errno` itself is not touched. A null pointer where a value is required is `EINVAL`.
+//! - no panic crosses the boundary: each body runs under `catch_unwind`, and a panic
+//!   (which would be a bug in dhrd) is returned as `EIO`.
+//! - durability is the engine's: in `DHRD_DURABILITY_SYNC` a successful `dhrd_write`
+//!   is on the device when it returns; in the other modes at `dhrd_flush` or
+//!   `dhrd_close`. After a backing failure other than ENOSPC the object refuses every
+//!   later write with `EIO`, for good, as the engine does (C4); reads go on.
+//!
+//! Ownership and threads: `dhrd_open` hands out a handle that the caller owns until
+//! `dhrd_close`, which flushes and frees it; no call may use the handle after that, and
+//! `dhrd_close` must not race other calls on the same handle. Every other function may be
+//! called from many threads at once on the same handle.
+#![deny(clippy::undocumented_unsafe_blocks)]
+// The exported types carry their C names (`dhrd_object`, `dhrd_options`, ...).
+#![allow(non_camel_case_types)]
+
+use dhrd_engine::{Durability, Error, HybridObject, ObjectConfig, RamBudget};
+use dhrd_io::{FileBacking, FileOptions};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::time::Duration;
+
+/// Returned for a panic caught at the boundary (a bug in dhrd, never a normal outcome).
+const PANIC_ERRNO: c_int = libc::EIO;
+
+/// `dhrd_options.durability`: every write is on the device before `dhrd_write` returns.
+pub const DHRD_DURABILITY_SYNC: u32 = 0;
+/// `dhrd_options.durability`: writes are durable at `dhrd_flush` and `dhrd_close`.
+pub const DHRD_DURABILITY_FSYNC: u32 = 1;
+/// `dhrd_options.durability`: as FSYNC, plus a flush every `periodic_secs` seconds.
+pub const DHRD_DURABILITY_PERIODIC: u32 = 2;
+
+/// Options of `dhrd_open`; fill with `dhrd_options_default` first, then change fields.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct dhrd_options {
+    /// One of the `DHRD_DURABILITY_*` values (a plain integer: any value C passes is
+    /// defined behaviour, and an unknown one is `EINVAL`).
+    pub durability: u32,
+    /// Flush period for `DHRD_DURABILITY_PERIODIC`, in seconds (at least 1).
+    pub periodic_secs: u32,
+    /// RAM the object may use; 0 for no limit. Data beyond it is served from the backing.
+    pub ram_budget_bytes: u64,
+    /// Chunk size of the RAM tier (a power of two); 0 for the engine's default.
+    pub chunk_bytes: u64,
+    /// Create the backing file if it does not exist.
+    pub create: bool,
+    /// Extend the backing file to at least this many bytes at open (0: leave it).
+    pub min_len_bytes: u64,
+    /// Open read-only: writes fail with `EROFS`.
+    pub read_only: bool,
+}
+
+/// Load progress of the RAM tier.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct dhrd_progress {
+    pub chunk_bytes: u64,
+    pub chunks_total: u64,
+    pub chunks_loaded: u64,
+    /// Chunks whose load failed and that are retried, or failed for good.
+    pub chunks_retrying: u64,
+    pub chunks_failed: u64,
+    /// Chunks left on the backing because the RAM budget is used up.
+    pub chunks_over_budget: u64,
+    pub bytes_total: u64,
+    pub bytes_loaded: u64,
+    pub ram_resident_bytes: u64,
+    pub rate_bytes_per_s: f64,
+    pub fully_loaded: bool,
+}
+
+/// Counters since open.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct dhrd_stats {
+    pub reads_ram: u64,
+    pub reads_backing: u64,
+    pub bytes_read_ram: u64,
+    pub bytes_read_backing: u64,
+    pub writes: u64,
+    pub bytes_written: u64,
+    pub writes_failed: u64,
+    pub syncs: u64,
+    pub sync_failures: u64,
+    pub flushes: u64,
+    /// Mean and largest number of writes one backing sync covered (group commit).
+    pub commit_batch_writes_mean: f64,
+    pub commit_batch_writes_max: u64,
+    /// The object refuses writes after a backing failure (C4).
+    pub read_only_after_failure: bool,
+}
+
+/// An open hybrid object. Opaque to C.
+pub struct dhrd_object {
+    obj: HybridObject<FileBacking>,
+}
+
+/// The errno of an engine error: the one mapping used by every function.
+fn errno_of(e: &Error) -> c_int {
+    e.errno()
+}
+
+/// Runs `f` with panics turned into `PANIC_ERRNO`.
+fn guarded(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => e,
+        Err(_) => PANIC_ERRNO,
+    }
+}
+
+/// The object behind a handle; `EINVAL` for null.
+///
+/// # Safety
+/// `obj` is null or a handle from `dhrd_open` not yet closed.
+unsafe fn object<'a>(obj: *const dhrd_object) -> Result<&'a dhrd_object, c_int> {
+    // SAFETY: per the function contract, non-null means a live handle.
+    unsafe { obj.as_ref() }.ok_or(libc::EINVAL)
+}
+
+/// Fills `opts` with the defaults: `sync` durability, no RAM limit, the default chunk
+/// size, no creation, read-write.
+///
+/// # Safety
+/// `opts` is null or points to writable memory for one `dhrd_options`.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_options_default(opts: *mut dhrd_options) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { opts.as_mut() }.ok_or(libc::EINVAL)?;
+        *o = dhrd_options {
+            durability: DHRD_DURABILITY_SYNC,
+            periodic_secs: 0,
+            ram_budget_bytes: 0,
+            chunk_bytes: 0,
+            create: false,
+            min_len_bytes: 0,
+            read_only: false,
+        };
+        Ok(())
+    })
+}
+
+fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int> {
+    let durability = match o.durability {
+        DHRD_DURABILITY_SYNC => Durability::Sync,
+        DHRD_DURABILITY_FSYNC => Durability::Fsync,
+        DHRD_DURABILITY_PERIODIC if o.periodic_secs > 0 => {
+            Durability::Periodic(Duration::from_secs(u64::from(o.periodic_secs)))
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    let mut cfg = ObjectConfig {
+        durability,
+        read_only: o.read_only,
+        budget: (o.ram_budget_bytes > 0).then(|| RamBudget::new(o.ram_budget_bytes)),
+        name: format!("dhrd-capi:{}", path.display()),
+        ..Default::default()
+    };
+    if o.chunk_bytes > 0 {
+        cfg.chunk_bytes = o.chunk_bytes;
+    }
+    Ok(cfg)
+}
+
+/// Opens the backing file at `path` as a hybrid object and stores its handle in `*out`.
+/// Returns at once; the RAM tier fills in the background while reads and writes are
+/// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults.
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options`;
+/// `out` points to writable memory for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_open(
+    path: *const c_char,
+    opts: *const dhrd_options,
+    out: *mut *mut dhrd_object,
+) -> c_int {
+    guarded(|| {
+        if path.is_null() || out.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: non-null and NUL-terminated per the function contract.
+        let path = unsafe { CStr::from_ptr(path) };
+        let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+        let mut o = dhrd_options {
+            durability: DHRD_DURABILITY_SYNC,
+            periodic_secs: 0,
+            ram_budget_bytes: 0,
+            chunk_bytes: 0,
+            create: false,
+            min_len_bytes: 0,
+            read_only: false,
+        };
+        // SAFETY: per the function contract, non-null means a valid `dhrd_options`.
+        if let Some(given) = unsafe { opts.as_ref() } {
+            o = *given;
+        }
+        let fopts = FileOptions {
+            create: o.create,
+            min_len: (o.min_len_bytes > 0).then_some(o.min_len_bytes),
+            read_only: o.read_only,
+            ..Default::default()
+        };
+        let cfg = config_of(&o, path)?;
+        let backing =
+            FileBacking::open(path, &fopts).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let obj = HybridObject::open(backing, cfg).map_err(|e| errno_of(&e))?;
+        let handle = Box::into_raw(Box::new(dhrd_object { obj }));
+        // SAFETY: `out` is non-null and writable per the function contract.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Makes every write durable, stops the loader and frees the handle. The handle is gone
+/// even when the flush fails (the error is returned): close exactly once.
+///
+/// # Safety
+/// `obj` is null (then `EINVAL`) or a handle from `dhrd_open` that no other thread is
+/// using and that is not used again.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_close(obj: *mut dhrd_object) -> c_int {
+    guarded(|| {
+        if obj.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a handle from `dhrd_open` (Box::into_raw), closed once per the contract.
+        let b = unsafe { Box::from_raw(obj) };
+        b.obj.close().map_err(|e| errno_of(&e))
+    })
+}
+
+/// Reads up to `len` bytes at `offset` into `buf`, like pread(2): `*nread` is less than
+/// `len` only at the end of the object (0 at or past it).
+///
+/// # Safety
+/// `obj` is a live handle; `buf` points to `len` writable bytes; `nread` to a `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_read(
+    obj: *const dhrd_object,
+    buf: *mut c_void,
+    len: usize,
+    offset: u64,
+    nread: *mut usize,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        if (buf.is_null() && len > 0) || nread.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let dst: &mut [u8] = if len == 0 {
+            &mut []
+        } else {
+            // SAFETY: `buf` holds `len` writable bytes per the function contract.
+            unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+        };
+        let r = o.obj.read_at(dst, offset).map_err(|e| errno_of(&e))?;
+        // SAFETY: `nread` is non-null and writable per the function contract.
+        unsafe { nread.write(r.bytes) };
+        Ok(())
+    })
+}
+
+/// Writes `len` bytes from `buf` at `offset` (extending the object if needed). In
+/// `sync` durability the bytes are on the device when this returns 0.
+///
+/// # Safety
+/// `obj` is a live handle; `buf` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_write(
+    obj: *const dhrd_object,
+    buf: *const c_void,
+    len: usize,
+    offset: u64,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        if buf.is_null() && len > 0 {
+            return Err(libc::EINVAL);
+        }
+        let src: &[u8] = if len == 0 {
+            &[]
+        } else {
+            // SAFETY: `buf` holds `len` readable bytes per the function contract.
+            unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
+        };
+        o.obj.write_at(src, offset).map_err(|e| errno_of(&e))
+    })
+}
+
+/// Makes every write that returned before this call durable.
+///
+/// # Safety
+/// `obj` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_flush(obj: *const dhrd_object) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        o.obj.flush().map_err(|e| errno_of(&e))
+    })
+}
+
+/// Sets the object's length (truncating or extending with zeros), durably per the mode.
+///
+/// # Safety
+/// `obj` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_set_len(obj: *const dhrd_object, len_bytes: u64) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        o.obj.set_len(len_bytes).map_err(|e| errno_of(&e))
+    })
+}
+
+/// Stores the object's length in `*out`.
+///
+/// # Safety
+/// `obj` is a live handle; `out` points to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_len(obj: *const dhrd_object, out: *mut u64) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        // SAFETY: per the function contract, non-null means writable.
+        let out = unsafe { out.as_mut() }.ok_or(libc::EINVAL)?;
+        *out = o.obj.len();
+        Ok(())
+    })
+}
+
+/// Waits until the RAM tier holds every chunk it can (0), or `timeout_ms` passed
+/// (`ETIMEDOUT`); 0 waits without limit.
+///
+/// # Safety
+/// `obj` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_wait_loaded(obj: *const dhrd_object, timeout_ms: u64) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        let timeout = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms));
+        if o.obj.wait_loaded(timeout) {
+            Ok(())
+        } else {
+            Err(libc::ETIMEDOUT)
+        }
+    })
+}
+
+/// Stores the load progress in `*out`.
+///
+/// # Safety
+/// `obj` is a live handle; `out` points to a writable `dhrd_progress`.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_get_progress(
+    obj: *const dhrd_object,
+    out: *mut dhrd_progress,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        // SAFETY: per the function contract, non-null means writable.
+        let out = unsafe { out.as_mut() }.ok_or(libc::EINVAL)?;
+        let p = o.obj.progress();
+        *out = dhrd_progress {
+            chunk_bytes: p.chunk_bytes,
+            chunks_total: p.chunks_total,
+            chunks_loaded: p.chunks_loaded,
+            chunks_retrying: p.chunks_retrying,
+            chunks_failed: p.chunks_failed,
+            chunks_over_budget: p.chunks_over_budget,
+            bytes_total: p.bytes_total,
+            bytes_loaded: p.bytes_loaded,
+            ram_resident_bytes: p.ram_resident_bytes,
+            rate_bytes_per_s: p.rate_bytes_per_s,
+            fully_loaded: o.obj.is_fully_loaded(),
+        };
+        Ok(())
+    })
+}
+
+/// Stores the counters in `*out`.
+///
+/// # Safety
+/// `obj` is a live handle; `out` points to a writable `dhrd_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_get_stats(obj: *const dhrd_object, out: *mut dhrd_stats) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        // SAFETY: per the function contract, non-null means writable.
+        let out = unsafe { out.as_mut() }.ok_or(libc::EINVAL)?;
+        let s = o.obj.stats();
+        *out = dhrd_stats {
+            reads_ram: s.reads_ram,
+            reads_backing: s.reads_backing,
+            bytes_read_ram: s.bytes_read_ram,
+            bytes_read_backing: s.bytes_read_backing,
+            writes: s.writes,
+            bytes_written: s.bytes_written,
+            writes_failed: s.writes_failed,
+            syncs: s.syncs,
+            sync_failures: s.sync_failures,
+            flushes: s.flushes,
+            commit_batch_writes_mean: s.commit_batch_writes_mean,
+            commit_batch_writes_max: s.commit_batch_writes_max,
+            read_only_after_failure: o.obj.failure().is_some(),
+        };
+        Ok(())
+    })
+}
+
+/// A static description of an errno value this library returns (`strerror` without
+/// locale or thread concerns); never null.
+#[no_mangle]
+pub extern "C" fn dhrd_strerror(err: c_int) -> *const c_char {
+    let s: &'static CStr = match err {
+        0 => c"success",
+        libc::EINVAL => c"invalid argument",
+        libc::EIO => c"I/O error on the backing, or the object is read-only after one",
+        libc::ENOSPC => c"the backing is full",
+        libc::EROFS => c"the object is open read-only",
+        libc::EFBIG => c"size beyond the maximum object size",
+        libc::ENOMEM => c"the RAM tier could not be created or grown",
+        libc::ETIMEDOUT => c"timed out",
+        libc::ENOENT => c"no such file",
+        libc::EACCES => c"permission denied",
+        _ => c"error (see errno values)",
+    };
+    s.as_ptr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    #[test]
+    fn errors_map_to_errno_and_panics_stay_inside() {
+        assert_eq!(errno_of(&Error::NoSpace), libc::ENOSPC);
+        assert_eq!(errno_of(&Error::ReadOnlyOpen), libc::EROFS);
+        assert_eq!(
+            errno_of(&Error::TooLarge {
+                requested: 1,
+                max: 0
+            }),
+            libc::EFBIG
+        );
+        assert_eq!(guarded(|| panic!("bug")), PANIC_ERRNO);
+        assert_eq!(guarded(|| Err(libc::ENOSPC)), libc::ENOSPC);
+    }
+
+    #[test]
+    fn null_pointers_are_einval() {
+        // SAFETY: every pointer is null, which each function must refuse.
+        unsafe {
+            assert_eq!(dhrd_options_default(std::ptr::null_mut()), libc::EINVAL);
+            assert_eq!(dhrd_flush(std::ptr::null()), libc::EINVAL);
+            assert_eq!(dhrd_close(std::ptr::null_mut()), libc::EINVAL);
+            let mut h = std::ptr::null_mut();
+            assert_eq!(
+                dhrd_open(std::ptr::null(), std::ptr::null(), &mut h),
+                libc::EINVAL
+            );
+        }
+    }
+
+    #[test]
+    fn open_write_read_truncate_close() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = CString::new(dir.path().join("obj").to_string_lossy().as_bytes())?;
+        let mut o = std::mem::MaybeUninit::<dhrd_options>::uninit();
+        let mut h: *mut dhrd_object = std::ptr::null_mut();
+        // SAFETY: valid pointers to live locals throughout; the handle is closed once.
+        unsafe {
+            assert_eq!(dhrd_options_default(o.as_mut_ptr()), 0);
+            let mut o = o.assume_init();
+            o.create = true;
+            o.durability = DHRD_DURABILITY_FSYNC;
+            assert_eq!(dhrd_open(path.as_ptr(), &o, &mut h), 0);
+            let data = b"hello, dhrd";
+            assert_eq!(dhrd_write(h, data.as_ptr().cast(), data.len(), 4096), 0);
+            assert_eq!(dhrd_flush(h), 0);
+            let mut back = [0u8; 64];
+            let mut n = 0usize;
+            assert_eq!(
+                dhrd_read(h, back.as_mut_ptr().cast(), back.len(), 4096, &mut n),
+                0
+            );
+            assert_eq!(&back[..n], data);
+            assert_eq!(dhrd_set_len(h, 4100), 0);
+            let mut len = 0u64;
+            assert_eq!(dhrd_len(h, &mut len), 0);
+            assert_eq!(len, 4100);
+            let mut st = dhrd_stats::default();
+            assert_eq!(dhrd_get_stats(h, &mut st), 0);
+            assert_eq!(st.writes, 1);
+            assert_eq!(dhrd_close(h), 0);
+        }
+        assert_eq!(std::fs::read(dir.path().join("obj"))?.len(), 4100);
+        Ok(())
+    }
+}
