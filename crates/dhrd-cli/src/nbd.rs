@@ -21,7 +21,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 #[command(group = clap::ArgGroup::new("endpoint").required(true).args(["socket", "listen"]))]
@@ -57,6 +57,11 @@ pub struct NbdArgs {
     /// reach the device in parallel).
     #[arg(long, default_value = "fdatasync", value_parser = ["fdatasync", "dsync"])]
     pub backing_sync: String,
+    /// Write the export's status every second to this file as JSON (stable field names,
+    /// docs/nbd.md) and to FILE.prom in Prometheus text format (for a textfile
+    /// collector); both replaced atomically.
+    #[arg(long)]
+    pub status_file: Option<PathBuf>,
     /// Export read-only.
     #[arg(long)]
     pub read_only: bool,
@@ -178,6 +183,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     scfg.allow_remote = a.allow_remote;
     scfg.verbose = a.verbose;
     let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
+    if let Some(path) = &a.status_file {
+        spawn_status_writer(path.clone(), obj.clone(), server.shutdown_handle())?;
+    }
     spawn_signal_thread(sigset, server.shutdown_handle())?;
     {
         let mut out = std::io::stdout().lock();
@@ -238,4 +246,84 @@ fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
                 );
             }
         });
+}
+
+/// How often `--status-file` is rewritten.
+const STATUS_FILE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The export's status under stable names (docs/nbd.md); fields are only ever added.
+fn status_json<D: Durable>(obj: &HybridObject<D>, h: &ShutdownHandle) -> serde_json::Value {
+    let p = obj.progress();
+    let s = obj.stats();
+    let reads = s.reads_ram + s.reads_backing;
+    let lat = |l: &dhrd_engine::Latency| {
+        serde_json::json!({"count": l.count, "p50_us": l.latency_us_p50,
+            "p99_us": l.latency_us_p99, "p999_us": l.latency_us_p999, "max_us": l.latency_us_max})
+    };
+    serde_json::json!({
+        "durability": obj.durability().to_string(),
+        "size_bytes": obj.len(),
+        "load": {
+            "chunk_bytes": p.chunk_bytes,
+            "chunks_total": p.chunks_total,
+            "chunks_loaded": p.chunks_loaded,
+            "chunks_retrying": p.chunks_retrying,
+            "chunks_failed": p.chunks_failed,
+            "chunks_over_budget": p.chunks_over_budget,
+            "fraction": p.fraction(),
+            "complete": obj.is_fully_loaded(),
+            "rate_bytes_per_s": p.rate_bytes_per_s,
+            "ram_resident_bytes": p.ram_resident_bytes,
+        },
+        "reads": {
+            "ram": s.reads_ram,
+            "backing": s.reads_backing,
+            "bytes_ram": s.bytes_read_ram,
+            "bytes_backing": s.bytes_read_backing,
+            "ram_share": if reads == 0 { 1.0 } else { s.reads_ram as f64 / reads as f64 },
+        },
+        "writes": {"count": s.writes, "bytes": s.bytes_written, "failed": s.writes_failed},
+        "syncs": {"count": s.syncs, "failed": s.sync_failures, "flushes": s.flushes},
+        "latency": {"read_ram": lat(&s.read_ram), "read_backing": lat(&s.read_backing),
+            "write": lat(&s.write), "sync": lat(&s.sync)},
+        "read_only": obj.is_read_only(),
+        "read_only_cause": obj.failure().map(|c| c.to_string()),
+        "connections": {"open": h.active_connections(), "evicted": h.evicted_connections()},
+    })
+}
+
+/// Writes `content` to `path` through a temporary file and a rename, so a reader never
+/// sees half a status.
+fn replace_file(path: &std::path::Path, content: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, content)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn spawn_status_writer<D: Durable + 'static>(
+    path: PathBuf,
+    obj: HybridObject<D>,
+    h: ShutdownHandle,
+) -> anyhow::Result<()> {
+    let mut prom = path.as_os_str().to_owned();
+    prom.push(".prom");
+    let prom = PathBuf::from(prom);
+    // The first write happens before serving starts, so a bad path fails the start.
+    let write = move || -> std::io::Result<()> {
+        let doc = status_json(&obj, &h);
+        replace_file(&path, &format!("{doc}\n"))?;
+        let text = crate::metrics::prometheus_text("dhrd_nbd", &[], &doc);
+        replace_file(&prom, &text)
+    };
+    write().context("--status-file")?;
+    std::thread::Builder::new()
+        .name("dhrd-nbd-status".into())
+        .spawn(move || loop {
+            std::thread::sleep(STATUS_FILE_INTERVAL);
+            if let Err(e) = write() {
+                eprintln!("dhrd nbd: status file: {e}");
+            }
+        })?;
+    Ok(())
 }

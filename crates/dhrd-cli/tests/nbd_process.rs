@@ -147,6 +147,52 @@ fn nbd_sigterm_flushes_and_exits_zero() {
 }
 
 #[test]
+fn nbd_status_file_has_json_and_prometheus() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let backing = dir.path().join("b.img");
+    let status = dir.path().join("status.json");
+    let status_arg = status.to_string_lossy().to_string();
+    let mut d = Dhrd::start(
+        dir.path(),
+        &backing,
+        &["--size", "4M", "--status-file", &status_arg],
+    );
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    c.write(0, &block(0, 1), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = c.read(0, 4096).unwrap_or_else(|e| panic!("{e}"));
+    // Rewritten every second: wait for a version that has seen the write.
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let doc = loop {
+        let text = std::fs::read_to_string(&status).unwrap_or_default();
+        if let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) {
+            if doc["writes"]["count"].as_u64() >= Some(1) {
+                break doc;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no status with the write: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(doc["size_bytes"], 4u64 << 20);
+    assert_eq!(doc["durability"], "sync");
+    assert_eq!(doc["read_only"], false);
+    assert_eq!(doc["connections"]["open"], 1);
+    assert!(doc["load"]["chunks_total"].as_u64() > Some(0), "{doc}");
+    let prom = std::fs::read_to_string(dir.path().join("status.json.prom"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(prom.contains("dhrd_nbd_size_bytes 4194304\n"), "{prom}");
+    assert!(
+        prom.contains("dhrd_nbd_info{durability=\"sync\"} 1"),
+        "{prom}"
+    );
+    drop(c);
+    assert_eq!(d.term(), Some(0));
+}
+
+#[test]
 fn nbd_refuses_non_loopback_without_allow_remote() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
