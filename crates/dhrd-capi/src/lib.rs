@@ -59,6 +59,17 @@ pub struct dhrd_options {
     pub read_only: bool,
 }
 
+/// What `dhrd_options_default` fills in, and what a null `opts` means.
+const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
+    durability: DHRD_DURABILITY_SYNC,
+    periodic_secs: 0,
+    ram_budget_bytes: 0,
+    chunk_bytes: 0,
+    create: false,
+    min_len_bytes: 0,
+    read_only: false,
+};
+
 /// Load progress of the RAM tier.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -137,15 +148,7 @@ pub unsafe extern "C" fn dhrd_options_default(opts: *mut dhrd_options) -> c_int 
     guarded(|| {
         // SAFETY: per the function contract.
         let o = unsafe { opts.as_mut() }.ok_or(libc::EINVAL)?;
-        *o = dhrd_options {
-            durability: DHRD_DURABILITY_SYNC,
-            periodic_secs: 0,
-            ram_budget_bytes: 0,
-            chunk_bytes: 0,
-            create: false,
-            min_len_bytes: 0,
-            read_only: false,
-        };
+        *o = OPTIONS_DEFAULT;
         Ok(())
     })
 }
@@ -192,15 +195,7 @@ pub unsafe extern "C" fn dhrd_open(
         // SAFETY: non-null and NUL-terminated per the function contract.
         let path = unsafe { CStr::from_ptr(path) };
         let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
-        let mut o = dhrd_options {
-            durability: DHRD_DURABILITY_SYNC,
-            periodic_secs: 0,
-            ram_budget_bytes: 0,
-            chunk_bytes: 0,
-            create: false,
-            min_len_bytes: 0,
-            read_only: false,
-        };
+        let mut o = OPTIONS_DEFAULT;
         // SAFETY: per the function contract, non-null means a valid `dhrd_options`.
         if let Some(given) = unsafe { opts.as_ref() } {
             o = *given;
