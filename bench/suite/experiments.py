@@ -672,6 +672,36 @@ def exp_memory(ctx):
     }
 
 
+def exp_transport(ctx):
+    """The FUSE transport alone (`dhrd-bench fuse-transport`): a null server over /dev/fuse
+    with 1 and 8 threads and over FUSE-over-io_uring, against tmpfs. It bounds what any
+    daemon-served request can cost on this machine, which is what the choice of transport
+    for dhrd's metadata path rests on."""
+    p = ctx.p
+    out = os.path.join(ctx.out, "logs", "fuse-transport")
+    log("[8 transport] null FUSE server over /dev/fuse and io_uring vs tmpfs: start")
+    run([ctx.ws.dhrd_bench, "fuse-transport", "--size", str(p["transport_bytes"]),
+         "--rounds", str(p["transport_rounds"]), "--runtime", str(p["transport_runtime_s"]),
+         "--out", out])
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    rows = [{"workload": m["workload"], "target": m["target"], "iops": round(m["iops"]),
+             "clat_mean_us": round(m["clat_mean_us"], 2), "clat_p99_us": round(m["clat_p99_us"], 2),
+             "iops_vs_tmpfs": round(m["iops_vs_tmpfs"], 3)} for m in summary["medians"]]
+    for r in rows:
+        log(f"[8 transport] {r['target']} {r['workload']}: {r['iops']} IOPS, {r['iops_vs_tmpfs']}x tmpfs")
+    return {
+        "title": "8. FUSE transport: a null server over /dev/fuse and io_uring vs tmpfs",
+        "scaling": f"one file of {lib.fmt_size(p['transport_bytes'])}, {p['transport_rounds']} interleaved "
+                   f"round(s) of {p['transport_runtime_s']} s",
+        "rows": rows,
+        "ratios": [],
+        "notes": [f"io_uring transport: {summary.get('uring_status', 'unknown')}",
+                  "the daemon does no work of its own: this is the floor of a request served by any FUSE "
+                  "daemon on this machine (docs/benchmarks.md, 'FUSE transport')"],
+    }
+
+
 EXPERIMENTS = {
     "block": exp_block,
     "replay": exp_replay,
@@ -680,4 +710,5 @@ EXPERIMENTS = {
     "video": exp_video,
     "warmup": exp_warmup,
     "memory": exp_memory,
+    "transport": exp_transport,
 }

@@ -24,8 +24,11 @@
 //!   abort as last resorts); no server thread outlives its mount by design.
 //! - The RAM file is shared memory between server threads, accessed only by raw copies, like
 //!   a device: overlapping concurrent writes leave unspecified bytes, never torn metadata.
-//! - Nothing here runs in the default test suite or `bench/suite.sh`; it needs root, fio and,
-//!   for the io_uring half, a kernel built with CONFIG_FUSE_IO_URING.
+//! - It is experiment 8 of the benchmark suite (`bench/suite`, so its tiny profile runs it
+//!   in the default test suite): the floor under any request a FUSE daemon serves, on
+//!   which the choice of dhrd's transport rests. It needs root, fio and, for the io_uring
+//!   half, a kernel built with CONFIG_FUSE_IO_URING (without it that half is reported as
+//!   unavailable).
 
 use crate::machine::Machine;
 use anyhow::{bail, Context};
