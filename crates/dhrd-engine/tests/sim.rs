@@ -3,17 +3,28 @@
 //! clean restarts and power cuts on the simulated disk, with a small RAM budget at times.
 //! Every run with the same seed makes the same choices, so a failure reproduces with
 //! `DHRD_SEED=<seed> cargo test -p dhrd-engine --test sim`. `DHRD_SOAK=1` runs many more.
+//!
+//! Every `CONCURRENT_READER_EVERY`th seed also runs a second thread that reads the current
+//! object (`read_at` and `view` at random offsets) while the world resizes, writes, loads,
+//! fails and reopens it: RAM accesses racing size changes must never fault (a read past
+//! the memfd's size kills the process with SIGBUS). That thread's timing is the
+//! scheduler's, so on those seeds the load order may vary between runs (its reads of
+//! unloaded chunks ask for them first); the world's requests and checks do not.
+//! `races.rs` has the dedicated race tests.
 
 mod common;
 
 use common::{apply, CrashOracle, Model, Op};
 use dhrd_engine::{Durability, HybridObject, LoadStep, ObjectConfig, RamBudget};
 use dhrd_io::{Fault, FaultKind, SimBacking, SplitMix64};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const SEEDS_DEFAULT: u64 = 300;
 const SEEDS_SOAK: u64 = 20_000;
 const STEPS: usize = 300;
+const CONCURRENT_READER_EVERY: u64 = 4;
 
 type Obj = HybridObject<Arc<SimBacking>>;
 
@@ -24,6 +35,9 @@ struct World {
     budget_chunks: Option<u64>,
     sim: Arc<SimBacking>,
     obj: Obj,
+    /// The current object, for the concurrent reader: it reads only while holding the
+    /// lock, so a reopen (which swaps it under the lock) never leaves a clone alive.
+    shared: Arc<Mutex<Obj>>,
     /// The object's RAM budget: every reservation must come back when it is dropped.
     budget: Arc<RamBudget>,
     /// What reads must return now.
@@ -75,6 +89,7 @@ impl World {
             durability,
             budget_chunks,
             sim,
+            shared: Arc::new(Mutex::new(obj.clone())),
             obj,
             budget,
             model: Model { data: init.clone() },
@@ -235,6 +250,7 @@ impl World {
     fn reopen(&mut self, ctx: &str) -> Result<(), String> {
         let (obj, budget) = open(&self.sim, self.cb, self.durability, self.budget_chunks);
         let old = std::mem::replace(&mut self.budget, budget);
+        *self.shared.lock() = obj.clone();
         self.obj = obj;
         if old.used_bytes() != 0 {
             return Err(format!(
@@ -265,8 +281,46 @@ impl World {
     }
 }
 
+/// Reads the world's current object until `stop`: any offset (often past the end), any
+/// length; results are not checked (the world's own reads check content), only that no
+/// access faults or panics.
+fn concurrent_reader(shared: Arc<Mutex<Obj>>, seed: u64, stop: Arc<AtomicBool>) {
+    let mut r = SplitMix64::new(seed ^ 0xC0FFEE);
+    let mut buf = vec![0u8; 64 << 10];
+    while !stop.load(Ordering::Acquire) {
+        let o = shared.lock();
+        let len = o.len();
+        let off = r.below(len + len / 4 + 1);
+        let n = 1 + r.below(buf.len() as u64) as usize;
+        if r.chance(1, 2) {
+            if let Ok(got) = o.read_at(&mut buf[..n], off) {
+                assert!(got.bytes <= n);
+            }
+        } else if let Ok(dhrd_engine::View::Ram(v)) = o.view(off, n) {
+            assert!(v.len() <= n);
+            std::hint::black_box(v.iter().fold(0u8, |a, b| a ^ b));
+        }
+    }
+}
+
 fn simulate(seed: u64) -> Result<(), String> {
     let mut w = World::new(seed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = seed.is_multiple_of(CONCURRENT_READER_EVERY).then(|| {
+        let (shared, stop) = (w.shared.clone(), stop.clone());
+        std::thread::spawn(move || concurrent_reader(shared, seed, stop))
+    });
+    let r = simulate_steps(&mut w, seed);
+    stop.store(true, Ordering::Release);
+    if let Some(t) = reader {
+        if let Err(p) = t.join() {
+            std::panic::resume_unwind(p);
+        }
+    }
+    r
+}
+
+fn simulate_steps(w: &mut World, seed: u64) -> Result<(), String> {
     for step in 0..STEPS {
         let ctx = format!("seed {seed} step {step}");
         match w.r.below(100) {
