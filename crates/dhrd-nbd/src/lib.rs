@@ -52,8 +52,9 @@ pub mod limits {
     pub const MAX_OPTION_BYTES: u32 = 64 << 10;
     /// Options one connection may send before NBD_OPT_GO; bounds a client that loops.
     pub const MAX_OPTIONS_PER_HANDSHAKE: usize = 256;
-    /// A client must finish negotiating within this time, so an idle connection cannot
-    /// hold a thread forever.
+    /// A client must finish negotiating within this time in total, not per read (the
+    /// default of `ServerConfig::handshake_timeout`), so a client that connects and never
+    /// negotiates, or sends a byte now and then, cannot hold a slot and a thread for ever.
     pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
     /// A reply that cannot be written within this time (client stopped reading) ends the
     /// connection, releasing the memory its replies hold.

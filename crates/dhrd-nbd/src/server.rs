@@ -11,8 +11,11 @@
 //!   request it had already read is executed and answered, and its writes stay where they
 //!   are (an eviction never drops an acknowledged write; in `fsync` mode they are durable
 //!   at the next flush or unmount, as for any other client). Connections still
-//!   negotiating are bounded by the handshake timeout instead and are never evicted. With
-//!   no evictable connection the newcomer is closed at once;
+//!   negotiating are never evicted. With no evictable connection the newcomer is closed
+//!   at once;
+//! - a negotiation must be over within `handshake_timeout` ([`HANDSHAKE_TIMEOUT`] by
+//!   default) in total, however the client spreads its bytes, so a client that connects
+//!   and never negotiates holds its slot only that long;
 //! - [`Server::run`] returns only after every connection thread has finished (or the
 //!   drain timeout passed), so the caller can flush and close the engine afterwards with
 //!   no request still executing;
@@ -30,7 +33,7 @@ use crate::target::Target;
 use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
-use std::io::{self, BufReader};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -71,6 +74,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Idle time after which a negotiated connection's slot may go to a new client.
     pub idle_evict_after: Duration,
+    /// Time a client has to finish negotiating, in total (must not be zero).
+    pub handshake_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -83,6 +88,7 @@ impl ServerConfig {
             verbose: false,
             max_connections: MAX_CONNECTIONS,
             idle_evict_after: IDLE_EVICT_AFTER,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -320,6 +326,17 @@ impl<T: Target> Server<T> {
     /// Binds the listening socket. Clients can connect (and queue) from here on; they are
     /// served once [`Server::run`] is called.
     pub fn bind(target: T, cfg: ServerConfig) -> Result<Self, NbdError> {
+        if cfg.max_connections == 0 {
+            return Err(NbdError::Config(
+                "the connection limit must be at least 1".into(),
+            ));
+        }
+        // A zero timeout would end every negotiation.
+        if cfg.handshake_timeout.is_zero() {
+            return Err(NbdError::Config(
+                "the handshake timeout must be longer than zero".into(),
+            ));
+        }
         let listener = bind(&cfg)?;
         Ok(Self {
             target: Arc::new(target),
@@ -482,6 +499,7 @@ impl<T: Target> Server<T> {
             tflags: self.tflags(),
         };
         let verbose = self.cfg.verbose;
+        let handshake_timeout = self.cfg.handshake_timeout;
         let r = std::thread::Builder::new()
             .name(format!("dhrd-nbd-conn{id}"))
             .stack_size(THREAD_STACK_BYTES)
@@ -489,7 +507,7 @@ impl<T: Target> Server<T> {
                 // Deregisters even if the connection panics, so a drain never waits for
                 // a connection that no longer exists.
                 let _reg = Registration { shared, id };
-                let res = connection(stream, target, &view, activity);
+                let res = connection(stream, target, &view, handshake_timeout, activity);
                 match &res {
                     Ok(()) if verbose => eprintln!("dhrd nbd: connection {id} closed"),
                     Ok(()) => {}
@@ -520,24 +538,111 @@ fn drain(shared: &Shared) -> usize {
     conns.len()
 }
 
+/// Time left until `deadline`, or the error that ends a negotiation past it.
+fn time_left(deadline: Instant, limit: Duration) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "negotiation not finished within {:.1} s",
+                limit.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(left)
+}
+
+/// The negotiation's reads, each bounded by what is left of one deadline: a per-read
+/// timeout alone would let a client that sends a byte now and then keep its slot for ever.
+struct HandshakeReader<'a> {
+    r: &'a mut BufReader<Stream>,
+    deadline: Instant,
+    limit: Duration,
+}
+
+impl Read for HandshakeReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = time_left(self.deadline, self.limit)?;
+        self.r.get_ref().set_read_timeout(Some(left))?;
+        match self.r.read(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                time_left(self.deadline, self.limit)?;
+                Err(e)
+            }
+            r => r,
+        }
+    }
+}
+
+/// The negotiation's writes, bounded by the same deadline (a client that does not read
+/// its option replies must not outlast it either).
+struct HandshakeWriter<'a> {
+    w: &'a mut Stream,
+    deadline: Instant,
+    limit: Duration,
+}
+
+impl Write for HandshakeWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = time_left(self.deadline, self.limit)?;
+        self.w.set_write_timeout(Some(left))?;
+        match self.w.write(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                time_left(self.deadline, self.limit)?;
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
+}
+
 /// One connection from greeting to close.
 fn connection<T: Target>(
     stream: Stream,
     target: Arc<T>,
     view: &ExportView,
+    handshake_timeout: Duration,
     activity: Arc<Activity>,
 ) -> Result<(), NbdError> {
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    stream.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
+    let deadline = Instant::now() + handshake_timeout;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let framing = match handshake::negotiate(&mut reader, &mut writer, view)? {
+    let negotiated = handshake::negotiate(
+        &mut HandshakeReader {
+            r: &mut reader,
+            deadline,
+            limit: handshake_timeout,
+        },
+        &mut HandshakeWriter {
+            w: &mut writer,
+            deadline,
+            limit: handshake_timeout,
+        },
+        view,
+    )?;
+    let framing = match negotiated {
         Outcome::Closed => return Ok(()),
         Outcome::Transmission(f) => f,
     };
     // Transmission: a client may idle between requests for as long as it likes, unless
     // all slots are taken and a new client needs one (`make_room`).
     reader.get_ref().set_read_timeout(None)?;
+    writer.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
     activity.set_transmitting();
     let params = ConnParams {
         framing,
