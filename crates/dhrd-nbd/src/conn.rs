@@ -19,7 +19,14 @@
 //! - when reading stops (disconnect, NBD_CMD_DISC, bad magic, shutdown) every request
 //!   already read is still executed and answered (if the socket allows) before the
 //!   connection closes; nothing is leaked when the client vanishes mid-request: a
-//!   partially received write is dropped without touching the target.
+//!   partially received write is dropped without touching the target;
+//! - a request is in flight ([`Activity`]) from the moment its header has been read until
+//!   its reply is written, and the server closes a connection to free its slot only when
+//!   none is (`Activity::try_close`, atomic with the start of a request), so a request
+//!   already being received, executed or answered is never cut by that; requests whose
+//!   header arrives after the decision may be cut, as at shutdown;
+//! - `Activity` records writes that no FLUSH of the connection has covered, so a
+//!   connection closed by the server can flush them on the client's behalf.
 
 use crate::limits::{
     MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES, MAX_WORKERS_PER_CONNECTION,
@@ -296,8 +303,8 @@ fn report(op: &str, offset: u64, length: u32, e: &NbdError) -> u32 {
     wire_errno(e.errno())
 }
 
-/// Executes one job and sends its reply.
-fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier) {
+/// Executes one job and sends its reply; returns whether the target call succeeded.
+fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier) -> bool {
     let &Job {
         op,
         handle,
@@ -314,12 +321,12 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
         match target.read_borrowed(offset, length as usize, &mut |data| {
             replier.send_parts(&[head, data])
         }) {
-            Ok(true) => return,
+            Ok(true) => return true,
             Ok(false) => {}
             Err(e) => {
                 let errno = report("read", offset, length, &e);
                 replier.send(&error_reply(framing, true, handle, errno));
-                return;
+                return false;
             }
         }
     }
@@ -331,7 +338,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
                 Ok(()) => {
                     encode_reply_header(&mut buf[..hdr], framing, true, handle, 0, offset, length);
                     replier.send(&buf);
-                    return;
+                    return true;
                 }
                 Err(e) => Err(report("read", offset, length, &e)),
             }
@@ -349,6 +356,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
     };
     let error = reply.err().unwrap_or(0);
     replier.send(&error_reply(framing, matches!(op, Op::Read), handle, error));
+    error == 0
 }
 
 /// Reads exactly `buf.len()` bytes. `Ok(false)`: clean end of stream before the first
@@ -376,27 +384,37 @@ pub(crate) enum End {
     Error(NbdError),
 }
 
-/// Options fixed for the whole transmission phase of one connection.
-/// What the server's registry knows of a connection's use, for choosing one to evict when
-/// every slot is taken (see `server.rs`). Updated by the connection's threads, read by
-/// the accept loop; a stale value only changes which idle connection is chosen.
+/// What the server's registry knows of a connection's use, for choosing one to close when
+/// every slot is taken (see `server.rs`). Updated by the
+/// connection's threads, read by the accept loop.
 pub(crate) struct Activity {
     epoch: Instant,
-    /// Milliseconds from `epoch` to the last request read or reply sent.
+    /// Milliseconds from `epoch` to the last request header read or reply sent.
     last_ms: AtomicU64,
-    /// Requests read and not yet answered.
-    in_flight: AtomicU64,
+    /// Requests whose header was read and whose reply is not written yet, plus
+    /// [`CLOSING`] once the server decided to close the connection. One word, so the
+    /// decision to close ([`Activity::try_close`]) and the start of a request exclude
+    /// each other.
+    state: AtomicU64,
     /// Negotiation is over; before that the handshake timeout bounds the connection.
     transmitting: AtomicBool,
+    /// A write, trim or zero was executed after the start of this connection's last
+    /// successful FLUSH (or there was no FLUSH).
+    unflushed: AtomicBool,
 }
+
+/// Bit of `Activity::state`: the server closed the connection's read side to free its
+/// slot (eviction).
+const CLOSING: u64 = 1 << 63;
 
 impl Activity {
     pub(crate) fn new() -> Self {
         Self {
             epoch: Instant::now(),
             last_ms: AtomicU64::new(0),
-            in_flight: AtomicU64::new(0),
+            state: AtomicU64::new(0),
             transmitting: AtomicBool::new(false),
+            unflushed: AtomicBool::new(false),
         }
     }
 
@@ -405,33 +423,76 @@ impl Activity {
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
+    fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Acquire));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
     pub(crate) fn set_transmitting(&self) {
         self.touch();
         self.transmitting.store(true, Ordering::Release);
     }
 
+    /// Still negotiating (bounded by the handshake timeout, never chosen to be closed).
+    pub(crate) fn is_negotiating(&self) -> bool {
+        !self.transmitting.load(Ordering::Acquire)
+    }
+
+    /// A request header was read: from now until [`Activity::end`] the connection is busy.
     fn begin(&self) {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.state.fetch_add(1, Ordering::AcqRel);
         self.touch();
     }
 
+    /// The request's reply was written (or it was answered with an error, or dropped).
     fn end(&self) {
         self.touch();
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.state.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// How long the connection has been idle, if it may be evicted at all: past
-    /// negotiation and with no request being executed.
+    /// How long the connection has been idle, if it may be closed at all: past
+    /// negotiation, not already being closed, and with no request between header and
+    /// reply.
     pub(crate) fn idle_for(&self) -> Option<Duration> {
-        if !self.transmitting.load(Ordering::Acquire) || self.in_flight.load(Ordering::Acquire) > 0
-        {
+        if self.is_negotiating() || self.state.load(Ordering::Acquire) != 0 {
             return None;
         }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-        Some(self.epoch.elapsed().saturating_sub(last))
+        Some(self.idle())
+    }
+
+    /// Marks the connection as being closed by the server if it has been idle for at
+    /// least `min_idle` with no request in flight; returns how long it was idle. After
+    /// `Some`, the caller closes its read side. A request whose header was read before
+    /// this call makes it fail, so a request is never cut by the decision; one whose
+    /// header comes later arrived after the connection was chosen, like a request sent
+    /// at shutdown.
+    pub(crate) fn try_close(&self, min_idle: Duration) -> Option<Duration> {
+        let idle = self.idle_for().filter(|d| *d >= min_idle)?;
+        self.state
+            .compare_exchange(0, CLOSING, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        // A whole request may have started and finished between the idle check and the
+        // exchange: it was answered, but the connection is not idle after all.
+        if self.idle() < min_idle {
+            self.state.fetch_and(!CLOSING, Ordering::AcqRel);
+            return None;
+        }
+        Some(idle)
+    }
+
+    /// The server chose to close this connection ([`Activity::try_close`] succeeded).
+    pub(crate) fn closed_by_server(&self) -> bool {
+        self.state.load(Ordering::Acquire) & CLOSING != 0
+    }
+
+    /// Whether the connection executed a write, trim or zero that no FLUSH of its own
+    /// has covered for certain.
+    pub(crate) fn has_unflushed_writes(&self) -> bool {
+        self.unflushed.load(Ordering::Acquire)
     }
 }
 
+/// Options fixed for the whole transmission phase of one connection.
 pub(crate) struct ConnParams {
     pub framing: Framing,
     pub read_only: bool,
@@ -515,12 +576,7 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
                 return;
             }
             match next_job(&mut rs.reader, sh, &mut spare) {
-                Ok(Some(job)) => {
-                    // Counted while the reader lock is held, so an eviction that sees no
-                    // request in flight saw none that was already read.
-                    sh.activity.begin();
-                    job
-                }
+                Ok(Some(job)) => job,
                 Ok(None) => continue,
                 Err(end) => {
                     rs.end = Some(end);
@@ -532,7 +588,18 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
         sh.idle.fetch_sub(1, Ordering::SeqCst);
         maybe_spawn(sh);
         let charged = job.charged;
-        execute(&*sh.target, sh.params.framing, &job, &sh.replier);
+        if job.op == Op::Flush {
+            // A flush covers the writes completed before it starts; one that completes
+            // later sets the mark again.
+            sh.activity.unflushed.store(false, Ordering::Release);
+        }
+        let ok = execute(&*sh.target, sh.params.framing, &job, &sh.replier);
+        match job.op {
+            Op::Read => {}
+            Op::Flush if ok => {}
+            // A failed write may still have changed part of its range, so it counts too.
+            _ => sh.activity.unflushed.store(true, Ordering::Release),
+        }
         sh.activity.end();
         sh.budget.release(charged);
         recycle(&mut spare, job.payload);
@@ -547,8 +614,6 @@ fn next_job<T: Target>(
     sh: &Shared<T>,
     spare: &mut Vec<u8>,
 ) -> Result<Option<Job>, End> {
-    let p = &sh.params;
-    let framing = p.framing;
     if sh.replier.broken.load(Ordering::Relaxed) {
         return Err(End::Error(NbdError::Protocol(
             "reply could not be sent".into(),
@@ -560,7 +625,29 @@ fn next_job<T: Target>(
         Ok(false) => return Err(End::Clean),
         Err(e) => return Err(End::Error(NbdError::Io(e))),
     }
-    let h = decode_request(&hb);
+    // Busy from the header on, not from the end of the payload: a write payload still
+    // arriving must not let the server choose this connection to close. Counted while
+    // the reader lock is held, so a decision to close that saw nothing in flight saw no
+    // request already read.
+    sh.activity.begin();
+    let r = request(reader, sh, spare, &hb);
+    if !matches!(r, Ok(Some(_))) {
+        // Answered with an error, or reading stops: no job will end it.
+        sh.activity.end();
+    }
+    r
+}
+
+/// The rest of [`next_job`] once a request header has been read.
+fn request<T: Target>(
+    reader: &mut BufReader<Stream>,
+    sh: &Shared<T>,
+    spare: &mut Vec<u8>,
+    hb: &[u8; REQUEST_HEADER_BYTES],
+) -> Result<Option<Job>, End> {
+    let p = &sh.params;
+    let framing = p.framing;
+    let h = decode_request(hb);
     if h.magic != REQUEST_MAGIC {
         return Err(End::Error(NbdError::BadMagic {
             expected: REQUEST_MAGIC.into(),

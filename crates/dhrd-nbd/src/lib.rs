@@ -71,7 +71,8 @@ pub mod limits {
     pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
     /// Connections served at once (the default of `ServerConfig::max_connections`). When
     /// all are taken, a new client gets the slot of the connection idle longest, if one
-    /// has been idle for `IDLE_EVICT_AFTER`; otherwise it is closed at accept.
+    /// has been idle for `IDLE_EVICT_AFTER` with no request in flight; otherwise it is
+    /// closed at accept.
     pub const MAX_CONNECTIONS: usize = 64;
     /// How long a negotiated connection with no request in flight must have been idle
     /// before a new client may take its slot (the default of

@@ -6,16 +6,20 @@
 //!   and a TCP address must be loopback unless `allow_remote` is set;
 //! - at most `max_connections` connections hold a slot ([`MAX_CONNECTIONS`] by default).
 //!   When all are taken, a new client takes the slot of the negotiated connection that has
-//!   been idle longest, if it has been idle for `idle_evict_after` with no request in
-//!   flight: that connection's read side is closed, exactly as at shutdown, so every
-//!   request it had already read is executed and answered, and its writes stay where they
-//!   are (an eviction never drops an acknowledged write; in `fsync` mode they are durable
-//!   at the next flush or unmount, as for any other client). Connections still
-//!   negotiating are never evicted. With no evictable connection the newcomer is closed
-//!   at once;
+//!   been idle longest, if it has been idle for `idle_evict_after` ([`IDLE_EVICT_AFTER`]
+//!   by default) with no request in flight; with no such connection the newcomer is
+//!   closed at once (logged, counted as refused);
 //! - a negotiation must be over within `handshake_timeout` ([`HANDSHAKE_TIMEOUT`] by
 //!   default) in total, however the client spreads its bytes, so a client that connects
-//!   and never negotiates holds its slot only that long;
+//!   and never negotiates holds its slot only that long; connections still negotiating
+//!   are never evicted;
+//! - the server closes a connection to free its slot only between requests: a
+//!   request counts as in flight from its header to its reply, and the choice is atomic
+//!   with the start of a request (`Activity::try_close`). Closing means closing its read
+//!   side, exactly as at shutdown: every request already read is executed and answered.
+//!   Then, if the connection executed writes that no FLUSH of its own covered, the target
+//!   is flushed before the socket closes, since the client can no longer ask for it (in
+//!   `sync` mode that flush finds nothing to do). Acknowledged writes are never dropped;
 //! - [`Server::run`] returns only after every connection thread has finished (or the
 //!   drain timeout passed), so the caller can flush and close the engine afterwards with
 //!   no request still executing;
@@ -70,7 +74,7 @@ pub struct ServerConfig {
     pub allow_remote: bool,
     /// Log connection open/close to stderr.
     pub verbose: bool,
-    /// Connections holding a slot at once.
+    /// Connections holding a slot at once (at least 1).
     pub max_connections: usize,
     /// Idle time after which a negotiated connection's slot may go to a new client.
     pub idle_evict_after: Duration,
@@ -262,16 +266,19 @@ impl Drop for Registration {
     }
 }
 
-/// A live connection in the registry.
+/// A live connection in the registry. Once `activity.closed_by_server()`, its read side
+/// is closed and it no longer holds a slot; the entry stays until its thread has finished
+/// what it had read, so a drain still waits for it.
 struct Entry {
     stream: Stream,
     activity: Arc<Activity>,
-    /// Its read side was closed to free its slot; it is finishing what it had read.
-    evicted: bool,
 }
 
 struct Shared {
+    /// Connections closed to give their slot to a new client.
     evicted: AtomicU64,
+    /// New clients closed at accept because every slot was held by a busy connection.
+    refused: AtomicU64,
     stop: AtomicBool,
     waker: Waker,
     /// Live connections: control handles to close their read side (at shutdown or
@@ -300,6 +307,11 @@ impl ShutdownHandle {
     /// Connections evicted so far to make room for new clients.
     pub fn evicted_connections(&self) -> u64 {
         self.0.evicted.load(Ordering::Relaxed)
+    }
+
+    /// New clients refused so far because no slot could be freed.
+    pub fn refused_connections(&self) -> u64 {
+        self.0.refused.load(Ordering::Relaxed)
     }
 }
 
@@ -348,6 +360,7 @@ impl<T: Target> Server<T> {
                 conns: Mutex::new(HashMap::new()),
                 drained: Condvar::new(),
                 evicted: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
             }),
         })
     }
@@ -427,13 +440,9 @@ impl<T: Target> Server<T> {
                     continue;
                 }
             };
-            if !self.make_room() {
-                summary.refused += 1;
-                eprintln!(
-                    "dhrd nbd: refusing a connection: {} open, none idle for {} s",
-                    self.cfg.max_connections,
-                    self.cfg.idle_evict_after.as_secs_f64()
-                );
+            if let Err(why) = self.make_room() {
+                self.shared.refused.fetch_add(1, Ordering::Relaxed);
+                eprintln!("dhrd nbd: refusing a new client: {why}");
                 stream.shutdown(Shutdown::Both);
                 continue;
             }
@@ -447,36 +456,53 @@ impl<T: Target> Server<T> {
         drop(self.listener);
         summary.abandoned = drain(&self.shared);
         summary.evicted = self.shared.evicted.load(Ordering::Relaxed);
+        summary.refused = self.shared.refused.load(Ordering::Relaxed);
         Ok(summary)
     }
 
-    /// Whether a new connection may have a slot: one is free, or the connection idle
-    /// longest (past `idle_evict_after`, nothing in flight) is evicted for it.
-    fn make_room(&self) -> bool {
-        let mut conns = self.shared.conns.lock();
-        let held = conns.values().filter(|e| !e.evicted).count();
-        if held < self.cfg.max_connections {
-            return true;
+    /// Finds a slot for a new client: a free one, or the one of the negotiated connection
+    /// idle longest (at least `idle_evict_after`, nothing in flight), which is closed for
+    /// it. `Err` says why there is none, for the log.
+    fn make_room(&self) -> Result<(), String> {
+        let conns = self.shared.conns.lock();
+        let held: Vec<(&u64, &Entry)> = conns
+            .iter()
+            .filter(|(_, e)| !e.activity.closed_by_server())
+            .collect();
+        if held.len() < self.cfg.max_connections {
+            return Ok(());
         }
-        let victim = conns
-            .iter_mut()
-            .filter(|(_, e)| !e.evicted)
-            .filter_map(|(id, e)| e.activity.idle_for().map(|d| (d, *id, e)))
-            .filter(|(d, _, _)| *d >= self.cfg.idle_evict_after)
-            .max_by_key(|(d, _, _)| *d);
-        let Some((idle, id, e)) = victim else {
-            return false;
-        };
-        // Its slot is free from now on; the entry stays until its thread has finished
-        // what it had read, so a drain still waits for it.
-        e.evicted = true;
-        e.stream.shutdown(Shutdown::Read);
-        self.shared.evicted.fetch_add(1, Ordering::Relaxed);
-        eprintln!(
-            "dhrd nbd: connection {id} idle for {:.0} s gives its slot to a new client",
-            idle.as_secs_f64()
-        );
-        true
+        let grace = self.cfg.idle_evict_after;
+        let mut idle: Vec<(Duration, u64, &Entry)> = held
+            .iter()
+            .filter_map(|(id, e)| e.activity.idle_for().map(|d| (d, **id, *e)))
+            .filter(|(d, _, _)| *d >= grace)
+            .collect();
+        idle.sort_by_key(|c| std::cmp::Reverse(c.0));
+        // Idle longest first; one may turn busy between the scan and `try_close`, then
+        // the next is tried.
+        for (_, id, e) in idle {
+            if let Some(d) = e.activity.try_close(grace) {
+                e.stream.shutdown(Shutdown::Read);
+                self.shared.evicted.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "dhrd nbd: connection {id}, idle for {:.1} s, gives its slot to a new client",
+                    d.as_secs_f64()
+                );
+                return Ok(());
+            }
+        }
+        let negotiating = held
+            .iter()
+            .filter(|(_, e)| e.activity.is_negotiating())
+            .count();
+        Err(format!(
+            "all {} slots are taken ({negotiating} negotiating, {} busy or active in the \
+             last {:.1} s); raise the connection limit if this recurs",
+            self.cfg.max_connections,
+            held.len() - negotiating,
+            grace.as_secs_f64()
+        ))
     }
 
     fn spawn_connection(&self, id: u64, stream: Stream) -> Result<(), NbdError> {
@@ -487,7 +513,6 @@ impl<T: Target> Server<T> {
             Entry {
                 stream: control,
                 activity: Arc::clone(&activity),
-                evicted: false,
             },
         );
         let shared = Arc::clone(&self.shared);
@@ -649,7 +674,22 @@ fn connection<T: Target>(
         read_only: view.tflags & TFLAG_READ_ONLY != 0,
         size: view.size,
     };
-    match conn::serve(reader, writer, target, params, activity) {
+    let end = conn::serve(
+        reader,
+        writer,
+        Arc::clone(&target),
+        params,
+        Arc::clone(&activity),
+    );
+    if activity.closed_by_server() && activity.has_unflushed_writes() {
+        // The server, not the client, ended this connection, so the client cannot send
+        // the FLUSH it may have meant to: make its acknowledged writes durable now,
+        // before the socket closes. In `sync` mode they already are and this is cheap.
+        if let Err(e) = target.flush() {
+            eprintln!("dhrd nbd: flushing the writes of a closed idle connection failed: {e}");
+        }
+    }
+    match end {
         End::Clean => Ok(()),
         End::Error(e) => Err(e),
     }

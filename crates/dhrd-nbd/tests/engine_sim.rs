@@ -1,7 +1,7 @@
 //! The engine over a simulated disk that knows exactly what is durable, seen through NBD:
 //! - durability: in `fsync` mode a FUA write is durable when acknowledged, a plain write is
-//!   durable after a FLUSH on any connection (CAN_MULTI_CONN); in `sync` mode every
-//!   acknowledged write is durable;
+//!   durable after a FLUSH on any connection (CAN_MULTI_CONN) or when the server closes
+//!   the connection to free its slot; in `sync` mode every acknowledged write is durable;
 //! - backing failures (SPEC C4, C5): ENOSPC fails one request and the export stays
 //!   writable; EIO fails the request, the export turns read-only for good (new
 //!   connections are told so), and reads keep working.
@@ -82,6 +82,13 @@ fn enospc_then_eio_through_nbd() {
 }
 
 fn sim_export(durability: Durability) -> (HybridObject<SimBacking>, TestServer) {
+    sim_export_with(durability, |_| {})
+}
+
+fn sim_export_with(
+    durability: Durability,
+    tweak: impl FnOnce(&mut dhrd_nbd::ServerConfig),
+) -> (HybridObject<SimBacking>, TestServer) {
     let obj = HybridObject::open(
         SimBacking::from_bytes(vec![0u8; SIZE], 2),
         ObjectConfig {
@@ -93,7 +100,7 @@ fn sim_export(durability: Durability) -> (HybridObject<SimBacking>, TestServer) 
     )
     .unwrap_or_else(|e| panic!("open: {e}"));
     assert!(obj.wait_loaded(Some(Duration::from_secs(20))));
-    let srv = TestServer::start(EngineTarget::new(obj.clone(), false));
+    let srv = TestServer::start_with(EngineTarget::new(obj.clone(), false), tweak);
     (obj, srv)
 }
 
@@ -149,6 +156,32 @@ fn fsync_mode_fua_and_flush_make_writes_durable() {
     );
     assert_eq!(a.simple_reply().ok(), Some((0, 7)));
     assert!(durable_has(&obj, 8192, &[0u8; 3]));
+}
+
+#[test]
+fn fsync_mode_an_evicted_clients_writes_are_durable_when_it_sees_the_close() {
+    const GRACE: Duration = Duration::from_secs(1);
+    let (obj, srv) = sim_export_with(Durability::Fsync, |c| {
+        c.max_connections = 1;
+        c.idle_evict_after = GRACE;
+    });
+    let (mut a, _, _) = RawClient::handshake(&srv.sock);
+    a.request(0, CMD_WRITE, 1, 4096, 7);
+    a.send(b"evicted");
+    assert_eq!(a.simple_reply().ok(), Some((0, 1)));
+    assert!(!durable_has(&obj, 4096, b"evicted"));
+    // Idle past the grace period, A gives its slot to B. It never sent FLUSH and now
+    // cannot: the server flushes for it before closing the socket.
+    std::thread::sleep(GRACE + Duration::from_millis(500));
+    let (mut b, _, _) = RawClient::handshake(&srv.sock);
+    assert!(a.closed_by_server());
+    assert!(
+        durable_has(&obj, 4096, b"evicted"),
+        "an evicted client's acknowledged write was not flushed"
+    );
+    b.request(0, CMD_READ, 2, 4096, 7);
+    assert_eq!(b.simple_reply().ok(), Some((0, 2)));
+    assert_eq!(b.read_n(7).ok().as_deref(), Some(&b"evicted"[..]));
 }
 
 #[test]
