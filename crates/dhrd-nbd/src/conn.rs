@@ -385,7 +385,7 @@ pub(crate) enum End {
 }
 
 /// What the server's registry knows of a connection's use, for choosing one to close when
-/// every slot is taken (see `server.rs`). Updated by the
+/// every slot is taken or an idle timeout is set (see `server.rs`). Updated by the
 /// connection's threads, read by the accept loop.
 pub(crate) struct Activity {
     epoch: Instant,
@@ -404,7 +404,7 @@ pub(crate) struct Activity {
 }
 
 /// Bit of `Activity::state`: the server closed the connection's read side to free its
-/// slot (eviction).
+/// slot (eviction) or because it was idle past the idle timeout.
 const CLOSING: u64 = 1 << 63;
 
 impl Activity {

@@ -13,7 +13,9 @@
 //!   default) in total, however the client spreads its bytes, so a client that connects
 //!   and never negotiates holds its slot only that long; connections still negotiating
 //!   are never evicted;
-//! - the server closes a connection to free its slot only between requests: a
+//! - with `idle_timeout` set, a negotiated connection idle that long with no request in
+//!   flight is closed even when no one waits for its slot (off by default);
+//! - the server closes a connection (eviction or idle timeout) only between requests: a
 //!   request counts as in flight from its header to its reply, and the choice is atomic
 //!   with the start of a request (`Activity::try_close`). Closing means closing its read
 //!   side, exactly as at shutdown: every request already read is executed and answered.
@@ -80,6 +82,9 @@ pub struct ServerConfig {
     pub idle_evict_after: Duration,
     /// Time a client has to finish negotiating, in total (must not be zero).
     pub handshake_timeout: Duration,
+    /// Idle time after which a negotiated connection is closed even if no new client
+    /// needs its slot; `None` (the default) keeps idle clients while slots are free.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl ServerConfig {
@@ -93,6 +98,7 @@ impl ServerConfig {
             max_connections: MAX_CONNECTIONS,
             idle_evict_after: IDLE_EVICT_AFTER,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            idle_timeout: None,
         }
     }
 }
@@ -277,6 +283,8 @@ struct Entry {
 struct Shared {
     /// Connections closed to give their slot to a new client.
     evicted: AtomicU64,
+    /// Connections closed by the idle timeout.
+    idle_closed: AtomicU64,
     /// New clients closed at accept because every slot was held by a busy connection.
     refused: AtomicU64,
     stop: AtomicBool,
@@ -309,6 +317,11 @@ impl ShutdownHandle {
         self.0.evicted.load(Ordering::Relaxed)
     }
 
+    /// Connections closed so far by the idle timeout.
+    pub fn idle_closed_connections(&self) -> u64 {
+        self.0.idle_closed.load(Ordering::Relaxed)
+    }
+
     /// New clients refused so far because no slot could be freed.
     pub fn refused_connections(&self) -> u64 {
         self.0.refused.load(Ordering::Relaxed)
@@ -322,6 +335,8 @@ pub struct ServeSummary {
     pub refused: u64,
     /// Idle connections closed to give their slot to a new client.
     pub evicted: u64,
+    /// Connections closed by the idle timeout.
+    pub idle_closed: u64,
     /// Connections still running when the drain timeout passed.
     pub abandoned: usize,
 }
@@ -343,10 +358,11 @@ impl<T: Target> Server<T> {
                 "the connection limit must be at least 1".into(),
             ));
         }
-        // A zero timeout would end every negotiation.
-        if cfg.handshake_timeout.is_zero() {
+        // A zero timeout would end every negotiation, or every connection between two
+        // requests.
+        if cfg.handshake_timeout.is_zero() || cfg.idle_timeout.is_some_and(|t| t.is_zero()) {
             return Err(NbdError::Config(
-                "the handshake timeout must be longer than zero".into(),
+                "the handshake and idle timeouts must be longer than zero".into(),
             ));
         }
         let listener = bind(&cfg)?;
@@ -360,6 +376,7 @@ impl<T: Target> Server<T> {
                 conns: Mutex::new(HashMap::new()),
                 drained: Condvar::new(),
                 evicted: AtomicU64::new(0),
+                idle_closed: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
             }),
         })
@@ -406,6 +423,11 @@ impl<T: Target> Server<T> {
         let mut summary = ServeSummary::default();
         let next_id = AtomicU64::new(0);
         while !self.shared.stop.load(Ordering::SeqCst) {
+            // Without an idle timeout only a client or a shutdown can wake the loop.
+            let poll_ms = match self.cfg.idle_timeout {
+                Some(t) => poll_ms(self.close_idle(t)),
+                None => -1,
+            };
             let mut pfd = [
                 libc::pollfd {
                     fd: self.listener.fd(),
@@ -419,7 +441,7 @@ impl<T: Target> Server<T> {
                 },
             ];
             // SAFETY: pfd is a live array of two pollfd structures.
-            let rc = unsafe { libc::poll(pfd.as_mut_ptr(), 2, -1) };
+            let rc = unsafe { libc::poll(pfd.as_mut_ptr(), 2, poll_ms) };
             if rc < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -456,6 +478,7 @@ impl<T: Target> Server<T> {
         drop(self.listener);
         summary.abandoned = drain(&self.shared);
         summary.evicted = self.shared.evicted.load(Ordering::Relaxed);
+        summary.idle_closed = self.shared.idle_closed.load(Ordering::Relaxed);
         summary.refused = self.shared.refused.load(Ordering::Relaxed);
         Ok(summary)
     }
@@ -503,6 +526,33 @@ impl<T: Target> Server<T> {
             held.len() - negotiating,
             grace.as_secs_f64()
         ))
+    }
+
+    /// Closes every negotiated connection idle for `timeout` with nothing in flight;
+    /// returns how long until the next one could reach it.
+    fn close_idle(&self, timeout: Duration) -> Duration {
+        let conns = self.shared.conns.lock();
+        let mut next = timeout;
+        for (id, e) in conns.iter() {
+            let Some(idle) = e.activity.idle_for() else {
+                // Negotiating, busy or already closing: once idle again it has a whole
+                // `timeout` to go, which `next` already allows for.
+                continue;
+            };
+            if idle < timeout {
+                next = next.min(timeout - idle);
+            } else if let Some(d) = e.activity.try_close(timeout) {
+                e.stream.shutdown(Shutdown::Read);
+                self.shared.idle_closed.fetch_add(1, Ordering::Relaxed);
+                if self.cfg.verbose {
+                    eprintln!(
+                        "dhrd nbd: connection {id} idle for {:.1} s: closing it (idle timeout)",
+                        d.as_secs_f64()
+                    );
+                }
+            }
+        }
+        next
     }
 
     fn spawn_connection(&self, id: u64, stream: Stream) -> Result<(), NbdError> {
@@ -561,6 +611,13 @@ fn drain(shared: &Shared) -> usize {
         }
     }
     conns.len()
+}
+
+/// Milliseconds for `poll(2)` until `d` has passed, rounded up so the loop never wakes
+/// before it.
+fn poll_ms(d: Duration) -> libc::c_int {
+    let ms = d.as_nanos().div_ceil(1_000_000).max(1);
+    libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
 }
 
 /// Time left until `deadline`, or the error that ends a negotiation past it.
@@ -665,7 +722,8 @@ fn connection<T: Target>(
         Outcome::Transmission(f) => f,
     };
     // Transmission: a client may idle between requests for as long as it likes, unless
-    // all slots are taken and a new client needs one (`make_room`).
+    // all slots are taken and a new client needs one (`make_room`) or an idle timeout is
+    // set (`close_idle`).
     reader.get_ref().set_read_timeout(None)?;
     writer.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
     activity.set_transmitting();

@@ -1,5 +1,5 @@
-//! Connection slots: which connection the server closes to let a new client in, and how
-//! long a negotiation may hold a slot. Every
+//! Connection slots: which connection the server closes to let a new client in, when it
+//! may close an idle one on its own, and how long a negotiation may hold a slot. Every
 //! sleep here only makes a connection idle for at least some time; no assertion depends
 //! on how fast anything runs (waits for liveness are generous).
 
@@ -258,6 +258,39 @@ fn negotiation_must_end_within_the_handshake_timeout_in_total() {
 }
 
 #[test]
+fn the_idle_timeout_closes_idle_connections_but_never_a_busy_one() {
+    // Long compared with the gap between the busy client's handshake and its request, so
+    // that it cannot be closed before it is busy.
+    const IDLE: Duration = Duration::from_secs(3);
+    let t = Gated::new();
+    let srv = TestServer::start_with(Arc::clone(&t), |c| {
+        c.idle_timeout = Some(IDLE);
+    });
+    let (mut idle, _, _) = RawClient::handshake(&srv.sock);
+    let (mut busy, _, _) = RawClient::handshake(&srv.sock);
+    assert_eq!(read_back(&mut idle, 0, 4, 1), [0u8; 4]);
+    t.hold();
+    busy.request(0, CMD_FLUSH, 9, 0, 0);
+    assert!(eventually(|| t.flushes_entered.load(Ordering::SeqCst) == 1));
+    assert!(closed_cleanly(&mut idle), "the idle client was not closed");
+    assert_eq!(srv.handle().idle_closed_connections(), 1);
+    // The busy connection stays, however long its request takes.
+    std::thread::sleep(IDLE + Duration::from_millis(500));
+    assert_eq!(srv.handle().idle_closed_connections(), 1);
+    assert_eq!(srv.handle().active_connections(), 1);
+    t.release();
+    assert_eq!(
+        busy.simple_reply().ok(),
+        Some((0, 9)),
+        "the request was not answered"
+    );
+    // Answered and then idle, it goes too.
+    assert!(closed_cleanly(&mut busy));
+    let s = srv.stop();
+    assert_eq!((s.idle_closed, s.evicted, s.refused), (2, 0, 0));
+}
+
+#[test]
 fn limits_that_would_refuse_everyone_are_configuration_errors() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let cfg = || ServerConfig::new(ListenAddr::Unix(dir.path().join("nbd.sock")));
@@ -268,6 +301,10 @@ fn limits_that_would_refuse_everyone_are_configuration_errors() {
         },
         ServerConfig {
             handshake_timeout: Duration::ZERO,
+            ..cfg()
+        },
+        ServerConfig {
+            idle_timeout: Some(Duration::ZERO),
             ..cfg()
         },
     ];
