@@ -16,6 +16,7 @@ use dhrd_engine::{
     Durability, HybridObject, LoaderConfig, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES,
 };
 use dhrd_io::{Durable, FileBacking, FileOptions, WriteSync};
+use dhrd_nbd::limits::{IDLE_EVICT_AFTER, MAX_CONNECTIONS};
 use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -71,6 +72,26 @@ pub struct NbdArgs {
     /// Cap the background load rate (bytes per second, e.g. 200M); default unlimited.
     #[arg(long, value_parser = parse_size)]
     pub load_rate: Option<u64>,
+    /// Clients served at once. When all slots are taken, a new client gets the slot of
+    /// the connection idle longest (see --idle-evict-secs), or is refused.
+    #[arg(
+        long,
+        default_value_t = MAX_CONNECTIONS as u64,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_connections: u64,
+    /// When all slots are taken, a connection with no request in flight for this many
+    /// seconds may be closed to let a new client in.
+    #[arg(
+        long,
+        default_value_t = IDLE_EVICT_AFTER.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub idle_evict_secs: u64,
+    /// Close a connection with no request in flight for this many seconds even when no
+    /// other client needs its slot; default: idle clients stay while slots are free.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_secs: Option<u64>,
     /// Log connection events, and the engine's statistics at exit, to stderr.
     #[arg(long, short)]
     pub verbose: bool,
@@ -182,6 +203,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     scfg.name = a.name.clone();
     scfg.allow_remote = a.allow_remote;
     scfg.verbose = a.verbose;
+    scfg.max_connections = usize::try_from(a.max_connections).unwrap_or(usize::MAX);
+    scfg.idle_evict_after = Duration::from_secs(a.idle_evict_secs);
+    scfg.idle_timeout = a.idle_timeout_secs.map(Duration::from_secs);
     let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
     if let Some(path) = &a.status_file {
         spawn_status_writer(path.clone(), obj.clone(), server.shutdown_handle())?;
@@ -202,10 +226,12 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let summary = server.run().context("serving")?;
     let closed = obj.close();
     eprintln!(
-        "dhrd nbd: stopped after {} connection(s) ({} refused, {} idle ones evicted){}; {}",
+        "dhrd nbd: stopped after {} connection(s) ({} refused, {} idle ones evicted for new \
+         clients, {} closed by the idle timeout){}; {}",
         summary.connections,
         summary.refused,
         summary.evicted,
+        summary.idle_closed,
         if summary.abandoned > 0 {
             format!(", {} did not finish in time", summary.abandoned)
         } else {
@@ -288,7 +314,8 @@ fn status_json<D: Durable>(obj: &HybridObject<D>, h: &ShutdownHandle) -> serde_j
             "write": lat(&s.write), "sync": lat(&s.sync)},
         "read_only": obj.is_read_only(),
         "read_only_cause": obj.failure().map(|c| c.to_string()),
-        "connections": {"open": h.active_connections(), "evicted": h.evicted_connections()},
+        "connections": {"open": h.active_connections(), "evicted": h.evicted_connections(),
+            "refused": h.refused_connections(), "idle_closed": h.idle_closed_connections()},
     })
 }
 
