@@ -5,9 +5,12 @@
 //! descriptor and goes through `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 //! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`, or through a `*at` call on a directory
 //! descriptor obtained that way with a single name component and `AT_SYMLINK_NOFOLLOW` /
-//! `O_NOFOLLOW`. A symlink planted in the backing directory is therefore only ever read as a
-//! link (readlink), never followed, and nothing outside the backing tree (including other
-//! mounts below it) is reached.
+//! `O_NOFOLLOW`. The only paths resolved from `/` are `/proc/self/fd/N` links of descriptors
+//! obtained that way (to chmod a node that cannot be opened for `fchmod`, and the O_DIRECT
+//! reopen in `backing.rs`): such a link names exactly the inode its descriptor holds,
+//! whatever happens to names meanwhile. A symlink planted in the backing directory is
+//! therefore only ever read as a link (readlink), never followed, and nothing outside the
+//! backing tree (including other mounts below it) is reached.
 //!
 //! Crash semantics: this module only performs single system calls; the callers decide when
 //! to `fsync` what (see `fs.rs`).
@@ -108,8 +111,6 @@ pub fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
-/// Rejects names that are not a single component: the kernel never sends them, but a
-/// name with '/' or a dot-dot would defeat the single-component rule of the `*at` calls.
 /// Changes the mode of `dir/name` without following a symlink there: FIFOs, sockets and
 /// device nodes, which cannot be opened for an `fchmod` without side effects (a FIFO open
 /// blocks, a device open reaches the driver). `fchmodat(AT_SYMLINK_NOFOLLOW)` is refused
@@ -151,6 +152,8 @@ pub fn encode_fuse_rdev(dev: u64) -> u32 {
     (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
 }
 
+/// Rejects names that are not a single component: the kernel never sends them, but a
+/// name with '/' or a dot-dot would defeat the single-component rule of the `*at` calls.
 pub fn check_name(name: &OsStr) -> Result<()> {
     let b = name.as_bytes();
     if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
