@@ -846,3 +846,37 @@ fn filetime(p: &Path) -> (i64, i64) {
     let m = fs::metadata(p).expect("stat");
     (m.mtime(), m.mtime_nsec())
 }
+
+/// Files that were put in the backing at paths longer than a memfd name may be (249 bytes)
+/// are loaded, read and appended to through the mount like any other: the RAM tier's
+/// label is cut, the file is not refused.
+#[test]
+fn files_at_long_paths_in_the_backing_are_read_and_appended() {
+    let s = Scratch::new("longpath");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let rel = format!("{}/{}", "d".repeat(200), "f".repeat(150));
+    fs::create_dir(backing.join("d".repeat(200))).expect("long dir");
+    // Over the 1 MiB the tree walk parks without an object: this one gets a memfd.
+    let data: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(backing.join(&rel), &data).expect("seed long file");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+    let back = fs::read(mnt.join(&rel));
+    assert!(
+        back.as_ref().is_ok_and(|b| *b == data),
+        "read: {:?}; daemon log: {}",
+        back.map(|b| b.len()),
+        m.log_text()
+    );
+    let app = OpenOptions::new()
+        .append(true)
+        .open(mnt.join(&rel))
+        .and_then(|mut h| h.write_all(b"end"));
+    assert!(app.is_ok(), "append: {app:?}; daemon log: {}", m.log_text());
+    let mut want = data;
+    want.extend_from_slice(b"end");
+    assert!(fs::read(mnt.join(&rel)).is_ok_and(|b| b == want));
+    drop(m);
+    assert!(fs::read(backing.join(&rel)).is_ok_and(|b| b == want));
+}
