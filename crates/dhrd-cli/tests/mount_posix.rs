@@ -880,3 +880,70 @@ fn files_at_long_paths_in_the_backing_are_read_and_appended() {
     drop(m);
     assert!(fs::read(backing.join(&rel)).is_ok_and(|b| b == want));
 }
+
+/// A create that fails after the daemon made the backing file must leave nothing behind:
+/// the caller was told it failed, so neither the backing nor the mount may show the name.
+/// The failure is provoked by lowering the daemon's descriptor limit step by step from
+/// what it holds, so that each step fails the create at a later descriptor (the parent
+/// directory, the new file, the RAM tier's memfd) until one succeeds.
+#[test]
+fn a_create_that_fails_leaves_no_file() {
+    /// Steps above the daemon's open descriptors tried; a create needs far fewer.
+    const EXTRA_FDS_MAX: u64 = 32;
+    let s = Scratch::new("failcreate");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let pid = m.pid() as libc::pid_t;
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit on our child with a valid out-pointer and no new limit.
+    let r = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let set_limit = |soft: u64| {
+        let new = libc::rlimit {
+            rlim_cur: soft,
+            rlim_max: old.rlim_max,
+        };
+        // SAFETY: prlimit on our child with a valid limit and no out-pointer.
+        let r = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+        assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    };
+    let mut failures = Vec::new();
+    let mut created = None;
+    for extra in 0..EXTRA_FDS_MAX {
+        let open_fds = fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("fds")
+            .count() as u64;
+        let name = format!("c{extra}");
+        set_limit(open_fds + extra);
+        let r = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(mnt.join(&name));
+        set_limit(old.rlim_cur);
+        match r {
+            Ok(_) => {
+                created = Some(name);
+                break;
+            }
+            Err(e) => {
+                // Whatever step failed, the name must not exist anywhere.
+                let on_backing = fs::symlink_metadata(backing.join(&name)).is_ok();
+                let in_mount = fs::symlink_metadata(mnt.join(&name)).is_ok();
+                failures.push(format!(
+                    "{name}: {e}, backing {on_backing}, mount {in_mount}"
+                ));
+                assert!(!on_backing && !in_mount, "{failures:#?}");
+            }
+        }
+    }
+    let created = created.unwrap_or_else(|| panic!("no create succeeded: {failures:#?}"));
+    assert!(!failures.is_empty(), "no create failed");
+    // Only the one that succeeded is there, on both sides.
+    assert_eq!(listing(&mnt), format!("{created:?}"));
+    assert_eq!(listing(&backing), format!("{created:?}"));
+    drop(m);
+}
