@@ -947,3 +947,43 @@ fn a_create_that_fails_leaves_no_file() {
     assert_eq!(listing(&backing), format!("{created:?}"));
     drop(m);
 }
+
+/// `dhrd umount` of a busy mount fails and the daemon keeps serving; once the mount is no
+/// longer busy, a second `dhrd umount` really unmounts and the daemon exits 0. (The FUSE
+/// library gives its mount record to the first attempt and drops it when that fails, so
+/// the second attempt used to report success and leave the mount and the daemon running.)
+#[test]
+fn umount_after_a_busy_umount_unmounts() {
+    let s = Scratch::new("busyumount");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let mut m = Mount::start(&backing, &mnt, &["--quiet"]);
+    fs::write(mnt.join("x"), b"held").expect("write");
+    let held = File::open(mnt.join("x")).expect("open");
+    let umount = || {
+        std::process::Command::new(dhrd())
+            .arg("umount")
+            .arg(&mnt)
+            .output()
+            .expect("dhrd umount")
+    };
+    let busy = umount();
+    assert!(!busy.status.success(), "umount of a busy mount succeeded");
+    assert!(is_mounted(&mnt));
+    assert_eq!(fs::read(mnt.join("x")).expect("still served"), b"held");
+    drop(held);
+    let out = umount();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !is_mounted(&mnt),
+        "dhrd umount said ok, the mount is still there"
+    );
+    let mut c = m.take_child().expect("child");
+    let st = c.wait().expect("wait");
+    assert!(st.success(), "daemon exit {st}: {}", m.log_text());
+    assert_eq!(fs::read(backing.join("x")).expect("backing"), b"held");
+}

@@ -802,6 +802,7 @@ pub fn run(cfg: MountConfig) -> Result<()> {
         std::thread::Builder::new()
             .name("dhrd-stop".into())
             .spawn(move || {
+                let mut tried_once = false;
                 while let Ok(ev) = stop_rx.recv() {
                     let flushed = sh2.flush_all();
                     if let Err(e) = &flushed {
@@ -809,7 +810,16 @@ pub fn run(cfg: MountConfig) -> Result<()> {
                     }
                     // Set before the unmount lets the session end; cleared if it failed.
                     requested.store(true, Ordering::Release);
-                    let r = unmounter.unmount();
+                    // fuser's unmounter gives up its mount on the first attempt, even a
+                    // failed one, and then reports every later attempt as done: a retry
+                    // after a busy refusal unmounts by the path instead.
+                    let r = if tried_once {
+                        rustix::mount::unmount(&mnt2, rustix::mount::UnmountFlags::empty())
+                            .map_err(std::io::Error::from)
+                    } else {
+                        unmounter.unmount()
+                    };
+                    tried_once = true;
                     if r.is_err() && matches!(ev, Stop::Control(_)) {
                         requested.store(false, Ordering::Release);
                     }
