@@ -7,7 +7,7 @@ mod metrics;
 mod mount;
 mod nbd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -42,10 +42,29 @@ fn main() {
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
         .map(|n| n.to_string_lossy().into_owned());
-    if invoked_as.as_deref() == Some(boot::MOUNT_HELPER_NAME) {
-        if let Err(e) = boot::run_mount_helper(&argv) {
-            eprintln!("{}: {e:#}", boot::MOUNT_HELPER_NAME);
-            std::process::exit(1);
+    // mount(8) and umount(8) run their helpers by name (links to this binary); fuse3's
+    // mount.fuse runs `dhrd BACKING MOUNTPOINT -o OPTIONS`.
+    let helper = match invoked_as.as_deref() {
+        Some(boot::MOUNT_HELPER_NAME) => Some((boot::MOUNT_HELPER_NAME, true)),
+        Some(boot::UMOUNT_HELPER_NAME) => Some((boot::UMOUNT_HELPER_NAME, false)),
+        _ => {
+            let cmd = Cli::command();
+            let mut names: Vec<&str> = cmd.get_subcommands().map(|c| c.get_name()).collect();
+            names.push("help");
+            boot::is_fuse3_helper_call(&argv, &names).then_some((boot::MOUNT_HELPER_NAME, true))
+        }
+    };
+    if let Some((name, mount)) = helper {
+        let r = if mount {
+            boot::run_mount_helper(&argv)
+        } else {
+            boot::run_umount_helper(&argv)
+        };
+        if let Err(e) = r {
+            eprintln!("{name}: {e:#}");
+            // mount(8) and umount(8) read a helper's exit status as their own: 32 is
+            // "mount failure" in both.
+            std::process::exit(boot::HELPER_EXIT_FAILURE);
         }
         return;
     }

@@ -9,7 +9,8 @@ use dhrd_fuse::{FsConfig, MountConfig, ReadPath};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// How long `--daemon` waits for the background daemon to have mounted.
+/// How long `--daemon` waits for the background daemon to have mounted (and a foreground
+/// mount under systemd waits before it stops watching for readiness).
 const DAEMON_START_WAIT: Duration = Duration::from_secs(30);
 /// How often `--daemon` asks the new daemon whether the mount answers (the mount is
 /// usually up within a few milliseconds; this is what the caller waits beyond that).
@@ -70,11 +71,26 @@ pub struct MountArgs {
     /// Run in the background: return once the mount is up.
     #[arg(long)]
     pub daemon: bool,
+    /// Defaults file: KEY=VALUE lines with the keys of the mount options (durability=,
+    /// mem=, ...), overridden by the command line [default: /etc/dhrd/dhrd.conf when it
+    /// exists].
+    // Read before the command line is parsed (`boot::with_config`), which takes the flag
+    // out: this field is here for the help text and is never set.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Args)]
 pub struct UmountArgs {
     pub mountpoint: PathBuf,
+    /// If the daemon cannot unmount (busy mount, or the daemon died and left a dead mount),
+    /// detach the mount anyway; the daemon flushes once its last user is gone.
+    #[arg(long, short)]
+    pub lazy: bool,
+    /// If the daemon cannot unmount, abort the FUSE connection (umount -f): open files
+    /// fail from then on.
+    #[arg(long, short)]
+    pub force: bool,
 }
 
 #[derive(Args)]
@@ -92,6 +108,15 @@ pub struct StatusArgs {
 pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
     if a.daemon {
         return spawn_daemon(&a);
+    }
+    // Under systemd (Type=notify) the service is ready when the mount answers, not when
+    // the process starts: units ordered after it must find the file system there.
+    if let Some(sock) = crate::boot::take_notify_socket() {
+        let mnt = a.mountpoint.clone();
+        std::thread::Builder::new()
+            .name("dhrd-notify".into())
+            .spawn(move || notify_when_mounted(&sock, &mnt))
+            .context("starting the readiness thread")?;
     }
     let mem_bytes = match &a.mem {
         Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
@@ -131,9 +156,34 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Tells systemd `READY=1` once the mount at `mnt` answers. Gives up silently after
+/// `DAEMON_START_WAIT`: systemd's own start timeout then fails the unit, and a daemon that
+/// could not mount has exited with its message already.
+fn notify_when_mounted(sock: &std::ffi::OsStr, mnt: &std::path::Path) {
+    let t = Instant::now();
+    while t.elapsed() < DAEMON_START_WAIT {
+        if dhrd_fuse::control_request(mnt, "status").is_ok() {
+            let msg = format!("READY=1\nSTATUS=serving {}", mnt.display());
+            if let Err(e) = crate::boot::sd_notify(sock, &msg) {
+                eprintln!("dhrd: telling systemd the mount is ready failed: {e}");
+            }
+            return;
+        }
+        std::thread::sleep(DAEMON_POLL_INTERVAL);
+    }
+}
+
 /// `--daemon`: runs this same command without `--daemon` in a new session, with its output
 /// in a log file next to the control socket, and returns once the mount answers.
 fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
+    // A daemon already serving the mountpoint would answer the readiness check below for
+    // the new one, which is about to fail: refuse here with the real reason.
+    if dhrd_fuse::control_request(&a.mountpoint, "status").is_ok() {
+        bail!(
+            "{} is already served by a dhrd daemon",
+            a.mountpoint.display()
+        );
+    }
     let exe = std::env::current_exe().context("locating the dhrd binary")?;
     // args_os: paths need not be UTF-8.
     let mut args: Vec<std::ffi::OsString> = std::env::args_os()
@@ -151,7 +201,10 @@ fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
     let log =
         std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
     let mut cmd = std::process::Command::new(exe);
+    // The background daemon is not the process a Type=notify unit started: systemd would
+    // reject its messages, so it must not send any.
     cmd.args(&args)
+        .env_remove(crate::boot::NOTIFY_SOCKET_ENV)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -188,8 +241,7 @@ fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_umount(a: UmountArgs) -> anyhow::Result<()> {
-    dhrd_fuse::umount(&a.mountpoint)?;
-    Ok(())
+    crate::boot::umount(&a.mountpoint, a.lazy, a.force)
 }
 
 pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
