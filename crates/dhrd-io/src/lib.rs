@@ -16,6 +16,7 @@
 //!   `sync` does not repair that promise (the engine treats it as sticky, see C4).
 
 mod file;
+pub mod pagecache;
 mod rng;
 mod sim;
 mod timed;

@@ -1,0 +1,288 @@
+//! The kernel's page cache of a file as a RAM tier: what it holds of a file (`cachestat`,
+//! with `mincore` where the kernel lacks it), and the inode flag that makes every write
+//! to a file synchronous (`FS_SYNC_FL`, `chattr +S`).
+//!
+//! Why the sync flag: a file system that honours it marks the inode `S_SYNC`, and the
+//! kernel then treats every write to it as `O_DSYNC` (`iocb_is_dsync` checks `IS_SYNC` of
+//! the inode, whoever opened it and with whatever flags), so a write returns only once
+//! its data, and the size when the write extended the file, are on the device. That holds
+//! for writes the kernel makes on an application's behalf through FUSE passthrough,
+//! which never reach a daemon that could sync them itself.
+//!
+//! Invariants: these are single system calls with no state of their own. The flag is a
+//! persistent inode attribute: it stays after the process that set it exits, and setting
+//! it updates the inode's ctime once.
+//!
+//! Crash semantics: setting or clearing the flag is a metadata change like a chmod; a crash
+//! right after may lose it. Callers that rely on it re-check it when they open the file.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use crate::PAGE_BYTES;
+
+/// `FS_SYNC_FL` from linux/fs.h: synchronous updates.
+pub const FS_SYNC_FL: libc::c_int = 0x0000_0008;
+/// The `cachestat` system call number (the same on every architecture that has it).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// What the page cache holds of a byte range of a file, in pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStat {
+    /// Pages of the range in the page cache.
+    pub cached_pages: u64,
+    /// Cached pages modified in RAM and not yet written back to the device.
+    pub dirty_pages: u64,
+    /// Pages being written back right now.
+    pub writeback_pages: u64,
+    /// Pages of the range evicted from the cache since the file was last cached.
+    pub evicted_pages: u64,
+    /// Evicted pages that were in use recently (they would have been hits).
+    pub recently_evicted_pages: u64,
+}
+
+impl CacheStat {
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached_pages.saturating_mul(PAGE_BYTES)
+    }
+}
+
+/// How a `CacheStat` was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatSource {
+    /// cachestat(2), kernel >= 6.5: every field is exact.
+    Cachestat,
+    /// mincore(2) on a mapping: only `cached_pages`; the rest read 0.
+    Mincore,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct CachestatOut {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// What the page cache holds of `len` bytes of `fd` from `offset` (`len` 0: to the end of
+/// the file). Uses cachestat(2), or mincore(2) on a temporary mapping on kernels without
+/// it (then only `cached_pages` is known, and `fd` must be open for reading).
+pub fn cachestat(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    len: u64,
+) -> io::Result<(CacheStat, CacheStatSource)> {
+    let range = CachestatRange { off: offset, len };
+    let mut out = CachestatOut::default();
+    // SAFETY: cachestat reads `range` and writes `out`, both live locals of the layouts the
+    // kernel expects (struct cachestat_range, struct cachestat); flags must be 0.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd.as_raw_fd(),
+            &range as *const CachestatRange,
+            &mut out as *mut CachestatOut,
+            0u32,
+        )
+    };
+    if r == 0 {
+        return Ok((
+            CacheStat {
+                cached_pages: out.nr_cache,
+                dirty_pages: out.nr_dirty,
+                writeback_pages: out.nr_writeback,
+                evicted_pages: out.nr_evicted,
+                recently_evicted_pages: out.nr_recently_evicted,
+            },
+            CacheStatSource::Cachestat,
+        ));
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(e);
+    }
+    let cached = mincore_pages(fd, offset, len)?;
+    Ok((
+        CacheStat {
+            cached_pages: cached,
+            ..CacheStat::default()
+        },
+        CacheStatSource::Mincore,
+    ))
+}
+
+/// Cached pages of a range by mincore(2) on a read-only shared mapping of it (`fd` must
+/// be open for reading).
+fn mincore_pages(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<u64> {
+    let size = file_len(fd)?;
+    let start = offset - offset % PAGE_BYTES;
+    let end = if len == 0 {
+        size
+    } else {
+        offset.saturating_add(len).min(size)
+    };
+    if end <= start {
+        return Ok(0);
+    }
+    let map_len = (end - start) as usize;
+    // SAFETY: a fresh read-only shared mapping of a file we hold open; unmapped below,
+    // never dereferenced (mincore only inspects page residency).
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            start as libc::off_t,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let pages = map_len.div_ceil(PAGE_BYTES as usize);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `addr` is the page-aligned mapping of `map_len` bytes made above and `vec` has
+    // one byte per page of it.
+    let r = unsafe { libc::mincore(addr, map_len, vec.as_mut_ptr()) };
+    let err = io::Error::last_os_error();
+    // SAFETY: unmaps exactly the mapping made above.
+    unsafe { libc::munmap(addr, map_len) };
+    if r != 0 {
+        return Err(err);
+    }
+    Ok(vec.iter().filter(|b| **b & 1 != 0).count() as u64)
+}
+
+fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat fills the buffer of the right type for a valid descriptor.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded.
+    Ok(unsafe { st.assume_init() }.st_size.max(0) as u64)
+}
+
+/// The inode flags of `fd` (`FS_IOC_GETFLAGS`).
+pub fn inode_flags(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int (the kernel's convention, despite the long in
+    // the ioctl's declared type) into `flags`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(flags)
+}
+
+/// Whether the file behind `fd` has `FS_SYNC_FL` set.
+pub fn sync_flag(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(inode_flags(fd)? & FS_SYNC_FL != 0)
+}
+
+/// Sets or clears `FS_SYNC_FL` on the file behind `fd`, leaving its other flags as they
+/// are. Returns whether it changed anything. Needs the file's owner or CAP_FOWNER; file
+/// systems without the flag (tmpfs, ...) refuse with EOPNOTSUPP, ENOTTY or EINVAL.
+pub fn set_sync_flag(fd: BorrowedFd<'_>, on: bool) -> io::Result<bool> {
+    let flags = inode_flags(fd)?;
+    let want = if on {
+        flags | FS_SYNC_FL
+    } else {
+        flags & !FS_SYNC_FL
+    };
+    if want == flags {
+        return Ok(false);
+    }
+    // SAFETY: FS_IOC_SETFLAGS reads one int from `want`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_SETFLAGS, &want) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Some file systems accept the call and drop flags they do not keep.
+    if (inode_flags(fd)? & FS_SYNC_FL != 0) != on {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    Ok(true)
+}
+
+/// Whether the file system of directory `dir` keeps `FS_SYNC_FL`: tried on an unnamed
+/// temporary file (O_TMPFILE), which never appears in the tree and is gone when closed.
+/// File systems without O_TMPFILE count as refusing (the caller falls back).
+pub fn probe_sync_flag(dir: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: openat with a NUL-terminated "." relative to a directory descriptor.
+    let raw = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c".".as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new descriptor we now own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    set_sync_flag(fd.as_fd(), true).map(|_| ())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn cachestat_sees_written_pages_and_their_sync() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .expect("create");
+        f.write_all(&vec![7u8; 64 * 1024]).expect("write");
+        let (st, src) = cachestat(f.as_fd(), 0, 0).expect("cachestat");
+        assert_eq!(st.cached_pages, 16, "{st:?} via {src:?}");
+        if src == CacheStatSource::Cachestat {
+            assert!(st.dirty_pages + st.writeback_pages > 0, "{st:?}");
+            f.sync_data().expect("fdatasync");
+            let (st, _) = cachestat(f.as_fd(), 0, 0).expect("cachestat");
+            assert_eq!((st.dirty_pages, st.writeback_pages), (0, 0), "{st:?}");
+        }
+        let (part, _) = cachestat(f.as_fd(), 4096, 8192).expect("range");
+        assert_eq!(part.cached_pages, 2);
+        assert_eq!(mincore_pages(f.as_fd(), 0, 0).expect("mincore"), 16);
+    }
+
+    #[test]
+    fn sync_flag_round_trip_where_the_file_system_keeps_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = std::fs::File::open(dir.path()).expect("dir");
+        if probe_sync_flag(d.as_fd()).is_err() {
+            eprintln!(
+                "skipped: the file system of {} refuses FS_SYNC_FL",
+                dir.path().display()
+            );
+            return;
+        }
+        let f = std::fs::File::create(dir.path().join("f")).expect("create");
+        assert!(!sync_flag(f.as_fd()).expect("get"));
+        assert!(set_sync_flag(f.as_fd(), true).expect("set"));
+        assert!(sync_flag(f.as_fd()).expect("get"));
+        assert!(!set_sync_flag(f.as_fd(), true).expect("set again changes nothing"));
+        assert!(set_sync_flag(f.as_fd(), false).expect("clear"));
+        assert!(!sync_flag(f.as_fd()).expect("get"));
+    }
+}
