@@ -17,6 +17,7 @@ mod error;
 mod loader;
 mod object;
 mod ram;
+pub mod resident;
 mod slot;
 mod stats;
 mod units;
