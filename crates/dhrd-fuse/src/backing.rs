@@ -25,6 +25,8 @@
 //! - `pending` is set before `write_durably` returns (so before the engine takes the
 //!   request's commit ticket), cleared before the `fdatasync` starts and restored if it
 //!   fails, so a write that completed before any `sync` call began is covered by that sync.
+//!   It starts set: the first `sync` of a file always runs `fdatasync`, since what a
+//!   previous daemon instance left dirty in the page cache is the file's too.
 //!
 //! Crash semantics are the kernel's: what `fdatasync` (or an `RWF_DSYNC` write) returned
 //! `Ok` for is on the device.
@@ -134,7 +136,10 @@ impl ConfinedFile {
             file,
             direct: OnceLock::new(),
             write_through,
-            pending: AtomicBool::new(false),
+            // The first `sync` always syncs: a previous daemon (killed before it flushed)
+            // or another writer may have left dirty pages of this file in the page cache,
+            // and an fsync through this object must cover them too.
+            pending: AtomicBool::new(true),
             dirty: Mutex::new(None),
             name,
         }
@@ -377,11 +382,52 @@ mod tests {
         ConfinedFile::new(f, path.display().to_string(), write_through)
     }
 
+    /// An fsync through a new object must make durable what a previous daemon left dirty
+    /// in the page cache (killed before its flush): the first `sync` always syncs.
+    #[test]
+    fn the_first_sync_covers_dirty_pages_a_previous_instance_left() {
+        use std::os::unix::fs::FileExt;
+        let path = scratch("restart");
+        let old = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("scratch");
+        old.write_all_at(&[7u8; 8192], 0).expect("write");
+        let dirty = |f: &File| {
+            let (st, src) = dhrd_io::pagecache::cachestat(f.as_fd(), 0, 0).expect("cachestat");
+            (src == dhrd_io::pagecache::CacheStatSource::Cachestat)
+                .then_some(st.dirty_pages + st.writeback_pages)
+        };
+        if dirty(&old) == Some(0) {
+            eprintln!("skipped: the pages were written back before the test looked");
+            return;
+        }
+        drop(old);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("reopen");
+        let cf = ConfinedFile::new(f, path.display().to_string(), false);
+        cf.sync().expect("sync");
+        if let Some(n) = dirty(cf.file()) {
+            assert_eq!(n, 0, "dirty pages left after the first sync");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+
     #[test]
     fn aligned_writes_are_durable_only_in_write_through_mode() {
         for write_through in [true, false] {
             let path = scratch(if write_through { "wt" } else { "wb" });
             let cf = open(&path, write_through);
+            // The first sync always runs (see the module header); after it, only writes
+            // make the next one necessary.
+            assert!(cf.pending.load(Ordering::Acquire));
+            cf.sync().unwrap();
             let block = vec![0xA5u8; 2 * DIRECT_ALIGN];
             let p = cf.write_durably(&block, DIRECT_ALIGN as u64).unwrap();
             if cf.direct_file().is_none() {
