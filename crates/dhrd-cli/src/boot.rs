@@ -102,6 +102,7 @@ fn option_flags(opt: &str) -> anyhow::Result<Vec<OsString>> {
         "config" => valued("--config"),
         "allow_other" => switch("--allow-other"),
         "no_preload" => switch("--no-preload"),
+        "no_pin" => switch("--no-pin"),
         "ro" => bail!("dhrd mounts are read-write; mount option ro is not supported"),
         // Named in an instance file of the systemd unit (dhrd@.service), which passes
         // them as operands; nothing to add here.

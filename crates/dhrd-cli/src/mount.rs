@@ -27,18 +27,25 @@ pub struct MountArgs {
     /// fsync (at fsync/unmount), periodic:N (fsync plus every N seconds).
     #[arg(long, default_value = "sync")]
     pub durability: Durability,
-    /// Kernel read path: auto (passthrough for read-only opens of loaded files, else
-    /// direct), passthrough, direct (FOPEN_DIRECT_IO, no page cache), cached (page cache).
+    /// Where file data lives and how it is read: auto (the backing files' page cache,
+    /// served by the kernel through passthrough, where the kernel and the backing file
+    /// system allow it, else engine-auto), pagecache (that, or fail), or the engine's RAM
+    /// copy per file: engine-auto, engine-passthrough, engine-direct, engine-cached.
     #[arg(long, default_value = "auto")]
     pub read_path: ReadPath,
     /// RAM budget for file data shared by all files, e.g. 4G or 512M (default: half of
-    /// physical memory). Data beyond it is served from the backing.
+    /// physical memory): page cache pinned, or engine RAM. Data beyond it is served from
+    /// the backing.
     #[arg(long)]
     pub mem: Option<String>,
+    /// Page cache path: warm files into RAM but do not lock them there (the kernel may
+    /// evict them under memory pressure).
+    #[arg(long)]
+    pub no_pin: bool,
     /// Chunk size of the RAM tier per file (power of two, e.g. 1M; default: the engine's).
     #[arg(long)]
     pub chunk: Option<String>,
-    /// Background loader threads shared by all files.
+    /// Background threads that load (engine) or warm (page cache) files, shared by all.
     #[arg(long, default_value_t = dhrd_engine::LOADER_THREADS_DEFAULT)]
     pub loader_threads: usize,
     /// Cap on the background load rate in bytes per second, e.g. 200M (default: none).
@@ -54,7 +61,7 @@ pub struct MountArgs {
     /// Directory listings with attributes (READDIRPLUS): auto (the kernel decides), always
     /// (best for du, find with stat tests, backups), off.
     #[arg(long, default_value = "auto")]
-    pub readdirplus: dhrd_fuse::fs::ReaddirPlus,
+    pub readdirplus: dhrd_fuse::ReaddirPlus,
     /// Closed files whose objects (RAM tier, backing descriptor, memfd) are kept; beyond
     /// them, closed files up to 64 MiB stay in RAM as plain copies without descriptors.
     #[arg(long, default_value_t = dhrd_fuse::objects::CLOSED_OBJECTS_MAX, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
@@ -144,6 +151,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
                 .transpose()
                 .map_err(anyhow::Error::msg)?,
             preload: !a.no_preload,
+            pin: !a.no_pin,
             readdirplus: a.readdirplus,
             object_cache: a.object_cache,
         },

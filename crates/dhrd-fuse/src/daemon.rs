@@ -16,16 +16,13 @@
 //! `umount -l`) and a backing directory holding every acknowledged write (sync mode) or
 //! every write up to the last flush (fsync / periodic modes). Nothing needs recovery.
 
+use crate::adapter::DhrdFs;
+use crate::config::FsConfig;
 use crate::error::{FsError, Result};
-use crate::fs::{DhrdFs, FsConfig, Shared};
-use crate::objects::{PARK_BYTES_MAX, PRELOAD_PARK_BYTES_MAX};
-use crate::sys::{self, BackingDir};
-use dhrd_io::Durable as _;
-use rustix::fs::OFlags;
-use std::ffi::OsStr;
-use std::fmt::Write as _;
+use crate::fs::Shared;
+use crate::status::{human, load_totals, status_json, status_text};
+use crate::sys::BackingDir;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
-use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -61,9 +58,6 @@ pub const CONTROL_LINE_MAX: usize = 256;
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the foreground progress line is refreshed.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
-/// Directories the preload walk keeps queued at most (breadth-first; more are skipped and
-/// loaded on first open instead).
-pub const PRELOAD_QUEUE_MAX: usize = 1 << 20;
 /// Allocations at least this large get their own mapping (see `run`).
 pub const MALLOC_MMAP_THRESHOLD_BYTES: i32 = 64 * 1024;
 /// How long `dhrd umount` waits for the daemon to exit after the unmount.
@@ -268,299 +262,6 @@ fn raise_nofile(object_cache: usize) -> Result<()> {
     }
 }
 
-fn human(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
-
-/// Load totals over every object in the cache: (bytes loaded, bytes total, settled).
-fn load_totals(sh: &Shared) -> (u64, u64, bool) {
-    let (loaded, total, all, _) = load_totals_ext(sh);
-    (loaded, total, all)
-}
-
-/// `load_totals` plus the bytes left on the backing because of the RAM budget (I11).
-fn load_totals_ext(sh: &Shared) -> (u64, u64, bool, u64) {
-    let mut loaded = 0u64;
-    let mut total = 0u64;
-    let mut all = true;
-    let mut over = 0u64;
-    // Parked copies are whole files in RAM.
-    let parked = sh.objects.parked_totals();
-    loaded += parked.bytes;
-    total += parked.bytes;
-    for o in sh.objects.snapshot() {
-        let p = o.progress();
-        over += p.chunks_over_budget.saturating_mul(p.chunk_bytes);
-        // Chunks in RAM, not bytes copied by the loader: writes also fill chunks.
-        loaded += ((p.fraction() * p.bytes_total as f64) as u64).min(p.bytes_total);
-        total += p.bytes_total;
-        // Settled: every chunk is loaded, or left on the backing for good (over the RAM
-        // budget, or failed every retry); nothing more will load by itself.
-        let settled = p.chunks_loaded + p.chunks_over_budget + p.chunks_failed >= p.chunks_total;
-        if !(o.is_fully_loaded() || settled) {
-            all = false;
-        }
-    }
-    (loaded, total, all, over)
-}
-
-/// The text `dhrd status` prints.
-pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
-    let mut s = String::new();
-    let (loaded, total, all, over) = load_totals_ext(sh);
-    let pct = if total == 0 {
-        100.0
-    } else {
-        loaded as f64 * 100.0 / total as f64
-    };
-    let _ = writeln!(
-        s,
-        "mount:           {} (backing {})",
-        mountpoint.display(),
-        backing.display()
-    );
-    let _ = writeln!(s, "durability:      {}", sh.cfg.durability);
-    let _ = writeln!(
-        s,
-        "read path:       {} (passthrough negotiated: {}, mmap on direct opens: {}, \
-         killpriv_v2: {}, atomic O_TRUNC: {})",
-        sh.cfg.read_path,
-        yes(sh.passthrough_negotiated.load(Ordering::Acquire)),
-        yes(sh.mmap_on_direct.load(Ordering::Acquire)),
-        yes(sh.killpriv_negotiated.load(Ordering::Acquire)),
-        yes(sh.atomic_o_trunc.load(Ordering::Acquire))
-    );
-    let pre = &sh.preload;
-    // Complete only once the walk has found every file too: until then the files it has
-    // not reached yet are neither counted nor loaded.
-    let complete = all && (pre.done.load(Ordering::Acquire) || !sh.cfg.preload);
-    let _ = writeln!(
-        s,
-        "load:            {pct:.1}% of cached files in RAM ({} of {}, {} objects, {} parked files){}",
-        human(loaded),
-        human(total),
-        sh.objects.len(),
-        sh.objects.parked_totals().files,
-        if complete { ", complete" } else { "" }
-    );
-    let _ = writeln!(
-        s,
-        "tree walk:       {} ({} files, {} found, {} preloaded)",
-        if pre.done.load(Ordering::Acquire) {
-            "done"
-        } else {
-            "running"
-        },
-        pre.files_seen.load(Ordering::Relaxed),
-        human(pre.bytes_seen.load(Ordering::Relaxed)),
-        pre.files_preloaded.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        s,
-        "RAM:             {} in RAM of a {} budget; {} over the budget, served from the backing",
-        human(sh.budget.used_bytes()),
-        human(sh.budget.limit_bytes()),
-        human(over)
-    );
-    let failed: Vec<String> = sh
-        .objects
-        .snapshot()
-        .iter()
-        .filter_map(|o| {
-            o.failure()
-                .map(|c| format!("{}: {c}", o.backing().describe()))
-        })
-        .collect();
-    if failed.is_empty() {
-        let _ = writeln!(s, "read-only:       no");
-    } else {
-        let _ = writeln!(
-            s,
-            "read-only:       {} file(s) after backing failures:",
-            failed.len()
-        );
-        for f in failed {
-            let _ = writeln!(s, "  {f}");
-        }
-    }
-    sh.stats.render(&mut s);
-    s
-}
-
-/// What `dhrd status --json` prints: the same facts as [`status_text`] under stable field
-/// names (documented in docs/fuse.md; fields are only ever added).
-pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> serde_json::Value {
-    use serde_json::{json, Map, Value};
-    let (loaded, total, all, over) = load_totals_ext(sh);
-    let pre = &sh.preload;
-    let walk_done = pre.done.load(Ordering::Acquire);
-    let read_only: Vec<Value> = sh
-        .objects
-        .snapshot()
-        .iter()
-        .filter_map(|o| {
-            o.failure()
-                .map(|c| json!({"file": o.backing().describe(), "cause": c.to_string()}))
-        })
-        .collect();
-    let counters: Map<String, Value> = sh
-        .stats
-        .counters()
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), json!(v)))
-        .collect();
-    let latency: Map<String, Value> = sh
-        .stats
-        .latency_quantiles_us()
-        .iter()
-        .map(|(op, qs)| {
-            let m: Map<String, Value> = qs
-                .iter()
-                .map(|(q, v)| (format!("{q}_le_us"), json!(v)))
-                .collect();
-            ((*op).to_owned(), Value::Object(m))
-        })
-        .collect();
-    json!({
-        "mountpoint": mountpoint.display().to_string(),
-        "backing": backing.display().to_string(),
-        "durability": sh.cfg.durability.to_string(),
-        "read_path": sh.cfg.read_path.to_string(),
-        "passthrough_negotiated": sh.passthrough_negotiated.load(Ordering::Acquire),
-        "load": {
-            "bytes_in_ram": loaded,
-            "bytes_total": total,
-            "fraction": if total == 0 { 1.0 } else { loaded as f64 / total as f64 },
-            "complete": all && (walk_done || !sh.cfg.preload),
-            "objects": sh.objects.len(),
-            "parked_files": sh.objects.parked_totals().files,
-        },
-        "tree_walk": {
-            "done": walk_done,
-            "files_seen": pre.files_seen.load(Ordering::Relaxed),
-            "bytes_seen": pre.bytes_seen.load(Ordering::Relaxed),
-            "files_preloaded": pre.files_preloaded.load(Ordering::Relaxed),
-        },
-        "ram": {
-            "used_bytes": sh.budget.used_bytes(),
-            "budget_bytes": sh.budget.limit_bytes(),
-            "over_budget_bytes": over,
-        },
-        "read_only": !read_only.is_empty(),
-        "read_only_files": read_only,
-        "counters": counters,
-        "latency": latency,
-    })
-}
-
-fn yes(b: bool) -> &'static str {
-    if b {
-        "yes"
-    } else {
-        "no"
-    }
-}
-
-/// Breadth-first walk of the tree: counts files and creates objects (which the shared loader
-/// then fills) while the closed-object cache and the RAM budget have room.
-fn preload_walk(sh: Arc<Shared>) {
-    let mut queue: std::collections::VecDeque<PathBuf> = std::collections::VecDeque::new();
-    queue.push_back(PathBuf::new());
-    while let Some(rel) = queue.pop_front() {
-        if sh.shutdown.load(Ordering::Acquire) {
-            break;
-        }
-        let Ok(fd) = sh.dir.open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY) else {
-            continue;
-        };
-        let Ok(mut d) = rustix::fs::Dir::read_from(&fd) else {
-            continue;
-        };
-        while let Some(Ok(ent)) = d.read() {
-            if sh.shutdown.load(Ordering::Acquire) {
-                break;
-            }
-            let name = OsStr::from_bytes(ent.file_name().to_bytes());
-            if name == "." || name == ".." {
-                continue;
-            }
-            let Ok(st) = sys::stat_at(fd.as_fd(), name) else {
-                continue;
-            };
-            if st.st_dev != sh.dir.dev() {
-                continue;
-            }
-            match st.st_mode & libc::S_IFMT {
-                libc::S_IFDIR if queue.len() < PRELOAD_QUEUE_MAX => {
-                    queue.push_back(rel.join(name));
-                }
-                libc::S_IFREG => {
-                    sh.preload.files_seen.fetch_add(1, Ordering::Relaxed);
-                    sh.preload
-                        .bytes_seen
-                        .fetch_add(st.st_size as u64, Ordering::Relaxed);
-                    let size = st.st_size as u64;
-                    if size == 0 || sh.objects.is_known(st.st_ino) {
-                        continue;
-                    }
-                    let room = sh.objects.has_room();
-                    if size <= PRELOAD_PARK_BYTES_MAX || (!room && size <= PARK_BYTES_MAX) {
-                        // Small files, and mid-sized ones once the object cache is full:
-                        // one read into a parked copy, no object, no descriptor kept, so
-                        // the whole tree fits in RAM, not only its first files.
-                        let parked = open_walked(fd.as_fd(), name, OFlags::RDONLY, st.st_ino)
-                            .and_then(|f| sh.objects.park_file(st.st_ino, &f));
-                        if let Ok(true) = parked {
-                            sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
-                        }
-                        continue;
-                    }
-                    let fits =
-                        sh.budget.used_bytes().saturating_add(size) <= sh.budget.limit_bytes();
-                    if room && fits {
-                        let path = rel.join(name);
-                        let label = path.display().to_string();
-                        let r = sh.objects.touch(st.st_ino, &label, || {
-                            open_walked(fd.as_fd(), name, OFlags::RDWR, st.st_ino)
-                        });
-                        if r.is_ok() {
-                            sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    sh.preload.done.store(true, Ordering::Release);
-}
-
-/// Opens `name` in the walked directory `dir`, confined, and checks it is still the inode
-/// the walk stat'ed (a rename in between makes it ESTALE, and the walk moves on).
-fn open_walked(
-    dir: std::os::fd::BorrowedFd<'_>,
-    name: &OsStr,
-    flags: OFlags,
-    ino: u64,
-) -> Result<std::fs::File> {
-    let f = sys::open_confined(dir, name, flags, rustix::fs::Mode::empty())?;
-    if sys::fstat(f.as_fd())?.st_ino != ino {
-        return Err(FsError::Stale);
-    }
-    Ok(std::fs::File::from(f))
-}
-
 fn progress_loop(sh: Arc<Shared>) {
     let tty = std::io::stderr().is_terminal();
     let start = Instant::now();
@@ -570,13 +271,10 @@ fn progress_loop(sh: Arc<Shared>) {
         if sh.shutdown.load(Ordering::Acquire) {
             return;
         }
-        let (loaded, total, all) = load_totals(&sh);
-        let done = all && sh.preload.done.load(Ordering::Acquire);
-        let pct = if total == 0 {
-            100.0
-        } else {
-            loaded as f64 * 100.0 / total as f64
-        };
+        let l = load_totals(&sh);
+        let (loaded, total) = (l.loaded, l.total);
+        let done = l.complete && (sh.preload.done.load(Ordering::Acquire) || !sh.cfg.preload);
+        let pct = (l.fraction() * 100.0).min(100.0);
         let secs = start.elapsed().as_secs_f64().max(0.001);
         let rate = loaded as f64 / secs;
         let eta = if rate > 0.0 {
@@ -708,6 +406,13 @@ pub fn run(cfg: MountConfig) -> Result<()> {
     rustix::process::umask(rustix::fs::Mode::empty());
 
     let sh = Shared::new(dir, cfg.fs.clone())?;
+    // What can be known before mounting is refused before mounting; passthrough support
+    // is known only from the kernel's INIT (then the mount fails there).
+    if cfg.fs.read_path == crate::config::ReadPath::PageCache {
+        if let Err(why) = &sh.sync_flag_probe {
+            return Err(setup(format!("--read-path pagecache: {why}")));
+        }
+    }
     let mut options = vec![
         fuser::MountOption::FSName(format!("dhrd:{}", backing.display())),
         fuser::MountOption::Subtype("dhrd".into()),
@@ -764,12 +469,21 @@ pub fn run(cfg: MountConfig) -> Result<()> {
             .spawn(move || control_server(listener, sh2, m2, b2, tx))
             .map_err(|e| setup(format!("spawning the control thread: {e}")))?;
     }
-    if cfg.fs.preload {
+    {
+        // The walk (or, without it, the note that there is none) once INIT has chosen
+        // the data path.
         let sh2 = sh.clone();
+        let preload = cfg.fs.preload;
         std::thread::Builder::new()
-            .name("dhrd-preload".into())
-            .spawn(move || preload_walk(sh2))
-            .map_err(|e| setup(format!("spawning the preload thread: {e}")))?;
+            .name("dhrd-walk".into())
+            .spawn(move || {
+                if preload {
+                    crate::walk::walk(sh2);
+                } else if let Some(crate::data::Tier::Page(t)) = sh2.wait_tier() {
+                    t.resident.walk_done();
+                }
+            })
+            .map_err(|e| setup(format!("spawning the walk thread: {e}")))?;
     }
     if cfg.progress {
         let sh2 = sh.clone();

@@ -1,22 +1,33 @@
-//! FUSE frontend of dhrd: presents a backing directory as a file system whose regular files
-//! are hybrid objects of the engine (RAM tier for reads, the backing file as durable copy).
+//! FUSE frontend of dhrd: presents a backing directory as a file system whose files are
+//! served from RAM and written through to the backing directory before each write returns.
 //!
-//! Layers: `sys` (confined access to the backing directory), `backing` (one backing file as
-//! a `Durable`), `objects` (the per-file object cache), `nodes` (inode table), `fs` (the
-//! request handlers), `killpriv` (which set-id bits a change must drop), `daemon` (mount,
-//! control socket, signals), `stats`.
-//! See docs/fuse.md for the user-visible rules.
+//! Layers: `sys` (confined access to the backing directory), `config` (mount options),
+//! `fs` (state shared by the handlers, and what metadata and data requests share), `meta`
+//! (namespace, listings, xattrs), `data` (open files, on one of two data paths:
+//! `page_tier`, the backing files' page cache served by the kernel through passthrough,
+//! the default; `engine_tier` with `objects` and `backing`, the engine's RAM copy per
+//! file), `adapter` (the fuser adapter), `nodes` (inode table), `killpriv` (which set-id
+//! bits a change must drop), `walk` (background warm-up), `daemon` (mount, control
+//! socket, signals), `status`, `stats`. See docs/fuse.md for the user-visible rules.
 
+pub mod adapter;
 pub mod backing;
+pub mod config;
 pub mod daemon;
+pub mod data;
+pub mod engine_tier;
 pub mod error;
 pub mod fs;
 pub mod killpriv;
+pub mod meta;
 pub mod nodes;
 pub mod objects;
+pub mod page_tier;
 pub mod stats;
+pub mod status;
 pub mod sys;
+pub mod walk;
 
+pub use config::{FsConfig, ReadPath, ReaddirPlus};
 pub use daemon::{control_request, default_mem_bytes, run, umount, MountConfig};
 pub use error::{FsError, Result};
-pub use fs::{FsConfig, ReadPath};

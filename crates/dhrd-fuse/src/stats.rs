@@ -78,9 +78,6 @@ pub struct FsStats {
     pub opens_passthrough: AtomicU64,
     pub opens_direct: AtomicU64,
     pub opens_cached: AtomicU64,
-    /// Read-only opens served from a parked copy, without an object (among the direct or
-    /// cached opens).
-    pub opens_parked: AtomicU64,
     /// Opens with O_TRUNC that truncated the file themselves (FUSE_ATOMIC_O_TRUNC).
     pub open_truncates: AtomicU64,
     /// LOOKUP requests, and entries handed out with attributes by READDIRPLUS (each one
@@ -100,7 +97,7 @@ pub struct FsStats {
 impl FsStats {
     /// Every counter with its stable name (`dhrd status --json`, `--prometheus`; the
     /// names are documented in docs/fuse.md and only ever added to).
-    pub fn counters(&self) -> [(&'static str, u64); 21] {
+    pub fn counters(&self) -> [(&'static str, u64); 20] {
         let g = |a: &AtomicU64| a.load(Relaxed);
         [
             ("reads", g(&self.reads)),
@@ -118,7 +115,6 @@ impl FsStats {
             ("opens_passthrough", g(&self.opens_passthrough)),
             ("opens_direct", g(&self.opens_direct)),
             ("opens_cached", g(&self.opens_cached)),
-            ("opens_parked", g(&self.opens_parked)),
             ("open_truncates", g(&self.open_truncates)),
             ("lookups", g(&self.lookups)),
             ("readdirplus_entries", g(&self.readdirplus_entries)),
@@ -157,11 +153,10 @@ impl FsStats {
         );
         let _ = writeln!(
             out,
-            "opens:           passthrough {}, direct {}, cached {} (passthrough reads never reach the daemon); from parked copies {}; with O_TRUNC {}",
+            "opens:           passthrough {}, direct {}, cached {} (passthrough reads and writes never reach the daemon); with O_TRUNC {}",
             g(&self.opens_passthrough),
             g(&self.opens_direct),
             g(&self.opens_cached),
-            g(&self.opens_parked),
             g(&self.open_truncates)
         );
         let _ = writeln!(

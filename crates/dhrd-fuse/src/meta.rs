@@ -1,0 +1,510 @@
+//! Metadata requests: the namespace (create, mknod, mkdir, symlink, link, rename, unlink,
+//! rmdir), directory listings, xattrs and statfs, all as confined `*at` system calls on
+//! the backing directory (`sys.rs`).
+//!
+//! Invariants:
+//! - Every change is made durable per the durability mode before the reply
+//!   (`Shared::meta_durable`): in `sync` mode the changed inode and its parent directory
+//!   (both parents for rename) are fsync'ed; changes of symlinks, FIFOs and link counts,
+//!   which cannot be fsync'ed by descriptor, use `syncfs`.
+//! - The node table follows every change (remember, unlinked, renamed), and a file whose
+//!   last link goes is forgotten by the data path (`Shared::data_unlinked`).
+//! - Xattrs under `trusted.dhrd.` are the daemon's own (page_tier.rs): never listed,
+//!   read, set or removed through the mount.
+//!
+//! Crash semantics: a reply that reported success in `sync` mode is on the backing device.
+//! A crash between the backing operation and its fsync leaves whatever the backing file
+//! system recovers, which is either the old or the new state of that one operation.
+
+use crate::error::{FsError, Result};
+use crate::fs::{kind_of, kind_of_dirent, Shared};
+use crate::nodes::{Fh, Ino};
+use crate::page_tier::PRIVATE_XATTR_PREFIX;
+use crate::sys::{self, FUSE_ROOT_INO};
+use fuser::{FileAttr, FileType, RenameFlags, Request};
+use rustix::fs::{AtFlags, Mode, OFlags};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+
+/// Entries of an open directory, read once at its first READDIR (offsets are indexes into
+/// it).
+pub(crate) struct DirHandle {
+    pub(crate) entries: Vec<(u64, FileType, OsString)>,
+    /// The directory and its backing inode until the first READDIR reads it: when the
+    /// kernel serves a listing from its cache (FOPEN_CACHE_DIR), none comes, and the
+    /// backing directory is never read.
+    unread: Option<(OwnedFd, u64)>,
+}
+
+/// Whether an xattr name is the daemon's own.
+fn private_xattr(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(PRIVATE_XATTR_PREFIX.as_bytes())
+}
+
+impl Shared {
+    pub(crate) fn parent_and_name(&self, ino: Ino) -> Result<(Ino, OsString)> {
+        let nodes = self.nodes.lock();
+        let path = nodes.path(ino)?;
+        drop(nodes);
+        // Rebuild the parent from the path: the node table stores it, but reading it via
+        // the path keeps one source of truth.
+        let name = path
+            .file_name()
+            .ok_or(FsError::Errno(libc::EPERM))?
+            .to_owned();
+        let parent_path = path.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+        let fd = self
+            .dir
+            .open_rel(&parent_path, OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(|_| FsError::Stale)?;
+        let st = sys::fstat(fd.as_fd())?;
+        Ok((Ino(self.dir.fuse_ino(st.st_ino)), name))
+    }
+
+    pub(crate) fn do_mknod(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<FileAttr> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        let perm = Mode::from_raw_mode(mode & !umask & 0o7777);
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                let fd = sys::open_confined(
+                    pfd.as_fd(),
+                    name,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
+                    perm,
+                )?;
+                self.chown_new(req, &pfd, Some(&fd), name)?;
+                self.restore_setid_bits(&pfd, name, perm)?;
+                self.meta_durable(&[&fd, &pfd])?;
+            }
+            libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK => {
+                // Device nodes: the kernel lets only callers with CAP_MKNOD (in the initial
+                // user namespace) send this request, so making the node in the backing
+                // directory is what that caller could do there directly; through the
+                // mount, which is nodev, the node opens no device. A daemon without
+                // CAP_MKNOD gets EPERM from the backing, which passes through.
+                let ft = rustix::fs::FileType::from_raw_mode(mode);
+                let dev = if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) {
+                    sys::decode_fuse_rdev(rdev)
+                } else {
+                    0
+                };
+                rustix::fs::mknodat(&pfd, name, ft, perm, dev)?;
+                self.chown_new(req, &pfd, None, name)?;
+                self.restore_setid_bits(&pfd, name, perm)?;
+                self.meta_durable(&[&pfd])?;
+            }
+            _ => return Err(FsError::Errno(libc::EINVAL)),
+        }
+        self.lookup_in(parent, &pfd, name)
+    }
+
+    pub(crate) fn do_mkdir(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<FileAttr> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(mode & !umask & 0o7777))?;
+        let fd = sys::open_confined(
+            pfd.as_fd(),
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )?;
+        self.chown_new(req, &pfd, Some(&fd), name)?;
+        self.meta_durable(&[&fd, &pfd])?;
+        self.lookup_in(parent, &pfd, name)
+    }
+
+    pub(crate) fn do_unlink(&self, parent: Ino, name: &OsStr, dir: bool) -> Result<()> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        let st = sys::stat_at(pfd.as_fd(), name)?;
+        let flags = if dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        rustix::fs::unlinkat(&pfd, name, flags)?;
+        self.meta_durable(&[&pfd])?;
+        let ino = Ino(self.dir.fuse_ino(st.st_ino));
+        self.nodes.lock().unlinked(ino, parent, name);
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink <= 1 {
+            self.data_unlinked(st.st_ino);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn do_symlink(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        target: &std::path::Path,
+    ) -> Result<FileAttr> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        rustix::fs::symlinkat(target, &pfd, name)?;
+        self.chown_new(req, &pfd, None, name)?;
+        self.meta_durable(&[&pfd])?;
+        self.lookup_in(parent, &pfd, name)
+    }
+
+    pub(crate) fn do_rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        sys::check_name(name)?;
+        sys::check_name(newname)?;
+        let pfd = self.dir_fd(parent)?;
+        let npfd = if newparent == parent {
+            None
+        } else {
+            Some(self.dir_fd(newparent)?)
+        };
+        let nfd = npfd.as_ref().unwrap_or(&pfd);
+        let moved = sys::stat_at(pfd.as_fd(), name)?;
+        let replaced = sys::stat_at(nfd.as_fd(), newname).ok();
+        let rflags = rustix::fs::RenameFlags::from_bits_retain(flags.bits());
+        rustix::fs::renameat_with(&pfd, name, nfd, newname, rflags)?;
+        match &npfd {
+            Some(n) => self.meta_durable(&[n, &pfd])?,
+            None => self.meta_durable(&[&pfd])?,
+        }
+        let moved_ino = Ino(self.dir.fuse_ino(moved.st_ino));
+        let mut nodes = self.nodes.lock();
+        if let Some(r) = replaced {
+            let r_ino = Ino(self.dir.fuse_ino(r.st_ino));
+            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+                nodes.renamed(r_ino, newparent, newname, parent, name);
+            } else if r_ino != moved_ino {
+                nodes.unlinked(r_ino, newparent, newname);
+                drop(nodes);
+                if r.st_mode & libc::S_IFMT == libc::S_IFREG && r.st_nlink <= 1 {
+                    self.data_unlinked(r.st_ino);
+                }
+                nodes = self.nodes.lock();
+            }
+        }
+        if replaced.map(|r| r.st_ino) != Some(moved.st_ino) {
+            // (Renaming a name onto another link of the same inode changes nothing.)
+            nodes.renamed(moved_ino, parent, name, newparent, newname);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn do_link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<FileAttr> {
+        sys::check_name(newname)?;
+        let npfd = self.dir_fd(newparent)?;
+        let (fd, _) = self.node_fd(ino, OFlags::PATH)?;
+        rustix::fs::linkat(&fd, "", &npfd, newname, AtFlags::EMPTY_PATH)?;
+        // The link count lives in the inode: syncfs covers it for every file type.
+        if self.sync_mode() {
+            sys::fsync(npfd.as_fd()).map_err(|e| FsError::io("fsync", e))?;
+            sys::syncfs(npfd.as_fd()).map_err(|e| FsError::io("syncfs", e))?;
+            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.meta_dirty.store(true, Ordering::Release);
+        }
+        self.lookup_in(newparent, &npfd, newname)
+    }
+
+    /// The namespace part of CREATE: makes (or, without O_EXCL, opens) `name` in `parent`,
+    /// gives a new file to the caller, makes it durable per the mode and looks it up.
+    /// Returns the entry, the open backing file (read-write) and whether this call made
+    /// it (a failure after that must `undo_create`).
+    pub(crate) fn create_entry(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<Created> {
+        sys::check_name(name)?;
+        let pfd = self.dir_fd(parent)?;
+        let perm = Mode::from_raw_mode(mode & !umask & 0o7777);
+        // Exclusive first, so we know whether this call created the file (and must give
+        // it to the caller); without O_EXCL an existing file is opened as it is.
+        let excl = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR;
+        let (fd, created) = match sys::open_confined(pfd.as_fd(), name, excl, perm) {
+            Ok(fd) => (fd, true),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => (
+                sys::open_confined(pfd.as_fd(), name, OFlags::RDWR, Mode::empty())?,
+                false,
+            ),
+            Err(e) => return Err(e.into()),
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(FsError::Errno(libc::EINVAL));
+        }
+        let mut looked_up = false;
+        let r = (|| {
+            if created {
+                self.chown_new(req, &pfd, Some(&fd), name)?;
+                self.restore_setid_bits(&pfd, name, perm)?;
+            }
+            self.meta_durable(&[&fd, &pfd])?;
+            let attr = self.lookup_in(parent, &pfd, name)?;
+            looked_up = true;
+            Ok(attr)
+        })();
+        match r {
+            Ok(attr) => Ok(Created {
+                attr,
+                key: st.st_ino,
+                file: File::from(fd),
+                made: created,
+                pfd,
+            }),
+            Err(e) => {
+                if created {
+                    self.undo_create(parent, &pfd, name, st.st_ino, looked_up);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A create that failed after making its file (ownership, durability, the object)
+    /// takes the file away again: a failed operation changes nothing the caller can see.
+    /// Only the inode this call made is removed, and only under the name it got. Best
+    /// effort: if the removal fails too, an empty file is left, as a crash at that point
+    /// would leave it.
+    pub(crate) fn undo_create(
+        &self,
+        parent: Ino,
+        pfd: &OwnedFd,
+        name: &OsStr,
+        key: u64,
+        looked_up: bool,
+    ) {
+        let still_ours = sys::stat_at(pfd.as_fd(), name).is_ok_and(|st| st.st_ino == key);
+        if still_ours && rustix::fs::unlinkat(pfd, name, AtFlags::empty()).is_ok() {
+            let _ = self.meta_durable(&[pfd]);
+        }
+        let ino = Ino(self.dir.fuse_ino(key));
+        let mut nodes = self.nodes.lock();
+        nodes.unlinked(ino, parent, name);
+        if looked_up {
+            // The kernel never got the entry, so it will never forget it.
+            nodes.forget(ino, 1);
+        }
+        drop(nodes);
+        self.data_unlinked(key);
+    }
+
+    pub(crate) fn do_opendir(&self, ino: Ino) -> Result<Fh> {
+        let (fd, st) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let fh = self.new_fh();
+        self.dirs.lock().insert(
+            fh,
+            DirHandle {
+                entries: Vec::new(),
+                unread: Some((fd, st.st_ino)),
+            },
+        );
+        Ok(fh)
+    }
+
+    /// Reads the directory of handle `fh` on its first READDIR (see `DirHandle::unread`);
+    /// the entries then stay fixed for the handle, so offsets are stable.
+    pub(crate) fn dir_entries_ready(&self, ino: Ino, fh: Fh) -> Result<()> {
+        let unread = match self.dirs.lock().get_mut(&fh) {
+            Some(d) => d.unread.take(),
+            None => return Err(FsError::Errno(libc::EBADF)),
+        };
+        let Some((fd, self_ino)) = unread else {
+            return Ok(());
+        };
+        let entries = self.read_dir_entries(ino, &fd, self_ino);
+        let mut dirs = self.dirs.lock();
+        let Some(d) = dirs.get_mut(&fh) else {
+            return Err(FsError::Errno(libc::EBADF));
+        };
+        match entries {
+            Ok(e) => {
+                d.entries = e;
+                Ok(())
+            }
+            Err(e) => {
+                d.unread = Some((fd, self_ino));
+                Err(e)
+            }
+        }
+    }
+
+    fn read_dir_entries(
+        &self,
+        ino: Ino,
+        fd: &OwnedFd,
+        self_ino: u64,
+    ) -> Result<Vec<(u64, FileType, OsString)>> {
+        let parent_ino = if ino.0 == FUSE_ROOT_INO {
+            FUSE_ROOT_INO
+        } else {
+            match sys::stat_at(fd.as_fd(), OsStr::new("..")) {
+                Ok(p) => self.dir.fuse_ino(p.st_ino),
+                Err(_) => FUSE_ROOT_INO,
+            }
+        };
+        let mut entries = vec![
+            (
+                self.dir.fuse_ino(self_ino),
+                FileType::Directory,
+                OsString::from("."),
+            ),
+            (parent_ino, FileType::Directory, OsString::from("..")),
+        ];
+        let mut d = rustix::fs::Dir::read_from(fd)?;
+        while let Some(ent) = d.read() {
+            let ent = ent?;
+            let name = OsStr::from_bytes(ent.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            entries.push((
+                self.dir.fuse_ino(ent.ino()),
+                kind_of_dirent(ent.file_type()),
+                name.to_owned(),
+            ));
+        }
+        Ok(entries)
+    }
+
+    #[allow(clippy::type_complexity)] // the argument list of ReplyStatfs::statfs
+    pub(crate) fn do_statfs(&self) -> Result<(u64, u64, u64, u64, u64, u32, u32, u32)> {
+        let s = rustix::fs::fstatvfs(self.dir.root_fd())?;
+        Ok((
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            s.f_namemax as u32,
+            s.f_frsize as u32,
+        ))
+    }
+
+    /// Descriptor for xattr calls: only regular files and directories carry user xattrs
+    /// reachable without following a link.
+    fn xattr_fd(&self, ino: Ino) -> Result<Option<OwnedFd>> {
+        let st = self.stat_node(ino)?;
+        match kind_of(st.st_mode) {
+            FileType::RegularFile | FileType::Directory => Ok(Some(
+                self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?.0,
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    pub(crate) fn do_getxattr(&self, ino: Ino, name: &OsStr, size: u32) -> Result<Vec<u8>> {
+        if private_xattr(name) {
+            return Err(FsError::Errno(libc::ENODATA));
+        }
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Err(FsError::Errno(libc::ENODATA));
+        };
+        if size == 0 {
+            let n = rustix::fs::fgetxattr_query(&fd, name)?;
+            return Ok(vec![0u8; n]);
+        }
+        let mut buf = vec![0u8; size as usize];
+        let n = rustix::fs::fgetxattr(&fd, name, &mut buf[..])?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// The names list without the daemon's own; `size` 0 asks for the length only, and a
+    /// list longer than `size` is ERANGE, as listxattr(2) answers.
+    pub(crate) fn do_listxattr(&self, ino: Ino, size: u32) -> Result<Vec<u8>> {
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Ok(Vec::new());
+        };
+        let all = loop {
+            let n = rustix::fs::flistxattr_query(&fd)?;
+            let mut buf = vec![0u8; n];
+            match rustix::fs::flistxattr(&fd, &mut buf[..]) {
+                Ok(got) => {
+                    buf.truncate(got);
+                    break buf;
+                }
+                // Grew between the two calls.
+                Err(rustix::io::Errno::RANGE) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let shown: Vec<u8> = all
+            .split_inclusive(|b| *b == 0)
+            .filter(|n| !private_xattr(OsStr::from_bytes(n.strip_suffix(&[0]).unwrap_or(n))))
+            .flatten()
+            .copied()
+            .collect();
+        if size != 0 && shown.len() > size as usize {
+            return Err(FsError::Errno(libc::ERANGE));
+        }
+        Ok(shown)
+    }
+
+    pub(crate) fn do_setxattr(
+        &self,
+        ino: Ino,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        if private_xattr(name) {
+            return Err(FsError::Errno(libc::EPERM));
+        }
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Err(FsError::Errno(libc::EPERM));
+        };
+        let f = rustix::fs::XattrFlags::from_bits_retain(flags as _);
+        rustix::fs::fsetxattr(&fd, name, value, f)?;
+        self.meta_durable(&[&fd])
+    }
+
+    pub(crate) fn do_removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
+        if private_xattr(name) {
+            return Err(FsError::Errno(libc::ENODATA));
+        }
+        let Some(fd) = self.xattr_fd(ino)? else {
+            return Err(FsError::Errno(libc::ENODATA));
+        };
+        rustix::fs::fremovexattr(&fd, name)?;
+        self.meta_durable(&[&fd])
+    }
+}
+
+/// What `create_entry` made: the new entry, its backing inode number and open backing
+/// file, whether this call created it, and the parent directory (for `undo_create`).
+pub(crate) struct Created {
+    pub(crate) attr: FileAttr,
+    pub(crate) key: u64,
+    pub(crate) file: File,
+    pub(crate) made: bool,
+    pub(crate) pfd: OwnedFd,
+}

@@ -1,0 +1,562 @@
+//! The page-cache data path (the default): the RAM tier is the kernel's page cache of the
+//! backing files themselves, and the kernel serves reads and writes of every open regular
+//! file from it through FUSE passthrough, without a daemon round trip.
+//!
+//! How each open is served:
+//! - Every open of a regular file carries the inode's backing id (FOPEN_PASSTHROUGH; the
+//!   kernel wants one per inode, shared by all its opens, fs/fuse/iomode.c). The kernel
+//!   opens the backing file with the application's own flags and reads and writes it.
+//! - `sync` durability: the backing inode carries `FS_SYNC_FL` (`dhrd_io::pagecache`), so
+//!   the backing file system makes every write synchronous (`IS_SYNC`), also those the
+//!   kernel makes for an application through passthrough. A write returns once its data
+//!   is on the device; nothing of it ever sits dirty in the page cache.
+//! - O_DIRECT opens, writable opens of a set-id file (the kernel leaves dropping set-id
+//!   bits on a write to the daemon, which passthrough writes never reach; killpriv.rs),
+//!   and writable opens of a file whose flag could not be set in `sync` mode, are served
+//!   by the daemon (FOPEN_DIRECT_IO on top of the backing id): reads are
+//!   `pread` of the same page cache (O_DIRECT through passthrough would read the disk and
+//!   drop cached pages), writes `pwritev2` with RWF_DSYNC in `sync` mode. The kernel lets
+//!   such writes of one file run in parallel (FOPEN_PARALLEL_DIRECT_WRITES), unlike
+//!   passthrough writes, which it serializes on the inode lock. mmap of such an open still
+//!   maps the backing file (the backing id), so every mapping shares the one page cache.
+//!
+//! Invariants:
+//! - One registration (`Reg`: backing descriptor and backing id) per backing inode while
+//!   any open of it exists; created by the first open, dropped at the last release.
+//! - D3 by construction: every read and write of every open, by the kernel or the daemon,
+//!   goes through the backing file's one page cache.
+//! - The sync flag set by dhrd is marked with the `trusted.dhrd.sync` xattr, so a mount in
+//!   `fsync` or `periodic:N` mode clears it again (and only it: a flag an administrator
+//!   set stays). The xattr is hidden from the mount's xattr calls.
+//!
+//! Crash semantics: `sync` mode: a write that returned is on the device (the file system's
+//! synchronous write path); a failing write returns EIO to the application from the
+//! backing file system directly. Other modes: like the backing file system's own buffered
+//! writes; `fsync` of a file runs `fdatasync`/`fsync` of its backing file, whatever this
+//! daemon instance wrote (a previous instance may have left dirty pages), and unmount runs
+//! `syncfs`.
+
+use crate::config::COPY_STEP_BYTES;
+use crate::data::OpenReply;
+use crate::error::{FsError, Result};
+use dhrd_engine::resident::Resident;
+use dhrd_io::pagecache;
+use fuser::FopenFlags;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The xattr marking a sync flag dhrd set (and may therefore clear).
+pub const SYNC_MARK_XATTR: &str = "trusted.dhrd.sync";
+/// Xattr names of the daemon's own, never shown through the mount.
+pub const PRIVATE_XATTR_PREFIX: &str = "trusted.dhrd.";
+
+/// How the kernel reaches one open's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// Kernel passthrough of reads and writes to the backing file.
+    Passthrough,
+    /// Reads and writes through the daemon (from the same page cache); mmap passed through.
+    Daemon,
+}
+
+/// One open regular file.
+#[derive(Clone)]
+pub struct PageOpen {
+    pub file: Arc<File>,
+    pub service: Service,
+    pub writable: bool,
+}
+
+/// Counters of the page-cache path.
+#[derive(Default)]
+pub struct PageStats {
+    pub sync_flags_set: AtomicU64,
+    pub sync_flags_cleared: AtomicU64,
+    pub sync_flag_failures: AtomicU64,
+    pub registration_failures: AtomicU64,
+}
+
+struct Reg<B> {
+    file: Arc<File>,
+    id: Option<Arc<B>>,
+    opens: u32,
+    writers: u32,
+    /// `sync` mode: the inode has FS_SYNC_FL, so passthrough writes are durable.
+    sync_ok: bool,
+}
+
+/// The page-cache path's state. `B` is the kernel's backing-id token (`fuser::BackingId`;
+/// tests use a plain number).
+pub struct PageTier<B = fuser::BackingId> {
+    sync_mode: bool,
+    regs: Mutex<HashMap<u64, Reg<B>>>,
+    pub resident: Resident,
+    pub stats: PageStats,
+    /// The first failure of the backing the daemon saw itself (an fsync, a write it
+    /// served, a truncate): passthrough writes report theirs to the application only.
+    failure: Mutex<Option<String>>,
+}
+
+impl<B> PageTier<B> {
+    pub fn new(sync_mode: bool, resident: Resident) -> Self {
+        Self {
+            sync_mode,
+            regs: Mutex::new(HashMap::new()),
+            resident,
+            stats: PageStats::default(),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Records a failure of the backing seen by the daemon (the first one is kept); ENOSPC
+    /// and EDQUOT fail only their request and are not recorded (C5).
+    pub fn record_failure(&self, what: &str, e: &FsError) {
+        if matches!(e.errno(), libc::ENOSPC | libc::EDQUOT | libc::EINTR) {
+            return;
+        }
+        let mut f = self.failure.lock();
+        if f.is_none() {
+            *f = Some(format!("{what}: {e}"));
+        }
+    }
+
+    /// Why the backing cannot take writes, if it cannot: a failure the daemon saw, or a
+    /// probe of the backing file system now (read-only, or failing fsync as a shut down
+    /// or dead disk does). A failure found is kept (sticky, C4). Applications learn of it
+    /// from their own writes' errors; this is for status.
+    pub fn health(&self, root: BorrowedFd<'_>) -> Option<String> {
+        if let Some(f) = self.failure.lock().clone() {
+            return Some(f);
+        }
+        let verdict = match rustix::fs::fstatvfs(root) {
+            Ok(s) if s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) => {
+                Some("the backing file system is mounted read-only".to_string())
+            }
+            // fsync of the root directory: nothing to write on a healthy file system (a
+            // cache flush at most); EIO on one that was shut down or lost its disk.
+            _ => rustix::fs::fsync(root)
+                .err()
+                .map(|e| format!("the backing file system fails: {}", io::Error::from(e))),
+        };
+        if let Some(v) = &verdict {
+            self.failure.lock().get_or_insert_with(|| v.clone());
+        }
+        verdict
+    }
+
+    /// Opens one regular file: `open_file` opens its backing file (read-write where
+    /// possible) if no open of it exists, `register` makes the backing id.
+    pub fn open(
+        &self,
+        key: u64,
+        open_flags: i32,
+        writable: bool,
+        open_file: impl FnOnce() -> Result<File>,
+        register: impl FnOnce(BorrowedFd<'_>) -> io::Result<B>,
+    ) -> Result<(PageOpen, OpenReply<B>)> {
+        let mut regs = self.regs.lock();
+        if !regs.contains_key(&key) {
+            // The backing file is opened and its flag settled outside the lock; a racing
+            // first open does the same, and the one that inserts first wins.
+            drop(regs);
+            let f = open_file()?;
+            let sync_ok = self.settle_sync_flag(f.as_fd());
+            regs = self.regs.lock();
+            regs.entry(key).or_insert(Reg {
+                file: Arc::new(f),
+                id: None,
+                opens: 0,
+                writers: 0,
+                sync_ok,
+            });
+        }
+        let Some(reg) = regs.get_mut(&key) else {
+            return Err(FsError::Stale);
+        };
+        if reg.id.is_none() {
+            match register(reg.file.as_fd()) {
+                Ok(id) => reg.id = Some(Arc::new(id)),
+                Err(e) => {
+                    // Served by the daemon instead: correct, only slower.
+                    self.stats
+                        .registration_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    eprintln!("dhrd: passthrough registration failed ({e}); reads and writes of this file go through the daemon");
+                }
+            }
+        }
+        // A writer of a set-id file goes through the daemon: the kernel leaves dropping
+        // the bits to a KILLPRIV_V2 server, and passthrough writes never reach it.
+        let setid = writable
+            && crate::sys::fstat(reg.file.as_fd())
+                .is_ok_and(|st| st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0);
+        let by_daemon = open_flags & libc::O_DIRECT != 0
+            || (writable && self.sync_mode && !reg.sync_ok)
+            || setid
+            || reg.id.is_none();
+        reg.opens += 1;
+        if writable {
+            reg.writers += 1;
+        }
+        let daemon_flags = FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+        let (service, reply) = match (&reg.id, by_daemon) {
+            (Some(id), false) => (
+                Service::Passthrough,
+                OpenReply::Passthrough(FopenFlags::empty(), id.clone()),
+            ),
+            (Some(id), true) => (
+                Service::Daemon,
+                OpenReply::Passthrough(daemon_flags, id.clone()),
+            ),
+            (None, _) => (Service::Daemon, OpenReply::Plain(daemon_flags)),
+        };
+        let file = reg.file.clone();
+        drop(regs);
+        self.resident.demand(key, &file);
+        Ok((
+            PageOpen {
+                file,
+                service,
+                writable,
+            },
+            reply,
+        ))
+    }
+
+    /// Counts one close; the last one drops the registration (the backing id closes with
+    /// it). A writer's last close lets the warm-up pick up a changed size.
+    pub fn release(&self, key: u64, open: &PageOpen) {
+        let mut regs = self.regs.lock();
+        let Some(reg) = regs.get_mut(&key) else {
+            return;
+        };
+        reg.opens = reg.opens.saturating_sub(1);
+        let mut refresh = false;
+        if open.writable {
+            reg.writers = reg.writers.saturating_sub(1);
+            refresh = reg.writers == 0;
+        }
+        if reg.opens == 0 {
+            regs.remove(&key);
+        }
+        drop(regs);
+        if refresh && open.file.metadata().is_ok_and(|m| m.nlink() > 0) {
+            self.resident.refresh(key, &open.file);
+        }
+    }
+
+    /// The backing file of an open inode, if any open of it exists.
+    pub fn open_file(&self, key: u64) -> Option<Arc<File>> {
+        self.regs.lock().get(&key).map(|r| r.file.clone())
+    }
+
+    /// Registrations (inodes with open files) right now.
+    pub fn open_inodes(&self) -> usize {
+        self.regs.lock().len()
+    }
+
+    /// Backing files of every open inode (for flushes and status).
+    pub fn open_files(&self) -> Vec<Arc<File>> {
+        self.regs.lock().values().map(|r| r.file.clone()).collect()
+    }
+
+    /// Makes the inode's sync flag match the durability mode; returns whether writes to it
+    /// are synchronous (`sync` mode) or need nothing (other modes: always true).
+    fn settle_sync_flag(&self, fd: BorrowedFd<'_>) -> bool {
+        let s = &self.stats;
+        if self.sync_mode {
+            match pagecache::sync_flag(fd) {
+                Ok(true) => true,
+                Ok(false) => match pagecache::set_sync_flag(fd, true) {
+                    Ok(_) => {
+                        s.sync_flags_set.fetch_add(1, Ordering::Relaxed);
+                        // Best effort: without the mark an fsync-mode mount leaves the
+                        // flag (slower, never less durable).
+                        let _ = rustix::fs::fsetxattr(
+                            fd,
+                            SYNC_MARK_XATTR,
+                            b"1",
+                            rustix::fs::XattrFlags::empty(),
+                        );
+                        true
+                    }
+                    Err(_) => {
+                        s.sync_flag_failures.fetch_add(1, Ordering::Relaxed);
+                        false
+                    }
+                },
+                Err(_) => {
+                    s.sync_flag_failures.fetch_add(1, Ordering::Relaxed);
+                    false
+                }
+            }
+        } else {
+            if pagecache::sync_flag(fd).unwrap_or(false) {
+                let mut v = [0u8; 1];
+                let ours = rustix::fs::fgetxattr(fd, SYNC_MARK_XATTR, &mut v).is_ok();
+                if ours && pagecache::set_sync_flag(fd, false).is_ok() {
+                    let _ = rustix::fs::fremovexattr(fd, SYNC_MARK_XATTR);
+                    s.sync_flags_cleared.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            true
+        }
+    }
+
+    /// A read served by the daemon: from the page cache of the backing file.
+    pub fn read(&self, open: &PageOpen, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let len = open.file.metadata()?.len();
+        let want = u64::from(size).min(len.saturating_sub(offset)) as usize;
+        let mut buf = vec![0u8; want];
+        let mut got = 0;
+        while got < want {
+            match open.file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FsError::io("read of the backing file", e)),
+            }
+        }
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    /// A write served by the daemon: durable on return in `sync` mode (RWF_DSYNC, whether
+    /// or not the inode has the sync flag).
+    pub fn write(&self, open: &PageOpen, offset: u64, data: &[u8]) -> Result<u32> {
+        let flags = if self.sync_mode {
+            rustix::io::ReadWriteFlags::DSYNC
+        } else {
+            rustix::io::ReadWriteFlags::empty()
+        };
+        let mut done = 0;
+        while done < data.len() {
+            let iov = [io::IoSlice::new(&data[done..])];
+            match rustix::io::pwritev2(&*open.file, &iov, offset + done as u64, flags) {
+                Ok(0) => return Err(FsError::Errno(libc::EIO)),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(done as u32)
+    }
+
+    /// COPY_FILE_RANGE between two opens of this path: read and write through the page
+    /// cache in steps of `COPY_STEP_BYTES`; in `sync` mode each step is durable before the
+    /// next (a crash leaves a copied prefix, as during `cp`). Returns the bytes copied;
+    /// a failure after some bytes were copied returns the short count.
+    pub fn copy(
+        &self,
+        src: &PageOpen,
+        offset_in: u64,
+        dst: &PageOpen,
+        offset_out: u64,
+        want: u64,
+    ) -> Result<u64> {
+        let mut buf = vec![0u8; want.min(COPY_STEP_BYTES) as usize];
+        let mut done = 0u64;
+        while done < want {
+            let n = (want - done).min(buf.len() as u64) as usize;
+            let step = src
+                .file
+                .read_at(&mut buf[..n], offset_in + done)
+                .map_err(FsError::from)
+                .and_then(|got| {
+                    if got == 0 {
+                        return Ok(0);
+                    }
+                    self.write(dst, offset_out + done, &buf[..got]).map(|_| got)
+                });
+            match step {
+                Ok(0) => break,
+                Ok(got) => {
+                    done += got as u64;
+                    if got < n {
+                        break;
+                    }
+                }
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
+    pub fn sync_mode(&self) -> bool {
+        self.sync_mode
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+mod tests {
+    use super::*;
+    use dhrd_engine::resident::{FileRef, Opener, ResidentConfig};
+    use dhrd_engine::RamBudget;
+    use std::path::Path;
+
+    struct NoOpener;
+    impl Opener for NoOpener {
+        fn open(&self, _: &FileRef) -> io::Result<File> {
+            Err(io::Error::from_raw_os_error(libc::ENOENT))
+        }
+    }
+
+    fn tier(sync: bool) -> PageTier<u32> {
+        let r = Resident::new(
+            ResidentConfig::default(),
+            RamBudget::new(1 << 30),
+            Arc::new(NoOpener),
+        )
+        .expect("resident");
+        PageTier::new(sync, r)
+    }
+
+    fn rw(p: &Path) -> Result<File> {
+        Ok(std::fs::OpenOptions::new().read(true).write(true).open(p)?)
+    }
+
+    #[test]
+    fn one_registration_per_inode_shared_by_its_opens_and_dropped_at_the_last_close() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let p = d.path().join("f");
+        std::fs::write(&p, b"data").expect("write");
+        let t = tier(false);
+        let mut made = 0u32;
+        let (a, ra) = t
+            .open(
+                7,
+                libc::O_RDONLY,
+                false,
+                || rw(&p),
+                |_| {
+                    made += 1;
+                    Ok(made)
+                },
+            )
+            .expect("open a");
+        let (b, rb) = t
+            .open(7, libc::O_RDWR, true, || panic!("opened twice"), |_| Ok(99))
+            .expect("open b");
+        assert_eq!(made, 1);
+        let ids = |r: &OpenReply<u32>| match r {
+            OpenReply::Passthrough(f, id) => (f.bits(), **id),
+            OpenReply::Plain(_) => panic!("not passed through"),
+        };
+        assert_eq!(ids(&ra), (0, 1));
+        assert_eq!(ids(&rb), (0, 1), "every open carries the inode's one id");
+        assert_eq!(
+            (a.service, b.service),
+            (Service::Passthrough, Service::Passthrough)
+        );
+        // O_DIRECT: served by the daemon, still with the id (mmap shares the page cache).
+        let (c, rc) = t
+            .open(
+                7,
+                libc::O_RDONLY | libc::O_DIRECT,
+                false,
+                || panic!(),
+                |_| Ok(5),
+            )
+            .expect("open c");
+        assert_eq!(c.service, Service::Daemon);
+        match rc {
+            OpenReply::Passthrough(f, id) => {
+                assert!(f.contains(FopenFlags::FOPEN_DIRECT_IO));
+                assert_eq!(*id, 1);
+            }
+            OpenReply::Plain(_) => panic!("O_DIRECT open lost the backing id"),
+        }
+        assert_eq!(t.read(&c, 1, 100).expect("read"), b"ata");
+        for (o, _) in [(a, 0), (b, 0), (c, 0)] {
+            assert_eq!(t.open_inodes(), 1);
+            t.release(7, &o);
+        }
+        assert_eq!(t.open_inodes(), 0);
+        let (_, r) = t.open(7, 0, false, || rw(&p), |_| Ok(2)).expect("reopen");
+        assert_eq!(ids(&r).1, 2, "a new registration after the last close");
+    }
+
+    #[test]
+    fn sync_mode_sets_and_marks_the_flag_and_fsync_mode_clears_only_its_own() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let dir = File::open(d.path()).expect("dir");
+        if pagecache::probe_sync_flag(dir.as_fd()).is_err() {
+            eprintln!("skipped: the file system refuses FS_SYNC_FL");
+            return;
+        }
+        let (p, q) = (d.path().join("ours"), d.path().join("admins"));
+        std::fs::write(&p, b"x").expect("write");
+        std::fs::write(&q, b"y").expect("write");
+        let sync = tier(true);
+        for (k, path) in [(1, &p), (2, &q)] {
+            if k == 2 {
+                // An administrator's flag, set without dhrd.
+                pagecache::set_sync_flag(rw(path).expect("open").as_fd(), true).expect("set");
+            }
+            let (o, _) = sync
+                .open(k, libc::O_RDWR, true, || rw(path), |_| Ok(1))
+                .expect("open");
+            assert_eq!(o.service, Service::Passthrough);
+            assert!(pagecache::sync_flag(o.file.as_fd()).expect("flag"));
+            sync.release(k, &o);
+        }
+        let marked = |path: &Path| {
+            let mut v = [0u8; 4];
+            rustix::fs::getxattr(path, SYNC_MARK_XATTR, &mut v).is_ok()
+        };
+        assert!(marked(&p) && !marked(&q));
+        let lazy = tier(false);
+        for (k, path) in [(1, &p), (2, &q)] {
+            let (o, _) = lazy
+                .open(k, libc::O_RDWR, true, || rw(path), |_| Ok(1))
+                .expect("open");
+            lazy.release(k, &o);
+        }
+        let flag =
+            |path: &Path| pagecache::sync_flag(rw(path).expect("open").as_fd()).expect("flag");
+        assert!(!flag(&p) && !marked(&p), "dhrd's own flag is cleared");
+        assert!(flag(&q), "the administrator's flag stays");
+    }
+
+    #[test]
+    fn daemon_writes_reach_the_page_cache_every_open_reads() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let p = d.path().join("f");
+        std::fs::write(&p, vec![0u8; 8192]).expect("write");
+        let t = tier(true);
+        let (w, _) = t
+            .open(3, libc::O_RDWR | libc::O_DIRECT, true, || rw(&p), |_| Ok(1))
+            .expect("open");
+        assert_eq!(w.service, Service::Daemon);
+        assert_eq!(t.write(&w, 4096, b"hello").expect("write"), 5);
+        let mut buf = [0u8; 5];
+        File::open(&p)
+            .expect("open")
+            .read_exact_at(&mut buf, 4096)
+            .expect("read");
+        assert_eq!(&buf, b"hello");
+        let (st, src) = pagecache::cachestat(w.file.as_fd(), 0, 0).expect("cachestat");
+        if src == pagecache::CacheStatSource::Cachestat {
+            assert_eq!(
+                st.dirty_pages + st.writeback_pages,
+                0,
+                "durable on return: {st:?}"
+            );
+        }
+        let (r, _) = t
+            .open(3, libc::O_RDWR, true, || panic!(), |_| Ok(1))
+            .expect("open");
+        assert_eq!(t.copy(&w, 4096, &r, 0, 5).expect("copy"), 5);
+        assert_eq!(t.read(&r, 0, 5).expect("read"), b"hello");
+        t.release(3, &w);
+        t.release(3, &r);
+    }
+}
