@@ -189,7 +189,7 @@ fn d3_for(read_path: &str) {
 
     let st = m.status();
     match read_path {
-        "auto" | "passthrough" => assert!(
+        "pagecache" | "engine-auto" | "engine-passthrough" => assert!(
             passthrough_opens(&st) >= 1,
             "{read_path}: expected passthrough opens: {st}"
         ),
@@ -199,11 +199,12 @@ fn d3_for(read_path: &str) {
             "{read_path}: no passthrough expected: {st}"
         ),
     }
-    // While a passthrough reader holds a file, a writer is refused: the kernel would send
-    // its writes around the daemon (documented in docs/fuse.md).
+    // On the engine's passthrough paths, while a passthrough reader holds a file, a
+    // writer is refused: the kernel would send its writes around the daemon (documented
+    // in docs/fuse.md). On the page cache path every open is passed through, writers too.
     let held = fs::File::open(mnt.join("ro")).expect("hold ro");
     let (ok, out) = try_child_write(&mnt.join("ro"), 0, b'W');
-    if matches!(read_path, "auto" | "passthrough") {
+    if matches!(read_path, "engine-auto" | "engine-passthrough") {
         assert_eq!(passthrough_opens(&m.status()), passthrough_opens(&st) + 1);
         assert!(
             !ok && out.contains("Text file busy"),
@@ -222,23 +223,28 @@ fn d3_for(read_path: &str) {
 }
 
 #[test]
-fn d3_auto() {
-    d3_for("auto");
+fn d3_pagecache() {
+    d3_for("pagecache");
 }
 
 #[test]
-fn d3_passthrough() {
-    d3_for("passthrough");
+fn d3_engine_auto() {
+    d3_for("engine-auto");
 }
 
 #[test]
-fn d3_direct() {
-    d3_for("direct");
+fn d3_engine_passthrough() {
+    d3_for("engine-passthrough");
 }
 
 #[test]
-fn d3_cached() {
-    d3_for("cached");
+fn d3_engine_direct() {
+    d3_for("engine-direct");
+}
+
+#[test]
+fn d3_engine_cached() {
+    d3_for("engine-cached");
 }
 
 /// The kernel fails an open with EIO when the server's reply does not fit the inode's I/O
@@ -251,7 +257,11 @@ fn passthrough_reader_after_a_mapping_writer() {
     let backing = s.sub("backing");
     let mnt = s.sub("mnt");
     fs::write(backing.join("f"), vec![b'A'; FILE_BYTES]).expect("seed");
-    let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", "passthrough"]);
+    let m = Mount::start(
+        &backing,
+        &mnt,
+        &["--quiet", "--read-path", "engine-passthrough"],
+    );
     m.wait_loaded();
     let mut buf = vec![0u8; PAGE];
     let f = mnt.join("f");
@@ -315,21 +325,25 @@ fn reader_after_growth(read_path: &str) {
 }
 
 #[test]
-fn reader_after_growth_auto() {
-    reader_after_growth("auto");
+fn reader_after_growth_pagecache() {
+    reader_after_growth("pagecache");
 }
 
 #[test]
-fn reader_after_growth_passthrough() {
-    reader_after_growth("passthrough");
+fn reader_after_growth_engine_auto() {
+    reader_after_growth("engine-auto");
 }
 
-/// Readers that open a read-only file at the same moment all get passthrough, from the
-/// first round on (the file starts as a parked copy): concurrent first opens must not
-/// build a second object that finds the parked copy gone and loads from the disk, and an
-/// open that is counted but not yet decided must not push another to the direct path.
 #[test]
-fn concurrent_readers_all_get_passthrough() {
+fn reader_after_growth_engine_passthrough() {
+    reader_after_growth("engine-passthrough");
+}
+
+/// Readers that open a read-only file at the same moment all get passthrough, on both
+/// paths that pass files through: on the engine, an open that is counted but not yet
+/// decided must not push another to the direct path; on the page cache, concurrent first
+/// opens share one registration.
+fn concurrent_readers_all_get_passthrough(read_path: &str) {
     const ROUNDS: usize = 100;
     const READERS: usize = 4;
     let s = Scratch::new("pt-concurrent");
@@ -338,7 +352,7 @@ fn concurrent_readers_all_get_passthrough() {
     let f = backing.join("ro");
     fs::write(&f, vec![b'R'; FILE_BYTES]).expect("seed");
     fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o444)).expect("chmod");
-    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", read_path]);
     m.wait_loaded();
     let f = mnt.join("ro");
     for _ in 0..ROUNDS {
@@ -366,100 +380,12 @@ fn concurrent_readers_all_get_passthrough() {
     assert!(m.umount().success());
 }
 
-/// Read-only opens of a file without an object are served from its parked copy; D3 still
-/// holds: a write by another process, a truncate(2) by path, and an O_TRUNC open all show
-/// through such an open at once. After the file is unlinked, it keeps its bytes. lseek,
-/// fsync and copy_file_range work on it.
 #[test]
-fn parked_readers_see_writes_and_keep_bytes_after_unlink() {
-    let s = Scratch::new("parked-readers");
-    let backing = s.sub("backing");
-    let mnt = s.sub("mnt");
-    for name in ["w", "t", "o", "u", "c"] {
-        fs::write(backing.join(name), vec![b'a'; 3000]).expect("seed");
-    }
-    let m = Mount::start(&backing, &mnt, &["--quiet"]);
-    m.wait_loaded();
-    let parked_opens = || {
-        let st = m.status();
-        st.lines()
-            .find(|l| l.starts_with("opens:"))
-            .and_then(|l| l.split("from parked copies ").nth(1))
-            .and_then(|x| x.split(';').next())
-            .and_then(|x| x.trim().parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no parked count: {st}"))
-    };
-    let open = |n: &str| fs::File::open(mnt.join(n)).expect("open");
-    let mut buf = [0u8; 8];
+fn concurrent_readers_all_get_passthrough_pagecache() {
+    concurrent_readers_all_get_passthrough("pagecache");
+}
 
-    // Another process writes: the reader sees it.
-    let w = open("w");
-    assert_eq!(parked_opens(), 1, "{}", m.status());
-    w.read_exact_at(&mut buf, 100).expect("read w");
-    assert_eq!(&buf, b"aaaaaaaa");
-    let (ok, out) = sh(&format!(
-        "printf bbbbbbbbbbbb | dd of={} bs=1 seek=100 conv=notrunc status=none",
-        mnt.join("w").display()
-    ));
-    assert!(ok, "{out}");
-    w.read_exact_at(&mut buf, 100)
-        .expect("read w after the write");
-    assert_eq!(
-        &buf, b"bbbbbbbb",
-        "a parked reader must see another process's write"
-    );
-
-    // truncate(2) by path, then an O_TRUNC open with a new content.
-    let t = open("t");
-    let c = std::ffi::CString::new(mnt.join("t").as_os_str().as_encoded_bytes()).expect("c");
-    // SAFETY: a valid C string.
-    assert_eq!(unsafe { libc::truncate(c.as_ptr(), 10) }, 0);
-    assert_eq!(t.read_at(&mut buf, 100).expect("read past the end"), 0);
-    let o = open("o");
-    fs::write(mnt.join("o"), b"new").expect("O_TRUNC write");
-    let mut all = Vec::new();
-    std::io::Read::read_to_end(&mut &o, &mut all).expect("read o");
-    assert_eq!(all, b"new");
-
-    // Unlinked while open: the reader keeps the old bytes, also after a new file appears.
-    let u = open("u");
-    fs::remove_file(mnt.join("u")).expect("unlink");
-    fs::write(mnt.join("u2"), vec![b'z'; 3000]).expect("new file");
-    u.read_exact_at(&mut buf, 2000).expect("read unlinked");
-    assert_eq!(&buf, b"aaaaaaaa");
-
-    // lseek, fsync, copy_file_range from a parked reader.
-    let cf = open("c");
-    let fd = cf.as_raw_fd();
-    // SAFETY: our descriptor.
-    let (data, hole) = unsafe {
-        (
-            libc::lseek(fd, 5, libc::SEEK_DATA),
-            libc::lseek(fd, 5, libc::SEEK_HOLE),
-        )
-    };
-    assert_eq!((data, hole), (5, 3000));
-    cf.sync_all().expect("fsync of a read-only open");
-    let dst = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(mnt.join("c-copy"))
-        .expect("dst");
-    let (mut off_in, mut off_out) = (0i64, 0i64);
-    // SAFETY: our descriptors and offsets.
-    let n =
-        unsafe { libc::copy_file_range(fd, &mut off_in, dst.as_raw_fd(), &mut off_out, 3000, 0) };
-    assert_eq!(n, 3000, "{}", std::io::Error::last_os_error());
-    drop(dst);
-    assert_eq!(
-        fs::read(mnt.join("c-copy")).expect("copy"),
-        vec![b'a'; 3000]
-    );
-    assert_eq!(parked_opens(), 5, "{}", m.status());
-
-    drop((w, t, o, u, cf));
-    assert!(m.umount().success());
-    let b = fs::read(backing.join("w")).expect("backing w");
-    assert_eq!(&b[100..112], b"bbbbbbbbbbbb");
-    assert_eq!(fs::metadata(backing.join("t")).expect("t").len(), 10);
+#[test]
+fn concurrent_readers_all_get_passthrough_engine() {
+    concurrent_readers_all_get_passthrough("engine-auto");
 }

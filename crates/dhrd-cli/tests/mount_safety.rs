@@ -183,7 +183,7 @@ fn status_reports_load_ram_and_durability() {
     };
     let doc: serde_json::Value = serde_json::from_str(&status_as("--json")).expect("JSON");
     assert_eq!(doc["durability"], "sync");
-    assert_eq!(doc["read_path"], "direct");
+    assert_eq!(doc["read_path"], "engine-direct");
     assert_eq!(doc["read_only"], false);
     assert_eq!(doc["ram"]["budget_bytes"], 64u64 << 20);
     assert_eq!(doc["load"]["complete"], true);
@@ -208,7 +208,7 @@ fn status_reports_load_ram_and_durability() {
         "RAM:",
         "64.0 MiB budget",
         "durability:      sync",
-        "read path:       direct",
+        "data path:       engine RAM copy per file, read path engine-direct",
         "read-only:       no",
         "reads (daemon):",
         "RAM ",
@@ -346,58 +346,95 @@ fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
     }
 }
 
+/// A file larger than `--mem`: on the page cache path the prefix the budget allows is
+/// warmed and pinned and the rest is served from the device; on the engine the chunks
+/// past the budget stay on the backing. Both report what is over the budget.
 #[test]
 fn data_beyond_the_ram_budget_is_served_from_the_backing_and_reported() {
-    let s = Scratch::new("budget");
-    let backing = s.sub("backing");
-    let mnt = s.sub("mnt");
-    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
-    fs::write(backing.join("f"), &data).expect("f");
-    let m = Mount::start(&backing, &mnt, &["--quiet", "--mem", "2M", "--chunk", "1M"]);
-    m.wait_loaded();
-    assert_eq!(fs::read(mnt.join("f")).expect("read"), data);
-    // The file is larger than the budget, so the walk did not preload it: its object and
-    // load start with the read above.
-    m.wait_loaded();
-    let st = m.status();
-    assert!(st.contains("6.0 MiB over the budget"), "{st}");
-    assert!(st.contains("complete"), "{st}");
-    drop(m);
+    for (read_path, over) in [
+        ("pagecache", "over the budget 6.0 MiB"),
+        ("engine-direct", "6.0 MiB over the budget"),
+    ] {
+        let s = Scratch::new(&format!("budget-{read_path}"));
+        let backing = s.sub("backing");
+        let mnt = s.sub("mnt");
+        let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+        fs::write(backing.join("f"), &data).expect("f");
+        let m = Mount::start(
+            &backing,
+            &mnt,
+            &[
+                "--quiet",
+                "--mem",
+                "2M",
+                "--chunk",
+                "1M",
+                "--read-path",
+                read_path,
+            ],
+        );
+        m.wait_loaded();
+        assert_eq!(fs::read(mnt.join("f")).expect("read"), data);
+        // On the engine the file is larger than the budget, so the walk did not preload
+        // it: its object and load start with the read above.
+        m.wait_loaded();
+        let st = m.status();
+        assert!(st.contains(over), "{read_path}: {st}");
+        assert!(st.contains("complete"), "{read_path}: {st}");
+        drop(m);
+    }
 }
 
-/// Parked copies of closed files give way to a file being loaded: the walk fills the budget
-/// with small files, a larger file opened later still loads completely, and the small
-/// files whose copies were given back are read correctly from the backing.
+/// The page cache path's status: the warm-up, what is pinned, the open files' page cache
+/// (none dirty in `sync` mode), under stable JSON names too.
 #[test]
-fn parked_copies_yield_the_budget_to_a_file_being_loaded() {
-    let s = Scratch::new("reclaim");
+fn status_reports_the_warmup_and_pinned_ram() {
+    let s = Scratch::new("status-pc");
     let backing = s.sub("backing");
     let mnt = s.sub("mnt");
-    let small = |i: usize| vec![(i % 251) as u8; 64 << 10];
-    for i in 0..96 {
-        fs::write(backing.join(format!("s{i}")), small(i)).expect("small");
-    }
-    // In a subdirectory, so the breadth-first walk meets the small files first.
-    fs::create_dir(backing.join("sub")).expect("sub");
-    let big: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 253) as u8).collect();
-    fs::write(backing.join("sub/big"), &big).expect("big");
-    let m = Mount::start(&backing, &mnt, &["--quiet", "--mem", "8M", "--chunk", "1M"]);
+    fs::write(backing.join("f"), vec![1u8; 3 << 20]).expect("f");
+    // Written back, so the dirty pages counted below are only the mount's.
+    fs::File::open(backing.join("f"))
+        .expect("f")
+        .sync_all()
+        .expect("sync");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--mem", "64M"]);
     m.wait_loaded();
-    let st = m.status();
-    assert!(st.contains("96 parked files"), "{st}");
-    assert_eq!(fs::read(mnt.join("sub/big")).expect("read big"), big);
-    m.wait_loaded();
-    let st = m.status();
-    assert!(st.contains("0 B over the budget"), "{st}");
+    let w = fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("f"))
+        .expect("open");
+    std::os::unix::fs::FileExt::write_all_at(&w, b"fresh", 100).expect("write");
+    let o = Command::new(dhrd())
+        .args(["status", "--json"])
+        .arg(&mnt)
+        .output()
+        .expect("status");
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(doc["data_path"], "pagecache", "{doc}");
+    assert_eq!(doc["read_path"], "pagecache", "{doc}");
+    assert_eq!(doc["fallback"], serde_json::Value::Null, "{doc}");
+    assert_eq!(doc["warmup"]["complete"], true, "{doc}");
+    assert_eq!(doc["warmup"]["files_warmed"], 1, "{doc}");
+    assert_eq!(doc["ram"]["pinned_bytes"], 3u64 << 20, "{doc}");
+    assert_eq!(doc["ram"]["pinned_files"], 1, "{doc}");
+    assert_eq!(doc["page_cache"]["open_inodes"], 1, "{doc}");
+    assert_eq!(doc["page_cache"]["open_files_dirty_bytes"], 0, "{doc}");
+    assert_eq!(doc["page_cache"]["open_files_writeback_bytes"], 0, "{doc}");
     assert!(
-        !st.contains("96 parked files"),
-        "no parked copy was given back: {st}"
+        doc["page_cache"]["open_files_cached_bytes"].as_u64() >= Some(3 << 20),
+        "{doc}"
     );
-    for i in 0..96 {
-        assert_eq!(
-            fs::read(mnt.join(format!("s{i}"))).expect("small"),
-            small(i)
-        );
+    assert_eq!(doc["load"]["complete"], true, "{doc}");
+    drop(w);
+    let st = m.status();
+    for want in [
+        "data path:       page cache of the backing files",
+        "warm-up:         100.0% in RAM",
+        "pinned 3.0 MiB in 1 files of a 64.0 MiB budget",
+        "read-only:       no",
+    ] {
+        assert!(st.contains(want), "status lacks {want:?}:\n{st}");
     }
     drop(m);
 }

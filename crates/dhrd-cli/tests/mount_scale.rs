@@ -1,13 +1,15 @@
-//! Many files: the daemon's memory and descriptors stay bounded while files churn through
-//! the closed-object cache (the full 500k-file run is in bench/fuse/startup.sh).
+//! Many files: the daemon's memory and descriptors stay bounded however many files are
+//! read (the full 500k-file run is in bench/fuse/startup.sh), every file of a tree is in
+//! RAM after the warm-up and pinned there, and nothing is ever served stale.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod common;
 use common::*;
 use std::fs;
+use std::os::fd::AsFd;
 
 const FILES: usize = 3000;
-// The test must overflow the object cache to show it is bounded.
+// The test must overflow the engine's object cache to show it is bounded.
 const _: () = assert!(FILES > dhrd_fuse::objects::CLOSED_OBJECTS_MAX);
 
 fn rss_kib(pid: u32) -> u64 {
@@ -26,9 +28,11 @@ fn fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-#[test]
-fn thousands_of_files_keep_memory_and_descriptors_bounded() {
-    let s = Scratch::new("scale");
+/// Reads every file three times through a mount on `read_path`; RSS must stay flat and
+/// descriptors bounded: by the object cache on the engine path, by the open files (none
+/// between reads) on the page cache path.
+fn memory_and_descriptors_stay_bounded(read_path: &str, fds_max: usize) {
+    let s = Scratch::new(&format!("scale-{read_path}"));
     let backing = s.sub("backing");
     let mnt = s.sub("mnt");
     for d in 0..(FILES / 500) {
@@ -38,7 +42,7 @@ fn thousands_of_files_keep_memory_and_descriptors_bounded() {
             fs::write(dir.join(format!("f{i}")), format!("{d}/{i}").repeat(64)).unwrap();
         }
     }
-    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", read_path]);
     let pid = m.pid();
     let read_all = || {
         let mut n = 0;
@@ -57,25 +61,46 @@ fn thousands_of_files_keep_memory_and_descriptors_bounded() {
     assert_eq!(read_all(), FILES);
     let rss2 = rss_kib(pid);
     let nfd = fds(pid);
-    eprintln!("daemon RSS {rss1} KiB -> {rss2} KiB, {nfd} descriptors for {FILES} files");
+    eprintln!(
+        "{read_path}: daemon RSS {rss1} KiB -> {rss2} KiB, {nfd} descriptors for {FILES} files"
+    );
     assert!(
         rss2 < rss1 + 64 * 1024,
-        "RSS grew from {rss1} KiB to {rss2} KiB while files churned"
+        "{read_path}: RSS grew from {rss1} KiB to {rss2} KiB while files churned"
     );
-    assert!(
-        nfd < 3 * dhrd_fuse::objects::CLOSED_OBJECTS_MAX + 64,
-        "{nfd} descriptors: the object cache is not bounded"
-    );
+    assert!(nfd < fds_max, "{read_path}: {nfd} descriptors, not bounded");
     drop(m);
 }
 
-/// Every file of a tree larger than the object cache stays in RAM: the walk parks small
-/// files, objects pushed out of the cache leave their bytes parked, and a parked copy is
-/// never served stale (written through the mount, changed on the backing while nobody had
-/// it open, unlinked with its inode number reused, and after a remount).
 #[test]
-fn files_beyond_the_object_cache_stay_in_ram_and_never_go_stale() {
-    let s = Scratch::new("parked");
+fn thousands_of_files_keep_memory_and_descriptors_bounded() {
+    memory_and_descriptors_stay_bounded("pagecache", 64);
+}
+
+#[test]
+fn thousands_of_files_keep_memory_and_descriptors_bounded_on_the_engine() {
+    memory_and_descriptors_stay_bounded(
+        "engine-direct",
+        3 * dhrd_fuse::objects::CLOSED_OBJECTS_MAX + 64,
+    );
+}
+
+/// Bytes of a backing file in the page cache.
+fn cached(path: &std::path::Path) -> u64 {
+    let f = fs::File::open(path).unwrap();
+    dhrd_io::pagecache::cachestat(f.as_fd(), 0, 0)
+        .unwrap()
+        .0
+        .cached_bytes()
+}
+
+/// Every file of the tree is read into the page cache by the warm-up and pinned there
+/// (evicting the cache does not touch it), and nothing is ever stale: the page cache is
+/// the backing file's own, so a write through the mount, a change on the backing, an
+/// unlink with its inode number reused, and a remount all read what the backing holds.
+#[test]
+fn every_file_is_warm_and_pinned_and_never_stale() {
+    let s = Scratch::new("warm");
     let backing = s.sub("backing");
     let mnt = s.sub("mnt");
     let mut want: Vec<Vec<u8>> = (0..FILES)
@@ -84,10 +109,22 @@ fn files_beyond_the_object_cache_stay_in_ram_and_never_go_stale() {
     for (i, w) in want.iter().enumerate() {
         fs::write(backing.join(format!("f{i}")), w).unwrap();
     }
+    // Out of the page cache, so the warm-up has to read them.
+    fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
     let m = Mount::start(&backing, &mnt, &["--quiet"]);
     m.wait_loaded();
     let st = m.status();
-    assert!(st.contains(&format!("{FILES} parked files")), "{st}");
+    assert!(st.contains(&format!("{FILES} of {FILES} files")), "{st}");
+    assert!(
+        st.contains(&format!("in {FILES} files of a")),
+        "not all pinned: {st}"
+    );
+    // Pinned: dropping the page cache leaves every byte of every file in RAM.
+    fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    for (i, w) in want.iter().enumerate() {
+        let c = cached(&backing.join(format!("f{i}")));
+        assert!(c >= w.len() as u64, "f{i}: {c} bytes cached of {}", w.len());
+    }
     let read_all = |want: &[Vec<u8>]| {
         for (i, w) in want.iter().enumerate() {
             let got = fs::read(mnt.join(format!("f{i}"))).unwrap();
@@ -95,19 +132,11 @@ fn files_beyond_the_object_cache_stay_in_ram_and_never_go_stale() {
         }
     };
     read_all(&want);
-    read_all(&want);
-    let st = m.status();
-    let ram = status_number(&st, "reads (daemon):", "RAM ");
-    let from_backing = status_number(&st, "reads (daemon):", "backing ");
-    assert_eq!(
-        from_backing, 0,
-        "a parked or cached file was read from the backing"
-    );
-    assert!(ram >= 2 * FILES as u64, "{ram} reads from RAM");
+    // Reads are the kernel's: none reached the daemon.
+    assert_eq!(m.status_count("reads (daemon):"), 0, "{}", m.status());
 
     // Written through the mount with the same length and its old mtime put back (as
-    // `cp -p` or rsync do), so size and mtime match the parked copy taken before: only
-    // the rule that an object's creation removes the parked copy keeps it from coming back.
+    // `cp -p` or rsync do).
     let old_mtime = fs::metadata(backing.join("f0"))
         .unwrap()
         .modified()
@@ -123,28 +152,16 @@ fn files_beyond_the_object_cache_stay_in_ram_and_never_go_stale() {
         std::io::Write::write_all(&mut &f, &want[0]).unwrap();
         f.set_modified(old_mtime).unwrap();
     }
-    assert_eq!(
-        fs::metadata(backing.join("f0"))
-            .unwrap()
-            .modified()
-            .unwrap(),
-        old_mtime
-    );
     want[1] = b"shorter".to_vec();
     fs::write(mnt.join("f1"), &want[1]).unwrap();
     read_all(&want);
-    read_all(&want);
-
-    // Changed on the backing while not open through the mount (the documented rule:
-    // size or mtime differ, so the next open reloads it).
-    // Same length, so only the mtime tells.
+    // Changed on the backing while not open through the mount, same length.
     want[2] = want[2].iter().map(|b| b.to_ascii_uppercase()).collect();
     fs::write(backing.join("f2"), &want[2]).unwrap();
     // Unlinked, and a new file likely to reuse the inode number.
     fs::remove_file(mnt.join("f3")).unwrap();
     want[3] = b"a new file under the old name".to_vec();
     fs::write(mnt.join("f3"), &want[3]).unwrap();
-    read_all(&want);
     read_all(&want);
     drop(m);
 
@@ -154,47 +171,47 @@ fn files_beyond_the_object_cache_stay_in_ram_and_never_go_stale() {
     drop(m);
 }
 
+/// The engine path keeps objects of closed files in a bounded cache; one whose file
+/// changed while nobody had it open (size or mtime differ) is reloaded, never served
+/// stale, also when a same-size write put the old mtime back through the mount.
 #[test]
-fn mid_sized_files_beyond_the_object_cache_are_preloaded() {
-    // Larger than what the walk parks right away, smaller than PARK_BYTES_MAX: the first
-    // `--object-cache` of them become objects, the walk parks the rest itself.
-    const MID: usize = 24;
-    const CACHE: usize = 4;
-    let s = Scratch::new("midfiles");
+fn engine_objects_of_closed_files_never_go_stale() {
+    let s = Scratch::new("enginestale");
     let backing = s.sub("backing");
     let mnt = s.sub("mnt");
-    let base = dhrd_fuse::objects::PRELOAD_PARK_BYTES_MAX as usize + 4096;
-    let want: Vec<Vec<u8>> = (0..MID)
-        .map(|i| (0..base + i * 513).map(|j| (j % 251 + i) as u8).collect())
+    const N: usize = 50;
+    let mut want: Vec<Vec<u8>> = (0..N)
+        .map(|i| format!("file {i} gen 0;").repeat(20 + i % 7).into_bytes())
         .collect();
     for (i, w) in want.iter().enumerate() {
-        fs::write(backing.join(format!("m{i}")), w).unwrap();
+        fs::write(backing.join(format!("f{i}")), w).unwrap();
     }
     let m = Mount::start(
         &backing,
         &mnt,
-        &["--quiet", "--object-cache", &CACHE.to_string()],
+        &[
+            "--quiet",
+            "--read-path",
+            "engine-direct",
+            "--object-cache",
+            "8",
+        ],
     );
     m.wait_loaded();
-    let st = m.status();
-    assert_eq!(
-        status_number(&st, "tree walk:", "found, "),
-        MID as u64,
-        "files preloaded by the walk: {st}"
-    );
-    assert!(
-        st.contains(&format!("{CACHE} objects, {} parked files", MID - CACHE)),
-        "{st}"
-    );
-    for (i, w) in want.iter().enumerate() {
-        assert!(fs::read(mnt.join(format!("m{i}"))).unwrap() == *w, "m{i}");
-    }
-    let st = m.status();
-    assert_eq!(
-        status_number(&st, "reads (daemon):", "backing "),
-        0,
-        "a preloaded file was read from the backing: {st}"
-    );
+    let read_all = |want: &[Vec<u8>]| {
+        for (i, w) in want.iter().enumerate() {
+            let got = fs::read(mnt.join(format!("f{i}"))).unwrap();
+            assert!(got == *w, "f{i}: {:?}", String::from_utf8_lossy(&got));
+        }
+    };
+    read_all(&want);
+    want[2] = want[2].iter().map(|b| b.to_ascii_uppercase()).collect();
+    fs::write(backing.join("f2"), &want[2]).unwrap();
+    fs::remove_file(mnt.join("f3")).unwrap();
+    want[3] = b"a new file under the old name".to_vec();
+    fs::write(mnt.join("f3"), &want[3]).unwrap();
+    read_all(&want);
+    read_all(&want);
     drop(m);
 }
 
@@ -309,71 +326,6 @@ fn long_listings_come_with_attributes() {
         }
         drop(m);
     }
-}
-
-/// An object larger than `PARK_BYTES_MAX` is not parked when it leaves the object cache
-/// (parking copies it, briefly doubling its RAM): it is dropped, and reads correctly
-/// afterwards from a new object.
-#[test]
-fn large_objects_are_not_parked() {
-    let s = Scratch::new("noparkbig");
-    let backing = s.sub("backing");
-    let mnt = s.sub("mnt");
-    let big_len = dhrd_fuse::objects::PARK_BYTES_MAX as usize + 4096;
-    let big: Vec<u8> = (0..big_len).map(|i| (i % 241) as u8).collect();
-    fs::write(backing.join("big"), &big).unwrap();
-    const CACHE: usize = 8;
-    let small = CACHE + 10;
-    for i in 0..small {
-        fs::write(backing.join(format!("s{i}")), format!("small {i}")).unwrap();
-    }
-    let m = Mount::start(
-        &backing,
-        &mnt,
-        &["--quiet", "--object-cache", &CACHE.to_string()],
-    );
-    m.wait_loaded();
-    assert_eq!(fs::read(mnt.join("big")).unwrap(), big);
-    m.wait_loaded();
-    // Opening every small file for writing (a read-only open of a parked file makes no
-    // object) pushes the big object out of the cache.
-    for i in 0..small {
-        let mut f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(mnt.join(format!("s{i}")))
-            .unwrap();
-        let mut got = String::new();
-        std::io::Read::read_to_string(&mut f, &mut got).unwrap();
-        assert_eq!(got, format!("small {i}"));
-    }
-    // The eviction runs in the daemon's handling of a close, which the kernel sends in the
-    // background: watch the status for a while rather than once.
-    for _ in 0..20 {
-        let st = m.status();
-        let load_line = st
-            .lines()
-            .find(|l| l.starts_with("load:"))
-            .unwrap_or_default()
-            .to_string();
-        // The number just before `key` in "..., N objects, M parked files)".
-        let count = |key: &str| -> u64 {
-            load_line
-                .split(key)
-                .next()
-                .and_then(|t| {
-                    t.rsplit(|c: char| !c.is_ascii_digit())
-                        .find(|w| !w.is_empty())
-                })
-                .and_then(|w| w.parse().ok())
-                .unwrap_or(u64::MAX)
-        };
-        let (objs, parked) = (count(" objects"), count(" parked files"));
-        assert_eq!(objs + parked, small as u64, "the big file was kept: {st}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(fs::read(mnt.join("big")).unwrap(), big);
-    drop(m);
 }
 
 /// Listings may be kept by the kernel across opens (FOPEN_CACHE_DIR): listing again costs

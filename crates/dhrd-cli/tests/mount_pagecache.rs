@@ -1,0 +1,490 @@
+//! The page cache data path (the default): writes durable when they return, whoever makes
+//! them and however (passthrough, the daemon for O_DIRECT opens, copy_file_range,
+//! fallocate); shared mappings durable at msync; the RAM tier surviving a daemon restart;
+//! fsync after a restart covering what the killed daemon's files left dirty; reads and
+//! writes during the warm-up; the sync flag's life; and the fallback to the engine where
+//! the backing file system cannot keep the flag.
+//!
+//! "On the device" is checked with cachestat(2) on the backing file: no page of it dirty
+//! or under writeback once a write returned. The tests run one at a time (a lock): some
+//! count the disk's reads, some drop the page cache.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod common;
+use common::*;
+use dhrd_io::pagecache::{self, CacheStat, CacheStatSource};
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static DISK_LOCK: Mutex<()> = Mutex::new(());
+
+fn cache_of(path: &Path) -> (CacheStat, CacheStatSource) {
+    let f = File::open(path).unwrap();
+    pagecache::cachestat(f.as_fd(), 0, 0).unwrap()
+}
+
+/// Pages of the backing file not yet on the device (None where cachestat is missing).
+fn unsynced(path: &Path) -> Option<u64> {
+    let (c, src) = cache_of(path);
+    (src == CacheStatSource::Cachestat).then_some(c.dirty_pages + c.writeback_pages)
+}
+
+fn assert_on_device(path: &Path, what: &str) {
+    if let Some(n) = unsynced(path) {
+        assert_eq!(
+            n,
+            0,
+            "{what}: {n} pages of {} not on the device",
+            path.display()
+        );
+    }
+}
+
+/// Bytes read from the block device holding `path` so far (/sys/block/*/stat).
+fn device_read_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(path).unwrap().dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let sys = format!("/sys/dev/block/{major}:{minor}");
+    // A partition's stat is its own; a whole disk's too.
+    let stat = fs::read_to_string(format!("{sys}/stat")).unwrap_or_default();
+    let sectors: u64 = stat
+        .split_whitespace()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    sectors * 512
+}
+
+fn synced_file(path: &Path, data: &[u8]) {
+    fs::write(path, data).unwrap();
+    File::open(path).unwrap().sync_all().unwrap();
+}
+
+fn rw(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// Every kind of write through the mount is on the device when it returns (sync mode).
+#[test]
+fn every_write_is_on_the_device_when_it_returns() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-durable");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    synced_file(&backing.join("f"), &vec![b'a'; 1 << 20]);
+    synced_file(&backing.join("src"), &vec![b's'; 256 << 10]);
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+    let bf = backing.join("f");
+
+    let f = rw(&mnt.join("f"));
+    f.write_all_at(&[1u8; 4096], 8192).unwrap();
+    assert_on_device(&bf, "aligned write in place");
+    f.write_all_at(b"unaligned", 12345).unwrap();
+    assert_on_device(&bf, "unaligned write");
+    f.write_all_at(&[2u8; 5000], (1 << 20) + 100).unwrap();
+    assert_on_device(&bf, "extending write");
+    let a = OpenOptions::new().append(true).open(mnt.join("f")).unwrap();
+    (&a).write_all_ref(b"appended");
+    assert_on_device(&bf, "O_APPEND write");
+    // Through the daemon: an O_DIRECT open.
+    let d = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(mnt.join("f"))
+        .unwrap();
+    d.write_all_at(b"direct", 3).unwrap();
+    assert_on_device(&bf, "O_DIRECT write");
+    // copy_file_range (done by the daemon) and fallocate.
+    let src = File::open(mnt.join("src")).unwrap();
+    let (mut off_in, mut off_out) = (0i64, 4096i64);
+    // SAFETY: two descriptors we hold and two offsets that outlive the call.
+    let n = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            f.as_raw_fd(),
+            &mut off_out,
+            64 << 10,
+            0,
+        )
+    };
+    assert_eq!(n, 64 << 10, "{}", std::io::Error::last_os_error());
+    assert_on_device(&bf, "copy_file_range");
+    // SAFETY: fallocate on our descriptor.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 4 << 20) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    assert_on_device(&bf, "fallocate");
+    // A new file: create, write, and its size.
+    let g = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(mnt.join("g"))
+        .unwrap();
+    g.write_all_at(&[3u8; 10_000], 0).unwrap();
+    assert_on_device(&backing.join("g"), "write to a new file");
+
+    // Every write is there, through the mount and in the backing.
+    let mut want = vec![b'a'; 1 << 20];
+    want[8192..12288].fill(1);
+    want[12345..12354].copy_from_slice(b"unaligned");
+    want.resize((1 << 20) + 100, 0);
+    want.extend_from_slice(&[2u8; 5000]);
+    want.extend_from_slice(b"appended");
+    want[3..9].copy_from_slice(b"direct");
+    want[4096..4096 + (64 << 10)].fill(b's');
+    want.resize(4 << 20, 0);
+    assert!(
+        fs::read(mnt.join("f")).unwrap() == want,
+        "through the mount"
+    );
+    drop((f, a, d, g, src));
+    m.kill9();
+    assert!(
+        fs::read(&bf).unwrap() == want,
+        "in the backing after SIGKILL"
+    );
+}
+
+trait WriteAllRef {
+    fn write_all_ref(self, b: &[u8]);
+}
+impl WriteAllRef for &File {
+    fn write_all_ref(mut self, b: &[u8]) {
+        std::io::Write::write_all(&mut self, b).unwrap();
+    }
+}
+
+/// A shared writable mapping: stores are seen by every reader at once (one page cache)
+/// and are durable at msync, as POSIX promises, not before.
+#[test]
+fn shared_mappings_are_seen_at_once_and_durable_at_msync() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-mmap");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    synced_file(&backing.join("f"), &vec![0u8; 64 << 10]);
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let f = rw(&mnt.join("f"));
+    let len = 64 << 10;
+    // SAFETY: a shared read-write mapping of a file we hold; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: in bounds of the live mapping.
+    unsafe { std::ptr::write_bytes((p as *mut u8).add(5000), 0x5A, 100) };
+    // Another open (another process would see the same) reads the stores.
+    let mut buf = [0u8; 100];
+    File::open(mnt.join("f"))
+        .unwrap()
+        .read_exact_at(&mut buf, 5000)
+        .unwrap();
+    assert_eq!(buf, [0x5A; 100]);
+    // SAFETY: the live mapping.
+    let r = unsafe { libc::msync(p, len, libc::MS_SYNC) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    assert_on_device(&backing.join("f"), "after msync");
+    // SAFETY: unmaps the mapping made above.
+    unsafe { libc::munmap(p, len) };
+    drop(f);
+    m.kill9();
+    let mut b = [0u8; 100];
+    File::open(backing.join("f"))
+        .unwrap()
+        .read_exact_at(&mut b, 5000)
+        .unwrap();
+    assert_eq!(b, [0x5A; 100]);
+}
+
+/// SIGKILL of the daemon and a new mount: the page cache is the kernel's, so the data is
+/// still in RAM; the new daemon's warm-up and a full read barely touch the disk.
+#[test]
+fn ram_survives_a_daemon_restart() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-restart");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let data: Vec<u8> = (0..(64u32 << 20)).map(|i| (i % 249) as u8).collect();
+    synced_file(&backing.join("f"), &data);
+    // Out of the cache: the first mount's warm-up reads it from the disk.
+    fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+    let (c, _) = cache_of(&backing.join("f"));
+    assert_eq!(c.cached_bytes(), 64 << 20, "warmed: {c:?}");
+    m.kill9();
+
+    let before = device_read_bytes(&backing);
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+    assert!(fs::read(mnt.join("f")).unwrap() == data);
+    let read = device_read_bytes(&backing) - before;
+    eprintln!("disk reads during the remount and a full read: {read} bytes");
+    assert!(
+        read < (64 << 20) / 20,
+        "{read} bytes read from the disk: the RAM tier did not survive the restart"
+    );
+    drop(m);
+}
+
+/// fsync mode: a file written through a daemon that was then killed has dirty pages in
+/// the page cache; an fsync through the next daemon must make them durable, though that
+/// daemon wrote nothing itself.
+#[test]
+fn fsync_after_a_restart_covers_what_the_killed_daemon_left() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-fsync-restart");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    synced_file(&backing.join("f"), &vec![0u8; 1 << 20]);
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
+    rw(&mnt.join("f"))
+        .write_all_at(&vec![7u8; 512 << 10], 0)
+        .unwrap();
+    m.kill9();
+    let Some(dirty) = unsynced(&backing.join("f")) else {
+        eprintln!("skipped: no cachestat(2) on this kernel");
+        return;
+    };
+    if dirty == 0 {
+        eprintln!("skipped: the kernel wrote the pages back before the test looked");
+        return;
+    }
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
+    let f = File::open(mnt.join("f")).unwrap();
+    f.sync_all().unwrap();
+    assert_on_device(&backing.join("f"), "fsync through the new daemon");
+    drop(f);
+    drop(m);
+}
+
+/// O_DIRECT opens are served by the daemon from the page cache (a passthrough O_DIRECT
+/// open would read the disk and drop cached pages): reads hit RAM, writes are durable on
+/// return and seen by every other open, and a mapping of such an open shares the page
+/// cache.
+#[test]
+fn o_direct_opens_are_served_from_ram_by_the_daemon() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-odirect");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 241) as u8).collect();
+    synced_file(&backing.join("f"), &data);
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    m.wait_loaded();
+    let direct_before = m.status_count("opens:");
+    let d = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(mnt.join("f"))
+        .unwrap();
+    let disk_before = device_read_bytes(&backing);
+    let mut got = vec![0u8; data.len()];
+    d.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == data);
+    let disk = device_read_bytes(&backing) - disk_before;
+    assert!(
+        disk < (1 << 20),
+        "{disk} bytes read from the disk for an O_DIRECT read"
+    );
+    let st = m.status();
+    assert!(m.status_count("reads (daemon):") > 0, "{st}");
+    assert!(st.contains("direct 1,"), "{st}");
+    let _ = direct_before;
+    d.write_all_at(b"odirect", 1000).unwrap();
+    assert_on_device(&backing.join("f"), "O_DIRECT write");
+    let mut b = [0u8; 7];
+    File::open(mnt.join("f"))
+        .unwrap()
+        .read_exact_at(&mut b, 1000)
+        .unwrap();
+    assert_eq!(&b, b"odirect");
+    // SAFETY: a read-only shared mapping of the O_DIRECT open; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            d.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: in bounds of the live mapping.
+    let mapped = unsafe { std::slice::from_raw_parts((p as *const u8).add(1000), 7) }.to_vec();
+    // SAFETY: unmaps the mapping made above.
+    unsafe { libc::munmap(p, 4096) };
+    assert_eq!(&mapped, b"odirect");
+    drop(d);
+    drop(m);
+}
+
+/// While the warm-up runs (slowed down), reads and writes go on: every read returns the
+/// last bytes written, none is lost, and the warm-up never brings back older bytes (the
+/// rule Linux md broke in 2024 holds by construction: the page cache is the only copy).
+#[test]
+fn reads_and_writes_during_the_warmup_see_the_last_write() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-warmup");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    const LEN: usize = 32 << 20;
+    let mut model: Vec<u8> = (0..LEN).map(|i| (i % 233) as u8).collect();
+    synced_file(&backing.join("f"), &model);
+    fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--load-rate", "8M"]);
+    let f = rw(&mnt.join("f"));
+    let mut rng = Rng(7);
+    let t = Instant::now();
+    let mut ops = 0;
+    while t.elapsed() < Duration::from_secs(2) {
+        let off = rng.below(LEN as u64 - 8192) as usize;
+        let len = 1 + rng.below(8000) as usize;
+        if rng.below(2) == 0 {
+            let b = vec![(ops % 250) as u8 + 1; len];
+            f.write_all_at(&b, off as u64).unwrap();
+            model[off..off + len].copy_from_slice(&b);
+        } else {
+            let mut b = vec![0u8; len];
+            f.read_exact_at(&mut b, off as u64).unwrap();
+            assert!(
+                b == model[off..off + len],
+                "read at {off} during the warm-up"
+            );
+        }
+        ops += 1;
+    }
+    assert!(
+        !m.status().contains("complete after"),
+        "the warm-up ended before the test: slow it down further"
+    );
+    m.wait_loaded();
+    assert!(
+        fs::read(mnt.join("f")).unwrap() == model,
+        "after the warm-up"
+    );
+    drop(f);
+    m.kill9();
+    assert!(
+        fs::read(backing.join("f")).unwrap() == model,
+        "in the backing"
+    );
+    eprintln!("{ops} reads and writes during the warm-up");
+}
+
+/// `sync` mode sets the inode's sync flag (and marks it as dhrd's); `fsync` mode clears a
+/// flag dhrd set, never one an administrator set.
+#[test]
+fn the_sync_flag_follows_the_durability_mode() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-flag");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let d = File::open(&backing).unwrap();
+    if pagecache::probe_sync_flag(d.as_fd()).is_err() {
+        eprintln!("skipped: the scratch file system refuses FS_SYNC_FL");
+        return;
+    }
+    fs::write(backing.join("ours"), b"o").unwrap();
+    fs::write(backing.join("admins"), b"a").unwrap();
+    pagecache::set_sync_flag(rw(&backing.join("admins")).as_fd(), true).unwrap();
+    let flag =
+        |n: &str| pagecache::sync_flag(File::open(backing.join(n)).unwrap().as_fd()).unwrap();
+    assert!(!flag("ours"));
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    fs::read(mnt.join("ours")).unwrap();
+    fs::read(mnt.join("admins")).unwrap();
+    assert!(flag("ours") && flag("admins"));
+    // The mark is the daemon's own: not visible through the mount.
+    let (ok, out) = sh(&format!(
+        "getfattr -d -m - {} 2>&1",
+        mnt.join("ours").display()
+    ));
+    assert!(!out.contains("dhrd"), "{ok} {out}");
+    drop(m);
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
+    fs::read(mnt.join("ours")).unwrap();
+    fs::read(mnt.join("admins")).unwrap();
+    assert!(!flag("ours"), "dhrd's flag stays in fsync mode");
+    assert!(flag("admins"), "an administrator's flag was cleared");
+    drop(m);
+}
+
+/// A backing file system that does not keep the sync flag (tmpfs): in `sync` mode the
+/// mount runs on the engine and says why; `--read-path pagecache` refuses to mount; in
+/// `fsync` mode, which needs no flag, the page cache path runs.
+#[test]
+fn a_backing_without_the_sync_flag_falls_back_to_the_engine() {
+    let _g = DISK_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let s = Scratch::new("pc-tmpfs");
+    let tmp = s.sub("tmpfs");
+    let (ok, out) = sh(&format!(
+        "mount -t tmpfs -o size=64M tmpfs {}",
+        tmp.display()
+    ));
+    assert!(ok, "{out}");
+    struct Umount(std::path::PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = sh(&format!("umount -l {}", self.0.display()));
+        }
+    }
+    let _u = Umount(tmp.clone());
+    let backing = tmp.join("backing");
+    fs::create_dir(&backing).unwrap();
+    fs::write(backing.join("f"), b"on tmpfs").unwrap();
+    let mnt = s.sub("mnt");
+
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let st = m.status();
+    assert!(st.contains("data path:       engine"), "{st}");
+    assert!(st.contains("fallback:") && st.contains("sync flag"), "{st}");
+    assert!(m.log_text().contains("sync flag"), "{}", m.log_text());
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), b"on tmpfs");
+    fs::write(mnt.join("g"), b"written").unwrap();
+    assert_eq!(fs::read(backing.join("g")).unwrap(), b"written");
+    drop(m);
+
+    let r = Mount::try_start(&backing, &mnt, &["--quiet", "--read-path", "pagecache"]);
+    match r {
+        Ok(m) => {
+            // The kernel mounts before INIT is answered; the daemon then fails and exits.
+            let t = Instant::now();
+            while is_mounted(&mnt) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(m.log_text().contains("pagecache"), "{}", m.log_text());
+            drop(m);
+        }
+        Err(e) => assert!(e.contains("pagecache"), "{e}"),
+    }
+
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
+    assert!(
+        m.status().contains("data path:       page cache"),
+        "{}",
+        m.status()
+    );
+    drop(m);
+}
