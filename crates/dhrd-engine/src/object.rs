@@ -256,9 +256,6 @@ struct Inner<D: Durable> {
     /// The backing file has no links left and no opener (`discard`): flushing it would
     /// make durable data that nothing can reach, so nothing flushes it any more.
     discarded: AtomicBool,
-    /// A request that changes content (write, zero range, set_len) was made, whether or
-    /// not it succeeded.
-    modified: AtomicBool,
     /// fsync modes: some write reached the backing's page cache since the last flush.
     dirty: AtomicBool,
     /// A chunk was invalidated under the layout lock; wake the loader once it is released.
@@ -299,38 +296,17 @@ impl<D: Durable> HybridObject<D> {
     /// served from the backing until the loader has copied it (I7). An object no longer
     /// than `cfg.inline_load_bytes_max` is loaded before this returns.
     pub fn open(backing: D, cfg: ObjectConfig) -> Result<Self> {
-        Self::open_inner(backing, cfg, None)
-    }
-
-    /// Opens an object whose content the caller already holds: `bytes` must be a
-    /// [`snapshot_bytes`](Self::snapshot_bytes) of an object over this same backing file,
-    /// taken while the file was unchanged since (the caller's rule, e.g. size and mtime
-    /// unchanged). Every chunk the RAM budget admits is Loaded from `bytes` without reading
-    /// the backing; the rest is left to the loader. If the backing's length differs from
-    /// `bytes`, the snapshot is ignored and this is a plain `open`.
-    pub fn open_with_bytes(backing: D, cfg: ObjectConfig, bytes: &[u8]) -> Result<Self> {
-        Self::open_inner(backing, cfg, Some(bytes))
-    }
-
-    fn open_inner(backing: D, cfg: ObjectConfig, image: Option<&[u8]>) -> Result<Self> {
         let geo = ChunkGeometry::new(cfg.chunk_bytes).ok_or_else(|| {
             Error::Config(format!(
                 "chunk size {} is not a power of two in range",
                 cfg.chunk_bytes
             ))
         })?;
-        let backing_len = |b: &D| b.len().map_err(|e| backing_err(BackingOp::Len, e));
-        let image = match image {
-            Some(bytes) if backing_len(&backing)? == bytes.len() as u64 => Some(bytes),
-            _ => None,
-        };
-        if image.is_none() {
-            // Reload what the device holds, not what the page cache may still hold: after
-            // a failed writeback (maybe before a restart) the cache can keep bytes that
-            // never reached the media, and a later successful sync would not write them.
-            backing.drop_cache(0, 0);
-        }
-        let len = backing_len(&backing)?;
+        // Reload what the device holds, not what the page cache may still hold: after a
+        // failed writeback (maybe before a restart) the cache can keep bytes that never
+        // reached the media, and a later successful sync would not write them.
+        backing.drop_cache(0, 0);
+        let len = backing.len().map_err(|e| backing_err(BackingOp::Len, e))?;
         if len > OBJECT_BYTES_MAX {
             return Err(Error::TooLarge {
                 requested: len,
@@ -377,7 +353,6 @@ impl<D: Durable> HybridObject<D> {
             diverged: Mutex::new(BTreeSet::new()),
             discarded: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
-            modified: AtomicBool::new(false),
             kick_pending: AtomicBool::new(false),
             written_since_drop: AtomicU64::new(0),
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
@@ -390,13 +365,12 @@ impl<D: Durable> HybridObject<D> {
         if let Durability::Periodic(period) = inner.cfg.durability {
             spawn_flusher(&inner, period).map_err(Error::Ram)?;
         }
-        let inline = image.is_some()
-            || (len <= inner.cfg.inline_load_bytes_max
-                && !inner.cfg.load_disabled
-                && inner.cfg.gate.is_none());
+        let inline = len <= inner.cfg.inline_load_bytes_max
+            && !inner.cfg.load_disabled
+            && inner.cfg.gate.is_none();
         if inline {
             for c in 0..geo.chunks_for(len) {
-                inner.load_chunk_from(ChunkIndex(c), image);
+                inner.load_chunk(ChunkIndex(c));
             }
         }
         // Whatever an inline load left (budget, read errors) goes the loader's way.
@@ -404,28 +378,6 @@ impl<D: Durable> HybridObject<D> {
             inner.kick_loader();
         }
         Ok(Self { inner })
-    }
-
-    /// Whether a content-changing request (write, zero range, set_len) was made since
-    /// open, successful or not: if not, the content is what the object was opened with.
-    pub fn was_modified(&self) -> bool {
-        self.inner.modified.load(Ordering::Acquire)
-    }
-
-    /// A copy of the whole content while every chunk is Loaded and the object has not
-    /// failed; `None` otherwise. What a frontend keeps of a closed file in place of the
-    /// object (no descriptors), for [`open_with_bytes`](Self::open_with_bytes). Meant for
-    /// an object nobody writes any more: a concurrent write may or may not be included.
-    pub fn snapshot_bytes(&self) -> Option<Vec<u8>> {
-        let l = read_guard(&self.inner.layout);
-        let len = self.len();
-        if !self.inner.is_fully_loaded() || self.inner.failure.is_failed() {
-            return None;
-        }
-        let n = usize::try_from(len).ok()?;
-        let mut out = vec![0u8; n];
-        l.ram.copy_out(0, &mut out);
-        Some(out)
     }
 
     pub fn len(&self) -> u64 {
@@ -461,7 +413,6 @@ impl<D: Durable> HybridObject<D> {
     }
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.write_at(buf, offset);
         self.inner.after_request();
         r
@@ -470,7 +421,6 @@ impl<D: Durable> HybridObject<D> {
     /// Zeroes `[offset, offset+len)` (clipped to the length, which never changes): RAM is
     /// zeroed and the backing range punched (TRIM, WRITE_ZEROES, FALLOC_FL_PUNCH_HOLE).
     pub fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.zero_range(offset, len, ZeroMode::Punch);
         self.inner.after_request();
         r
@@ -479,7 +429,6 @@ impl<D: Durable> HybridObject<D> {
     /// Like `zero_range`, but the backing range stays allocated (NBD WRITE_ZEROES with
     /// NO_HOLE, FALLOC_FL_ZERO_RANGE).
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.zero_range(offset, len, ZeroMode::Allocate);
         self.inner.after_request();
         r
@@ -491,7 +440,6 @@ impl<D: Durable> HybridObject<D> {
     }
 
     pub fn set_len(&self, len: u64) -> Result<()> {
-        self.inner.modified.store(true, Ordering::Release);
         let r = self.inner.set_len(len);
         self.inner.after_request();
         r
@@ -1220,13 +1168,8 @@ impl<D: Durable> Inner<D> {
 
     // ---------------------------------------------------------------- loading
 
+    /// Loads chunk `c` from the backing.
     fn load_chunk(&self, c: ChunkIndex) -> LoadResult {
-        self.load_chunk_from(c, None)
-    }
-
-    /// Loads chunk `c` from `image` (the whole content, see `open_with_bytes`) or, without
-    /// one, from the backing.
-    fn load_chunk_from(&self, c: ChunkIndex, image: Option<&[u8]>) -> LoadResult {
         if self.closed.load(Ordering::Acquire) {
             return LoadResult::Skipped;
         }
@@ -1251,7 +1194,7 @@ impl<D: Durable> Inner<D> {
         };
         // The chunk is Loading and ours: writers wait for it (I1), readers go to the
         // backing (I5). The mutex itself is released while we read.
-        let result = Slot::unlocked_while(&mut claim, || self.fill_chunk(&layout, c, image));
+        let result = Slot::unlocked_while(&mut claim, || self.fill_chunk(&layout, c));
         match result {
             Ok(want) => {
                 slot.end_load(claim, ChunkState::Loaded);
@@ -1275,20 +1218,14 @@ impl<D: Durable> Inner<D> {
 
     /// Copies chunk `c` from the backing into RAM. The caller has claimed it (Loading).
     /// Returns the number of data bytes in the chunk; on failure RAM is left zero.
-    fn fill_chunk(&self, layout: &Layout, c: ChunkIndex, image: Option<&[u8]>) -> io::Result<u64> {
+    fn fill_chunk(&self, layout: &Layout, c: ChunkIndex) -> io::Result<u64> {
         if let Some(g) = &self.cfg.gate {
             g.at_loading(c);
         }
         let start = self.geo.start_of(c);
         let end = self.geo.end_of(c).min(self.len.load(Ordering::Acquire));
         let want = end - start;
-        let from_image = image.and_then(|b| b.get(start as usize..end as usize));
-        let result = if let Some(src) = from_image {
-            // SAFETY: as for the backing read below: the chunk is claimed Loading.
-            let dst = unsafe { layout.ram.slice_mut_pages(start, src.len()) };
-            dst.copy_from_slice(src);
-            Ok(src.len())
-        } else if self.backing.is_zero_range(start, want) {
+        let result = if self.backing.is_zero_range(start, want) {
             Ok(want as usize) // RAM of an Unloaded chunk is already zero
         } else {
             // Round up to whole pages for O_DIRECT; the page holding the last byte is
