@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# FUSE benchmark of dhrd (issue 3): fio 4 KiB random I/O at QD1 against every read path of
-# `dhrd mount`, tmpfs, an ext4 file warm in the page cache and the disk with O_DIRECT;
-# sync random writes against O_DIRECT+O_DSYNC on the disk; mixed 66:34.
+# FUSE benchmark of dhrd: fio at QD1 through `dhrd mount` on its default data path (the
+# backing files' page cache, passed through) and on the engine's passthrough path,
+# against tmpfs, an ext4 file warm in the page cache and the disk with O_DIRECT:
+# - 4 KiB random reads of a 0644 file opened read-only and read-write, 1 and 2 jobs;
+# - 1 MiB sequential reads;
+# - 4 KiB sync random writes against O_DIRECT+O_DSYNC on the disk: 1 writer, 8 writers on
+#   one file, 8 writers on 8 files; on dhrd also 8 O_DIRECT writers on one file (those
+#   opens are served by the daemon);
+# - mixed 66:34 on one read-write open against 1/(0.66 t_read(tmpfs) + 0.34 t_write(dsync)).
 #
-# The machine this runs on is shared and its disk and CPUs are noisy, so every
-# configuration runs once per round, rounds repeat (--rounds), the order inside a round
-# rotates, and every ratio is computed per round from runs of that round (seconds apart)
-# before its median over the rounds is taken. All mounts stay up for the whole run.
-# Writes fio JSON per run, results.md and summary.json (medians, per-round ratios, targets)
-# and machine.txt under bench/results/fuse-<date>/. Needs root, fio, fuse3. Speeds are
+# The machine is shared and noisy, so every configuration runs once per round, rounds
+# repeat (--rounds), the order inside a round rotates, and every ratio is computed per
+# round from runs of that round before its median over the rounds is taken. All mounts
+# stay up for the whole run. Writes fio JSON per run, results.md, summary.json and
+# machine.txt under bench/results/fuse-<date>/. Needs root, fio, fuse3. Speeds are
 # reported, never asserted.
 #
 # Usage: bench/fuse/run.sh [--size 1G] [--runtime 5] [--rounds 5] [--disk-dir /var/tmp]
@@ -36,9 +41,10 @@ OUT=$ROOT/bench/results/fuse-$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$OUT"
 WORK=$DISK_DIR/dhrd-fuse-bench.$$
 TMPFS=/tmp/dhrd-fuse-bench-tmpfs.$$
-READ_PATHS="passthrough auto direct cached"
-mkdir -p "$WORK/plain" "$TMPFS"
-for rp in $READ_PATHS; do mkdir -p "$WORK/backing-$rp" "$WORK/mnt-$rp"; done
+# The default data path and the engine's best read path, for comparison.
+READ_PATHS="pagecache engine-passthrough"
+mkdir -p "$WORK/plain" "$WORK/plain8" "$TMPFS"
+for rp in $READ_PATHS; do mkdir -p "$WORK/backing-$rp/w8" "$WORK/mnt-$rp"; done
 declare -A DAEMON
 cleanup() {
   for rp in $READ_PATHS; do
@@ -68,6 +74,8 @@ trap cleanup EXIT
 } > "$OUT/machine.txt"
 
 COMMON="--ioengine=psync --iodepth=1 --bs=4k --size=$SIZE --runtime=$RUNTIME --time_based --group_reporting --randrepeat=0 --norandommap --output-format=json"
+BYTES=$(numfmt --from=iec "$SIZE")
+EIGHTH=$(( BYTES / 8 ))
 
 run() { # file name, fio args...
   local name=$1; shift
@@ -75,32 +83,30 @@ run() { # file name, fio args...
   fio --name="$name" $COMMON "$@" > "$OUT/$name.json"
 }
 
-# Data files: the same random content everywhere. Reads use `data` (mode 0444: `auto`
-# passthroughs read-only opens of files without write permission bits); writes use
-# `wdata`, a separate file, so that raw O_DIRECT writes never evict the warm ext4 copy.
-head -c "$SIZE" /dev/urandom > "$WORK/plain/data" 2>/dev/null || fio --name=fill --filename="$WORK/plain/data" --rw=write --bs=1M --size=$SIZE --output=/dev/null
+# Data files: the same random content everywhere, mode 0644 (ordinary files). Reads use
+# `data`; writes use `wdata` (one file) and w8/w8.N.0 (one per job), separate files so
+# that raw O_DIRECT writes never evict the warm ext4 copy of `data`.
+head -c "$SIZE" /dev/urandom > "$WORK/plain/data"
 cp "$WORK/plain/data" "$WORK/plain/wdata"
+for j in 0 1 2 3 4 5 6 7; do head -c "$EIGHTH" "$WORK/plain/data" > "$WORK/plain8/w8.$j.0"; done
 for rp in $READ_PATHS; do
-  cp "$WORK/plain/data" "$WORK/backing-$rp/data"
-  chmod 0444 "$WORK/backing-$rp/data"
+  cp "$WORK/plain/data" "$WORK/plain/wdata" "$WORK/backing-$rp/"
+  cp "$WORK/plain8/"* "$WORK/backing-$rp/w8/"
 done
-cp "$WORK/plain/data" "$WORK/backing-auto/wdata"
-cp "$WORK/plain/data" "$WORK/backing-cached/wdata"
-mount -t tmpfs -o size=$(( $(numfmt --from=iec "$SIZE") * 2 )) tmpfs "$TMPFS"
+mount -t tmpfs -o size=$(( BYTES * 2 )) tmpfs "$TMPFS"
 cp "$WORK/plain/data" "$TMPFS/data"
+# As after a boot: nothing of the backing files cached, so the mounts' warm-up reads them
+# in (with large folios, as reads make them; the copies above made small ones).
 sync
+echo 3 > /proc/sys/vm/drop_caches
 
-# One mount per read path, all sync durability; writes go through the `auto` mount (the
-# default), to a writable file, so they and the mixed job's reads take the `direct` path.
+# One mount per data path, sync durability.
 for rp in $READ_PATHS; do
   "$DHRD" mount "$WORK/backing-$rp" "$WORK/mnt-$rp" --read-path "$rp" --durability sync --quiet > "$OUT/daemon-$rp.log" 2>&1 &
   DAEMON[$rp]=$!
   for _ in $(seq 1 200); do mountpoint -q "$WORK/mnt-$rp" && break; sleep 0.05; done
   for _ in $(seq 1 1200); do "$DHRD" status "$WORK/mnt-$rp" 2>/dev/null | grep -q complete && break; sleep 0.1; done
 done
-# The cached path's page cache and the warm ext4 copy start warm.
-cat "$WORK/mnt-cached/data" > /dev/null
-cat "$WORK/mnt-cached/wdata" > /dev/null
 cat "$WORK/plain/data" > /dev/null
 
 read_run() { # config, jobs, round
@@ -111,20 +117,31 @@ read_run() { # config, jobs, round
       cat "$WORK/plain/data" > /dev/null
       run "r$r-randread-ext4warm-j$j" --filename="$WORK/plain/data" --rw=randread --numjobs=$j --invalidate=0 ;;
     diskdirect) run "r$r-randread-diskdirect-j$j" --filename="$WORK/plain/data" --rw=randread --numjobs=$j --direct=1 ;;
-    *) run "r$r-randread-dhrd-$c-j$j" --filename="$WORK/mnt-$c/data" --rw=randread --numjobs=$j --invalidate=0 ;;
+    # A read-only open, and a read-write open (fio's randrw with 100% reads opens O_RDWR).
+    pagecache-ro) run "r$r-randread-dhrd-pagecache-ro-j$j" --filename="$WORK/mnt-pagecache/data" --rw=randread --numjobs=$j --invalidate=0 --readonly ;;
+    pagecache-rw) run "r$r-randread-dhrd-pagecache-rw-j$j" --filename="$WORK/mnt-pagecache/data" --rw=randrw --rwmixread=100 --numjobs=$j --invalidate=0 ;;
+    engine-rw) run "r$r-randread-dhrd-engine-rw-j$j" --filename="$WORK/mnt-engine-passthrough/data" --rw=randrw --rwmixread=100 --numjobs=$j --invalidate=0 ;;
   esac
 }
-write_run() { # config, jobs, round
-  local c=$1 j=$2 r=$3
+seq_run() { # config, round
+  local c=$1 r=$2
   case "$c" in
-    raw) run "r$r-randwrite-diskdirect-dsync-j$j" --filename="$WORK/plain/wdata" --rw=randwrite --numjobs=$j --direct=1 --sync=dsync ;;
-    dhrd) run "r$r-randwrite-dhrd-sync-j$j" --filename="$WORK/mnt-auto/wdata" --rw=randwrite --numjobs=$j ;;
-    mixed) run "r$r-randrw6634-dhrd-sync-j1" --filename="$WORK/mnt-auto/wdata" --rw=randrw --rwmixread=66 --numjobs=1 ;;
-    # The same job with --read-path cached: reads from a warm page cache (fio must not
-    # drop it at start), writes still synchronous through the daemon.
-    mixedcached)
-      cat "$WORK/mnt-cached/wdata" > /dev/null
-      run "r$r-randrw6634-dhrd-cached-j1" --filename="$WORK/mnt-cached/wdata" --rw=randrw --rwmixread=66 --numjobs=1 --invalidate=0 ;;
+    tmpfs) run "r$r-seqread-tmpfs-j1" --filename="$TMPFS/data" --rw=read --bs=1M ;;
+    pagecache) run "r$r-seqread-dhrd-pagecache-j1" --filename="$WORK/mnt-pagecache/data" --rw=read --bs=1M --invalidate=0 ;;
+  esac
+}
+write_run() { # config, round
+  local c=$1 r=$2
+  case "$c" in
+    raw1) run "r$r-randwrite-diskdirect-dsync-j1" --filename="$WORK/plain/wdata" --rw=randwrite --direct=1 --sync=dsync ;;
+    raw8) run "r$r-randwrite-diskdirect-dsync-j8" --filename="$WORK/plain/wdata" --rw=randwrite --numjobs=8 --direct=1 --sync=dsync ;;
+    raw8f) run "r$r-randwrite-diskdirect-dsync-f8" --directory="$WORK/plain8" --filename_format='w8.$jobnum.0' --size="$EIGHTH" --rw=randwrite --numjobs=8 --direct=1 --sync=dsync ;;
+    pc1) run "r$r-randwrite-dhrd-pagecache-j1" --filename="$WORK/mnt-pagecache/wdata" --rw=randwrite ;;
+    pc8) run "r$r-randwrite-dhrd-pagecache-j8" --filename="$WORK/mnt-pagecache/wdata" --rw=randwrite --numjobs=8 ;;
+    pc8f) run "r$r-randwrite-dhrd-pagecache-f8" --directory="$WORK/mnt-pagecache/w8" --filename_format='w8.$jobnum.0' --size="$EIGHTH" --rw=randwrite --numjobs=8 ;;
+    pc8d) run "r$r-randwrite-dhrd-pagecache-odirect-j8" --filename="$WORK/mnt-pagecache/wdata" --rw=randwrite --numjobs=8 --direct=1 ;;
+    eng1) run "r$r-randwrite-dhrd-engine-j1" --filename="$WORK/mnt-engine-passthrough/wdata" --rw=randwrite ;;
+    mixed) run "r$r-randrw6634-dhrd-pagecache-j1" --filename="$WORK/mnt-pagecache/wdata" --rw=randrw --rwmixread=66 --invalidate=0 ;;
   esac
 }
 rotate() { # round, items... -> items rotated by round
@@ -136,11 +153,11 @@ rotate() { # round, items... -> items rotated by round
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r of $ROUNDS" >&2
   for j in 1 2; do
-    for c in $(rotate "$r" tmpfs ext4warm diskdirect $READ_PATHS); do read_run "$c" "$j" "$r"; done
+    for c in $(rotate "$r" tmpfs ext4warm diskdirect pagecache-ro pagecache-rw engine-rw); do read_run "$c" "$j" "$r"; done
   done
-  for c in $(rotate "$r" raw dhrd); do write_run "$c" 1 "$r"; done
-  for c in $(rotate "$r" raw dhrd); do write_run "$c" 8 "$r"; done
-  for c in $(rotate "$r" mixed mixedcached); do write_run "$c" 1 "$r"; done
+  for c in $(rotate "$r" tmpfs pagecache); do seq_run "$c" "$r"; done
+  for c in $(rotate "$r" raw1 pc1 eng1 mixed); do write_run "$c" "$r"; done
+  for c in $(rotate "$r" raw8 pc8 pc8d raw8f pc8f); do write_run "$c" "$r"; done
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
 for rp in $READ_PATHS; do
@@ -160,6 +177,7 @@ def load(r, name):
     for k in ('read', 'write'):
         if j[k]['io_bytes'] > 0:
             v[k + '_iops'] = j[k]['iops']
+            v[k + '_bw_bytes'] = j[k]['bw_bytes']
             v[k + '_lat_mean_us'] = j[k]['clat_ns']['mean'] / 1000
             v[k + '_lat_p99_us'] = j[k]['clat_ns']['percentile'].get('99.000000', 0) / 1000
     return v
@@ -195,15 +213,21 @@ def ratio(label, target, f):
                          'per_round': [None if x is None else round(x, 3) for x in xs]}
 
 for j in (1, 2):
-    ratio(f'passthrough / tmpfs, j{j}', '>= 0.9',
-          lambda r: g(r, f'randread-dhrd-passthrough-j{j}', 'read_iops') / g(r, f'randread-tmpfs-j{j}', 'read_iops'))
-    ratio(f'auto (0444 file, passthrough) / tmpfs, j{j}', '',
-          lambda r: g(r, f'randread-dhrd-auto-j{j}', 'read_iops') / g(r, f'randread-tmpfs-j{j}', 'read_iops'))
-    ratio(f'direct / disk O_DIRECT, j{j}', '>= 2',
-          lambda r: g(r, f'randread-dhrd-direct-j{j}', 'read_iops') / g(r, f'randread-diskdirect-j{j}', 'read_iops'))
-for j, t in ((1, '>= 0.7'), (8, '>= 1.0')):
-    ratio(f'sync write / disk O_DIRECT+O_DSYNC, j{j}', t,
-          lambda r: g(r, f'randwrite-dhrd-sync-j{j}', 'write_iops') / g(r, f'randwrite-diskdirect-dsync-j{j}', 'write_iops'))
+    for o in ('ro', 'rw'):
+        ratio(f'4 KiB random read, 0644 file, {o} open / tmpfs, j{j}', '>= 0.95',
+              lambda r: g(r, f'randread-dhrd-pagecache-{o}-j{j}', 'read_iops') / g(r, f'randread-tmpfs-j{j}', 'read_iops'))
+    ratio(f'engine-passthrough, rw open (direct path) / tmpfs, j{j}', '',
+          lambda r: g(r, f'randread-dhrd-engine-rw-j{j}', 'read_iops') / g(r, f'randread-tmpfs-j{j}', 'read_iops'))
+    ratio(f'ext4 warm / tmpfs, j{j}', '',
+          lambda r: g(r, f'randread-ext4warm-j{j}', 'read_iops') / g(r, f'randread-tmpfs-j{j}', 'read_iops'))
+ratio('1 MiB sequential read / tmpfs', '>= 0.9',
+      lambda r: g(r, 'seqread-dhrd-pagecache-j1', 'read_bw_bytes') / g(r, 'seqread-tmpfs-j1', 'read_bw_bytes'))
+for lab, num, den in (('1 writer', 'pagecache-j1', 'j1'), ('8 writers, one file', 'pagecache-j8', 'j8'),
+                      ('8 writers, 8 files', 'pagecache-f8', 'f8'),
+                      ('8 O_DIRECT writers, one file (daemon)', 'pagecache-odirect-j8', 'j8'),
+                      ('engine, 1 writer', 'engine-j1', 'j1')):
+    ratio(f'4 KiB sync write, {lab} / disk O_DIRECT+O_DSYNC', '>= 1.0' if 'engine' not in lab and 'O_DIRECT' not in lab else '',
+          lambda r: g(r, f'randwrite-dhrd-{num}', 'write_iops') / g(r, f'randwrite-diskdirect-dsync-{den}', 'write_iops'))
 
 def mixed(name):
     def f(r):
@@ -213,10 +237,8 @@ def mixed(name):
         ideal = 1e6 / (0.66 * tr + 0.34 * tw)
         return (m.get('read_iops', 0) + m.get('write_iops', 0)) / ideal
     return f
-ratio('mixed 66:34 / 1/(0.66 t_read_tmpfs + 0.34 t_write_dsync), j1', '>= 0.8',
-      mixed('randrw6634-dhrd-sync-j1'))
-ratio('mixed 66:34, --read-path cached (warm page cache) / same formula, j1', '',
-      mixed('randrw6634-dhrd-cached-j1'))
+ratio('mixed 66:34 / 1/(0.66 t_read_tmpfs + 0.34 t_write_dsync), j1', '>= 0.9',
+      mixed('randrw6634-dhrd-pagecache-j1'))
 
 medians = {}
 for n, vs in runs.items():

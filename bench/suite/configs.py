@@ -7,8 +7,9 @@ report never compares a durable write with a volatile one without saying so.
 
 | name | what | a write is durable |
 |---|---|---|
-| dhrd-<path> | `dhrd mount` (sync durability), read path cached/direct/passthrough/auto | on return |
-| dhrd-<path>-fsync | `dhrd mount --durability fsync` | at fsync |
+| dhrd-pagecache | `dhrd mount` (sync durability) on its default data path: the backing files' page cache, passed through | on return |
+| dhrd-<path> | `dhrd mount` (sync durability) on an engine path: direct, cached, passthrough | on return |
+| dhrd-<path>-fsync | `dhrd mount --durability fsync` on that path | at fsync |
 | tmpfs | a tmpfs mount (RAM disk without durability) | never |
 | tmpfs-copyback | tmpfs filled by `cp -a` from the disk, copied back at stop (log2ram's way) | at copy-back |
 | ext4-fsync | the disk's ext4, buffered, fsync after every write, cold cache | on return |
@@ -156,6 +157,17 @@ class Dhrd(Config):
     def wait_loaded(self):
         return lib.wait_for(self.load_complete, lib.LOAD_WAIT_S, f"{self.name} load", 0.05)
 
+    def kill(self):
+        """SIGKILL the daemon and remove its dead mount (the data stays on the backing)."""
+        if self.pid:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+            lib.wait_for(lambda: not os.path.exists(f"/proc/{self.pid}"), lib.MOUNT_WAIT_S, "daemon exit", 0.01)
+        run(["fusermount3", "-uz", self.mnt], check=False)
+        self.pid = None
+
     def umount(self):
         if is_mounted(self.mnt):
             run([self.ws.dhrd, "umount", self.mnt], check=False, timeout=300)
@@ -169,11 +181,13 @@ class Dhrd(Config):
         self.dir = None
 
     def ram_bytes(self):
-        """Daemon anonymous memory + its memfds' resident pages + backing page cache."""
+        """Daemon anonymous memory + its memfds' resident pages + backing page cache. (Not
+        RssFile: on the page cache path it counts the daemon's pinning mappings of the
+        backing files, whose pages the backing page cache counts already.)"""
         if not self.pid:
             return None
         st = lib.proc_status(self.pid)
-        anon = st.get("RssAnon", 0) + st.get("RssFile", 0)
+        anon = st.get("RssAnon", 0)
         memfd = 0
         fd_dir = f"/proc/{self.pid}/fd"
         for fd in os.listdir(fd_dir):

@@ -174,6 +174,16 @@ def resident_bytes(path):
         return 0
 
 
+def device_read_bytes(path):
+    """Bytes read so far from the block device holding `path` (/sys/dev/block/*/stat)."""
+    st = os.stat(path)
+    try:
+        with open(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat") as f:
+            return int(f.read().split()[2]) * 512
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def tree_resident_bytes(root):
     total = 0
     for dirpath, _dirs, files in os.walk(root):

@@ -65,7 +65,8 @@ COLUMNS = {
                ("full load s", "full_load_s"), ("reads during load IOPS", "during_read_iops"),
                ("p50 us", "during_read_p50_us"), ("p99 us", "during_read_p99_us"),
                ("after load IOPS", "after_read_iops"), ("p50 us ", "after_read_p50_us"),
-               ("p99 us ", "after_read_p99_us")],
+               ("p99 us ", "after_read_p99_us"), ("remount after SIGKILL: warm s", "remount_warm_s"),
+               ("disk read share", "remount_disk_read_fraction")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }

@@ -42,7 +42,7 @@ PROFILES = {
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
         replay_qd=[1, 8], replay_repeat=10, replay_speedup=5, file_bytes=4 * G, fs_files=[8000, 32000, 128000],
         fs_threads=50, fs_secs=20, fs_mean_file_bytes=16 * K, video_bytes=2 * G, video_rounds=3,
-        warm_bytes=[1 * G, 4 * G, 8 * G], warm_rounds=2, mem_bytes=4 * G,
+        warm_bytes=[1 * G, 6 * G], warm_rounds=2, mem_bytes=4 * G,
         transport_bytes=256 * M, transport_rounds=5, transport_runtime_s=4,
     ),
 }
