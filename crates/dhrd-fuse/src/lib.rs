@@ -5,13 +5,12 @@
 //! `fs` (state shared by the handlers, and what metadata and data requests share), `meta`
 //! (namespace, listings, xattrs), `data` (open files, on one of two data paths:
 //! `page_tier`, the backing files' page cache served by the kernel through passthrough,
-//! the default; `engine_tier` with `objects` and `backing`, the engine's RAM copy per
-//! file), `adapter` (the fuser adapter), `nodes` (inode table), `killpriv` (which set-id
+//! the default; `engine_tier` with `objects`, the engine's RAM copy per file over
+//! `dhrd_io::FileBacking`), `adapter` (the fuser adapter), `nodes` (inode table), `killpriv` (which set-id
 //! bits a change must drop), `walk` (background warm-up), `daemon` (mount, control
 //! socket, signals), `status`, `stats`. See docs/fuse.md for the user-visible rules.
 
 pub mod adapter;
-pub mod backing;
 pub mod config;
 pub mod daemon;
 pub mod data;

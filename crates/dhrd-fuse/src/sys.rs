@@ -7,7 +7,7 @@
 //! descriptor obtained that way with a single name component and `AT_SYMLINK_NOFOLLOW` /
 //! `O_NOFOLLOW`. The only paths resolved from `/` are `/proc/self/fd/N` links of descriptors
 //! obtained that way (to chmod a node that cannot be opened for `fchmod`, and the O_DIRECT
-//! reopen in `backing.rs`): such a link names exactly the inode its descriptor holds,
+//! reopen in `dhrd_io::FileBacking::from_file`): such a link names exactly the inode its descriptor holds,
 //! whatever happens to names meanwhile. A symlink planted in the backing directory is
 //! therefore only ever read as a link (readlink), never followed, and nothing outside the
 //! backing tree (including other mounts below it) is reached.
