@@ -56,6 +56,11 @@ pub const WARM_SEGMENT_BYTES: u64 = 64 << 20;
 /// Files the tree walk may have queued before `submit_walked` blocks (the walk runs ahead
 /// of the warm-up by at most this many files, which bounds its memory).
 pub const WALK_QUEUE_MAX: usize = 1024;
+/// Demanded files queued at once. Each holds a descriptor until its turn, so a storm of
+/// opens (a file server creating thousands of files a second) cannot exhaust the
+/// process's descriptors; a demand past the bound is dropped and counted, and the file is
+/// demanded again at its next open.
+pub const DEMAND_QUEUE_MAX: usize = 1024;
 /// Mappings left to the rest of the process when the pin limit is derived from
 /// `vm.max_map_count`.
 pub const MAP_COUNT_RESERVE: usize = 16 * 1024;
@@ -74,6 +79,8 @@ pub struct ResidentConfig {
     pub rate_bytes_per_s: Option<u64>,
     /// Most files pinned at once (one mapping each); None: from `vm.max_map_count`.
     pub mappings_max: Option<usize>,
+    /// Most demanded files queued (see [`DEMAND_QUEUE_MAX`]).
+    pub demand_queue_max: usize,
 }
 
 impl Default for ResidentConfig {
@@ -83,6 +90,7 @@ impl Default for ResidentConfig {
             pin: true,
             rate_bytes_per_s: None,
             mappings_max: None,
+            demand_queue_max: DEMAND_QUEUE_MAX,
         }
     }
 }
@@ -123,6 +131,8 @@ pub struct ResidentStats {
     pub files_failed: u64,
     /// Warm-up reads issued by applications opening files, ahead of the walk.
     pub files_demanded: u64,
+    /// Demands dropped because the demand queue was full.
+    pub demands_dropped: u64,
     /// Walk finished and nothing is queued or being read.
     pub complete: bool,
     /// Seconds since the warm-up started, and since it completed (if it did).
@@ -248,6 +258,7 @@ struct Inner {
     bytes_over_budget: AtomicU64,
     files_failed: AtomicU64,
     files_demanded: AtomicU64,
+    demands_dropped: AtomicU64,
     pin_error: Mutex<Option<String>>,
     pin_stopped: AtomicBool,
 }
@@ -315,6 +326,7 @@ impl Resident {
             bytes_over_budget: AtomicU64::new(0),
             files_failed: AtomicU64::new(0),
             files_demanded: AtomicU64::new(0),
+            demands_dropped: AtomicU64::new(0),
             pin_error: Mutex::new(None),
             pin_stopped: AtomicBool::new(false),
         });
@@ -368,6 +380,11 @@ impl Resident {
         let inner = &self.inner;
         let mut q = inner.q.lock();
         if q.shutdown || q.entries.contains_key(&key) {
+            return;
+        }
+        if q.demand.len() >= inner.cfg.demand_queue_max {
+            // Not recorded as known: the next open of the file demands it again.
+            inner.demands_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let Ok(dup) = file.try_clone() else {
@@ -451,6 +468,7 @@ impl Resident {
             files_over_budget: l(&inner.files_over_budget),
             files_failed: l(&inner.files_failed),
             files_demanded: l(&inner.files_demanded),
+            demands_dropped: l(&inner.demands_dropped),
             complete,
             elapsed_s: inner.started.elapsed().as_secs_f64(),
             complete_after_s: completed_at.map(|t| (t - inner.started).as_secs_f64()),
@@ -933,6 +951,41 @@ mod tests {
         assert!(r.wait_complete(Duration::from_secs(30)));
         assert_eq!(r.budget().used_bytes(), 4096);
         let _ = w.flush();
+    }
+
+    /// A storm of opens cannot queue a descriptor per file: past the bound demands are
+    /// dropped, counted, and taken again at the file's next open.
+    #[test]
+    fn the_demand_queue_is_bounded_and_a_dropped_demand_comes_back() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let cfg = ResidentConfig {
+            threads: 1,
+            // 4 KiB/s: the worker takes a file, then sleeps about a second per file, so
+            // the queue fills while the demands below arrive.
+            rate_bytes_per_s: Some(4096),
+            demand_queue_max: 2,
+            ..ResidentConfig::default()
+        };
+        let r = resident(d.path(), 1 << 30, cfg);
+        let files: Vec<_> = (0..10)
+            .map(|i| {
+                let (f, _) = make(d.path(), &format!("s{i}"), 4096);
+                let h = File::open(d.path().join(&f.path)).expect("open");
+                (f.key, h)
+            })
+            .collect();
+        for (key, h) in &files {
+            r.demand(*key, h);
+        }
+        let s = r.stats();
+        assert_eq!(s.files_demanded + s.demands_dropped, 10, "{s:?}");
+        // At most the queue's two plus what the one worker took meanwhile.
+        assert!(s.demands_dropped >= 6, "{s:?}");
+        r.walk_done();
+        assert!(r.wait_complete(Duration::from_secs(60)));
+        let (key, h) = &files[9];
+        r.demand(*key, h);
+        assert_eq!(r.stats().files_demanded, s.files_demanded + 1);
     }
 
     #[test]

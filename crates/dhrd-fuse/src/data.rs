@@ -85,7 +85,7 @@ impl Shared {
                                 threads: self.cfg.loader_threads,
                                 pin: self.cfg.pin,
                                 rate_bytes_per_s: self.cfg.load_rate,
-                                mappings_max: None,
+                                ..ResidentConfig::default()
                             },
                             self.budget.clone(),
                             Arc::new(BackingOpener(self.dir.clone())),

@@ -361,6 +361,7 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
             "files_warmed": r.files_warmed,
             "bytes_warmed": r.bytes_warmed,
             "files_demanded": r.files_demanded,
+            "demands_dropped": r.demands_dropped,
             "files_failed": r.files_failed,
             "rate_bytes_per_s": r.rate_bytes_per_s(),
             "complete": r.complete,
