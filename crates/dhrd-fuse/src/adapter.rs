@@ -4,6 +4,7 @@
 //!
 //! Crash semantics: none of its own (see `fs.rs`, `meta.rs`, `data.rs`).
 
+use crate::commit::SyncSet;
 use crate::config::{ReadPath, ReaddirPlus, ATTR_TTL, MAX_WRITE_BYTES, READDIRPLUS_BATCH_MAX};
 use crate::data::OpenReply;
 use crate::error::{FsError, Result};
@@ -39,13 +40,36 @@ pub struct DhrdFs {
     pub sh: Arc<Shared>,
 }
 
+/// Replies to a request that creates a directory entry (mknod, mkdir, symlink, link).
+fn reply_new_entry(sh: &Shared, r: Result<FileAttr>, reply: ReplyEntry) {
+    match r {
+        Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+        Err(e) => reply.error(sh.count_err(&e)),
+    }
+}
+
+fn reply_empty(sh: &Shared, r: Result<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(sh.count_err(&e)),
+    }
+}
+
 impl DhrdFs {
-    /// Replies to a request that creates a directory entry (mknod, mkdir, symlink, link).
-    fn reply_new_entry(&self, r: Result<FileAttr>, reply: ReplyEntry) {
-        match r {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+    /// Runs a metadata request that makes a new entry, replying once it is durable.
+    fn new_entry(&self, reply: ReplyEntry, op: impl FnOnce(&mut SyncSet) -> Result<FileAttr>) {
+        let mut set = SyncSet::default();
+        let r = op(&mut set);
+        self.sh
+            .reply_when_durable(set, r, move |sh, r| reply_new_entry(sh, r, reply));
+    }
+
+    /// Runs a metadata request with an empty reply, replying once it is durable.
+    fn empty(&self, reply: ReplyEmpty, op: impl FnOnce(&mut SyncSet) -> Result<()>) {
+        let mut set = SyncSet::default();
+        let r = op(&mut set);
+        self.sh
+            .reply_when_durable(set, r, move |sh, r| reply_empty(sh, r, reply));
     }
 }
 
@@ -129,6 +153,8 @@ impl Filesystem for DhrdFs {
             self.sh
                 .record_final_error(format!("flushing file data at unmount failed: {e}"));
         }
+        // Every request is answered by now; the committer's thread ends with its queue.
+        self.sh.committer.shutdown();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -184,7 +210,9 @@ impl Filesystem for DhrdFs {
         reply: ReplyAttr,
     ) {
         self.sh.stats.setattrs.fetch_add(1, Ordering::Relaxed);
-        match self.sh.do_setattr(
+        let mut set = SyncSet::default();
+        let r = self.sh.do_setattr(
+            &mut set,
             &Caller::of(req),
             Ino(ino.0),
             mode,
@@ -194,10 +222,11 @@ impl Filesystem for DhrdFs {
             atime,
             mtime,
             fh,
-        ) {
+        );
+        self.sh.reply_when_durable(set, r, move |sh, r| match r {
             Ok(a) => reply.attr(&ATTR_TTL, &a),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+            Err(e) => reply.error(sh.count_err(&e)),
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -222,11 +251,10 @@ impl Filesystem for DhrdFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.reply_new_entry(
+        self.new_entry(reply, |set| {
             self.sh
-                .do_mknod(req, Ino(parent.0), name, mode, umask, rdev),
-            reply,
-        );
+                .do_mknod(set, req, Ino(parent.0), name, mode, umask, rdev)
+        });
     }
 
     fn mkdir(
@@ -238,24 +266,21 @@ impl Filesystem for DhrdFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.reply_new_entry(
-            self.sh.do_mkdir(req, Ino(parent.0), name, mode, umask),
-            reply,
-        );
+        self.new_entry(reply, |set| {
+            self.sh.do_mkdir(set, req, Ino(parent.0), name, mode, umask)
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.sh.do_unlink(Ino(parent.0), name, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.empty(reply, |set| {
+            self.sh.do_unlink(set, Ino(parent.0), name, false)
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.sh.do_unlink(Ino(parent.0), name, true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.empty(reply, |set| {
+            self.sh.do_unlink(set, Ino(parent.0), name, true)
+        });
     }
 
     fn symlink(
@@ -266,10 +291,10 @@ impl Filesystem for DhrdFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        self.reply_new_entry(
-            self.sh.do_symlink(req, Ino(parent.0), link_name, target),
-            reply,
-        );
+        self.new_entry(reply, |set| {
+            self.sh
+                .do_symlink(set, req, Ino(parent.0), link_name, target)
+        });
     }
 
     fn rename(
@@ -282,13 +307,10 @@ impl Filesystem for DhrdFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self
-            .sh
-            .do_rename(Ino(parent.0), name, Ino(newparent.0), newname, flags)
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.empty(reply, |set| {
+            self.sh
+                .do_rename(set, Ino(parent.0), name, Ino(newparent.0), newname, flags)
+        });
     }
 
     fn link(
@@ -299,22 +321,30 @@ impl Filesystem for DhrdFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.reply_new_entry(
-            self.sh.do_link(Ino(ino.0), Ino(newparent.0), newname),
-            reply,
-        );
+        self.new_entry(reply, |set| {
+            self.sh.do_link(set, Ino(ino.0), Ino(newparent.0), newname)
+        });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let register = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
-        let r = self.sh.open_file(req, Ino(ino.0), flags, &register);
-        match r {
-            Ok((fh, OpenReply::Plain(fl))) => reply.opened(FileHandle(fh.0), fl),
-            Ok((fh, OpenReply::Passthrough(fl, id))) => {
-                reply.opened_passthrough(FileHandle(fh.0), fl, &id)
-            }
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        let mut set = SyncSet::default();
+        let r = {
+            let register = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
+            self.sh
+                .open_file(&mut set, req, Ino(ino.0), flags, &register)
+        };
+        // Only an O_TRUNC open has something to make durable before the reply; a failed
+        // sync closes the handle again (the kernel never learns of it).
+        let undo =
+            |sh: &Shared, (fh, _): (crate::nodes::Fh, OpenReply)| sh.release_file(FileHandle(fh.0));
+        self.sh
+            .reply_when_durable_or(set, r, undo, move |sh, r| match r {
+                Ok((fh, OpenReply::Plain(fl))) => reply.opened(FileHandle(fh.0), fl),
+                Ok((fh, OpenReply::Passthrough(fl, id))) => {
+                    reply.opened_passthrough(FileHandle(fh.0), fl, &id)
+                }
+                Err(e) => reply.error(sh.count_err(&e)),
+            });
     }
 
     fn read(
@@ -390,10 +420,7 @@ impl Filesystem for DhrdFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.sh.do_fsync(fh, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.empty(reply, |set| self.sh.do_fsync(set, fh, datasync));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -553,22 +580,18 @@ impl Filesystem for DhrdFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self
-            .sh
-            .node_fd(Ino(ino.0), OFlags::RDONLY | OFlags::DIRECTORY)
-            .and_then(|(fd, _)| sys::fsync(fd.as_fd()).map_err(FsError::from))
-            .and_then(|_| {
-                if self.sh.sync_mode() {
-                    Ok(())
-                } else {
-                    self.sh.meta_dirty.store(true, Ordering::Release);
-                    self.sh.sync_metadata()
-                }
-            });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        self.empty(reply, |set| {
+            let (fd, _) = self
+                .sh
+                .node_fd(Ino(ino.0), OFlags::RDONLY | OFlags::DIRECTORY)?;
+            if self.sh.sync_mode() {
+                set.fsync(&[&fd])
+            } else {
+                sys::fsync(fd.as_fd()).map_err(FsError::from)?;
+                self.sh.meta_dirty.store(true, Ordering::Release);
+                self.sh.sync_metadata()
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -588,10 +611,9 @@ impl Filesystem for DhrdFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        match self.sh.do_setxattr(Ino(ino.0), name, value, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.empty(reply, |set| {
+            self.sh.do_setxattr(set, Ino(ino.0), name, value, flags)
+        });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -611,10 +633,7 @@ impl Filesystem for DhrdFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.sh.do_removexattr(Ino(ino.0), name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.empty(reply, |set| self.sh.do_removexattr(set, Ino(ino.0), name));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -632,24 +651,38 @@ impl Filesystem for DhrdFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let register = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
-        let r = self
-            .sh
-            .create_file(req, Ino(parent.0), name, mode, umask, flags, &register);
-        match r {
-            Ok((attr, fh, OpenReply::Plain(fl))) => {
-                reply.created(&ATTR_TTL, &attr, Generation(0), FileHandle(fh.0), fl)
-            }
-            Ok((attr, fh, OpenReply::Passthrough(fl, id))) => reply.created_passthrough(
-                &ATTR_TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh.0),
-                fl,
-                &id,
-            ),
-            Err(e) => reply.error(self.sh.count_err(&e)),
-        }
+        let mut set = SyncSet::default();
+        let r = {
+            let register = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
+            self.sh.create_file(
+                &mut set,
+                req,
+                Ino(parent.0),
+                name,
+                mode,
+                umask,
+                flags,
+                &register,
+            )
+        };
+        let undo = |sh: &Shared, (_, fh, _): (FileAttr, crate::nodes::Fh, OpenReply)| {
+            sh.release_file(FileHandle(fh.0))
+        };
+        self.sh
+            .reply_when_durable_or(set, r, undo, move |sh, r| match r {
+                Ok((attr, fh, OpenReply::Plain(fl))) => {
+                    reply.created(&ATTR_TTL, &attr, Generation(0), FileHandle(fh.0), fl)
+                }
+                Ok((attr, fh, OpenReply::Passthrough(fl, id))) => reply.created_passthrough(
+                    &ATTR_TTL,
+                    &attr,
+                    Generation(0),
+                    FileHandle(fh.0),
+                    fl,
+                    &id,
+                ),
+                Err(e) => reply.error(sh.count_err(&e)),
+            });
     }
 
     fn fallocate(

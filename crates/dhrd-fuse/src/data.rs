@@ -19,6 +19,7 @@
 //! Crash semantics: those of the tier (see `page_tier.rs`, `engine_tier.rs` and
 //! docs/crash-model.md); this module adds none.
 
+use crate::commit::SyncSet;
 use crate::config::{ReadPath, COPY_REQUEST_BYTES_MAX};
 use crate::engine_tier::EngineTier;
 use crate::error::{FsError, Result};
@@ -130,6 +131,7 @@ impl Shared {
     /// OPEN of regular file `ino`.
     pub(crate) fn open_file(
         &self,
+        set: &mut SyncSet,
         req: &Request,
         ino: Ino,
         flags: OpenFlags,
@@ -173,6 +175,7 @@ impl Shared {
         // mode; after the open's own checks, so a refused open changes nothing.
         if truncate {
             let done = self.do_setattr(
+                set,
                 &Caller::of(req),
                 ino,
                 None,
@@ -209,6 +212,7 @@ impl Shared {
     #[allow(clippy::too_many_arguments)] // mirrors the FUSE create request
     pub(crate) fn create_file(
         &self,
+        set: &mut SyncSet,
         req: &Request,
         parent: Ino,
         name: &OsStr,
@@ -217,7 +221,7 @@ impl Shared {
         flags: i32,
         register: Register<'_>,
     ) -> Result<(FileAttr, Fh, OpenReply)> {
-        let c = self.create_entry(req, parent, name, mode, umask, flags)?;
+        let c = self.create_entry(set, req, parent, name, mode, umask, flags)?;
         let key = c.key;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let (pfd, made) = (c.pfd, c.made);
@@ -343,11 +347,16 @@ impl Shared {
 
     /// FSYNC. On the page cache path it always syncs the backing file: writes through
     /// passthrough and shared mappings never pass the daemon, and a previous daemon
-    /// instance may have left dirty pages in the cache.
-    pub(crate) fn do_fsync(&self, fh: FileHandle, datasync: bool) -> Result<()> {
+    /// instance may have left dirty pages in the cache. In `sync` mode the sync joins
+    /// `set` (the committer syncs it with concurrent requests', off the worker threads);
+    /// otherwise it runs here, with a syncfs for the metadata.
+    pub(crate) fn do_fsync(&self, set: &mut SyncSet, fh: FileHandle, datasync: bool) -> Result<()> {
         let (_, h) = self.handle(fh)?;
         let t = Instant::now();
         match &h {
+            HandleData::Page(open) if self.sync_mode() => {
+                set.fsync(&[&*open.file])?;
+            }
             HandleData::Page(open) => {
                 let r = if datasync {
                     rustix::fs::fdatasync(&*open.file)
@@ -480,8 +489,10 @@ impl Shared {
     /// (`kill`: no explicit mode in the same request; with KILLPRIV_V2 the kernel no
     /// longer turns a truncate's set-id kill into a mode change), then the size, durable
     /// in `sync` mode.
+    #[allow(clippy::too_many_arguments)] // the setattr request's size part
     pub(crate) fn data_set_len(
         &self,
+        set: &mut SyncSet,
         caller: &Caller,
         ino: Ino,
         st: &libc::stat,
@@ -504,9 +515,9 @@ impl Shared {
                     self.drop_setid_bits(file.as_fd(), st.into(), caller, Fsetid::LookUp)?;
                 }
                 file.set_len(size)?;
-                if self.sync_mode() {
-                    sys::fsync(file.as_fd()).map_err(|e| FsError::io("fsync after truncate", e))?;
-                }
+                // The new size is durable before the reply (`sync` mode), with the rest of
+                // the request's changes.
+                self.meta_durable(set, &[&*file])?;
                 t.resident.refresh(key, &file);
             }
             Tier::Engine(t) => {

@@ -15,6 +15,8 @@
 //!   (in `sync` mode durably) before the data changes, so a crash cannot leave new content
 //!   with them still set. In `fsync` / `periodic:N` the backing file system is `syncfs`'ed
 //!   at fsync, fsyncdir, every period and at unmount instead.
+//! - In `sync` mode a metadata request's reply waits for the committer (commit.rs), which
+//!   syncs the changes of concurrent requests together, off the worker threads.
 //! - The data path (`Tier`) is chosen once, when the kernel's INIT says what it offers,
 //!   before any other request.
 //!
@@ -22,6 +24,7 @@
 //! A crash between the backing operation and its fsync leaves whatever the backing file
 //! system recovers, which is either the old or the new state of that one operation.
 
+use crate::commit::{Committer, SyncSet};
 use crate::config::{FsConfig, STAT_BLKSIZE};
 use crate::data::{Handle, Tier};
 use crate::error::{FsError, Result};
@@ -82,6 +85,8 @@ pub struct Shared {
     pub notifier: OnceLock<fuser::Notifier>,
     /// Metadata changed since the last syncfs (non-sync modes).
     pub(crate) meta_dirty: AtomicBool,
+    /// Syncs metadata changes in rounds, off the worker threads (`sync` mode).
+    pub committer: Arc<Committer>,
     /// First failure of the flush at unmount; makes the daemon exit non-zero.
     final_error: Mutex<Option<String>>,
 }
@@ -177,6 +182,8 @@ impl Shared {
             atomic_o_trunc: AtomicBool::new(false),
             notifier: OnceLock::new(),
             meta_dirty: AtomicBool::new(false),
+            committer: Committer::start()
+                .map_err(|e| FsError::Setup(format!("starting the metadata committer: {e}")))?,
             final_error: Mutex::new(None),
         }))
     }
@@ -216,18 +223,81 @@ impl Shared {
         self.cfg.durability == Durability::Sync
     }
 
-    /// Makes a metadata change durable per the durability mode (see module header).
-    pub(crate) fn meta_durable(&self, fds: &[&dyn AsFd]) -> Result<()> {
+    /// Makes a metadata change durable per the durability mode (see module header): in
+    /// `sync` mode the inodes behind `fds` join the request's `set`, which the committer
+    /// syncs before the reply (commit.rs); otherwise the next syncfs covers the change.
+    pub(crate) fn meta_durable(&self, set: &mut SyncSet, fds: &[&dyn AsFd]) -> Result<()> {
         if self.sync_mode() {
-            for fd in fds {
-                sys::fsync(fd.as_fd())
-                    .map_err(|e| FsError::io("fsync after metadata change", e))?;
-            }
-            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
+            set.fsync(fds)?;
         } else {
             self.meta_dirty.store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// Like `meta_durable` for a change whose inode cannot be synced by descriptor
+    /// (symlinks, FIFOs, link counts): a syncfs of the file system `fd` is on.
+    pub(crate) fn meta_durable_fs(&self, set: &mut SyncSet, fd: &dyn AsFd) -> Result<()> {
+        if self.sync_mode() {
+            set.syncfs(fd)?;
+        } else {
+            self.meta_dirty.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Like `meta_durable`, but synced before it returns: for a change that must be durable
+    /// before the next step of the same request (set-id bits before data, an undo).
+    pub(crate) fn meta_durable_now(&self, fds: &[&dyn AsFd]) -> Result<()> {
+        let mut set = SyncSet::default();
+        self.meta_durable(&mut set, fds)?;
+        if !set.is_empty() {
+            set.sync_now()?;
+            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Sends a reply once `set` is durable: `reply` gets `r`, or the sync's failure. The
+    /// worker that calls this is free at once (commit.rs).
+    pub(crate) fn reply_when_durable<T: Send + 'static>(
+        self: &Arc<Self>,
+        set: SyncSet,
+        r: Result<T>,
+        reply: impl FnOnce(&Shared, Result<T>) + Send + 'static,
+    ) {
+        self.reply_when_durable_or(set, r, |_, _| {}, reply)
+    }
+
+    /// Like `reply_when_durable`; when the sync fails, `undo` gets what the request made
+    /// (an open's handle, which the kernel will then never release) before the error is
+    /// sent.
+    pub(crate) fn reply_when_durable_or<T: Send + 'static>(
+        self: &Arc<Self>,
+        set: SyncSet,
+        r: Result<T>,
+        undo: impl FnOnce(&Shared, T) + Send + 'static,
+        reply: impl FnOnce(&Shared, Result<T>) + Send + 'static,
+    ) {
+        match r {
+            Err(e) => reply(self, Err(e)),
+            Ok(v) if set.is_empty() => reply(self, Ok(v)),
+            Ok(v) => {
+                let sh = self.clone();
+                self.committer.submit(set, move |sr| {
+                    sh.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
+                    match sr {
+                        Ok(()) => reply(&sh, Ok(v)),
+                        Err(e) => {
+                            // A failed sync of metadata: the change may not survive a
+                            // crash, and the caller is told so.
+                            undo(&sh, v);
+                            reply(&sh, Err(e))
+                        }
+                    }
+                });
+            }
+        }
     }
 
     /// Remembers the first unmount-time failure (reported by the daemon's exit status).
@@ -441,7 +511,7 @@ impl Shared {
             return Ok(());
         }
         rustix::fs::fchmod(fd, Mode::from_raw_mode(f.mode & 0o7777 & !kill))?;
-        self.meta_durable(&[&fd])?;
+        self.meta_durable_now(&[&fd])?;
         // A write or fallocate does not make the kernel forget the cached mode (it
         // invalidates only size and times), so statx(STATX_MODE) would show the bits for
         // up to ATTR_TTL. Offset -1: attributes only, no page cache, no inode lock, so this
@@ -458,6 +528,7 @@ impl Shared {
     #[allow(clippy::too_many_arguments)] // mirrors the FUSE setattr request
     pub(crate) fn do_setattr(
         &self,
+        set: &mut SyncSet,
         caller: &Caller,
         ino: Ino,
         mode: Option<u32>,
@@ -478,7 +549,7 @@ impl Shared {
                     libc::EINVAL
                 }));
             }
-            self.data_set_len(caller, ino, &st, size, fh, mode.is_none())?;
+            self.data_set_len(set, caller, ino, &st, size, fh, mode.is_none())?;
         }
         let changes_inode =
             mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some();
@@ -509,7 +580,7 @@ impl Shared {
                         };
                         rustix::fs::futimens(&fd, &ts)?;
                     }
-                    self.meta_durable(&[&fd])?;
+                    self.meta_durable(set, &[&fd])?;
                 }
                 _ => {
                     // Symlinks, FIFOs, sockets: act on the name with NOFOLLOW in the parent.
@@ -536,9 +607,7 @@ impl Shared {
                         rustix::fs::utimensat(&pfd, &name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
                     }
                     // The inode of a symlink cannot be fsync'ed by descriptor; syncfs covers it.
-                    if self.sync_mode() {
-                        sys::syncfs(pfd.as_fd()).map_err(|e| FsError::io("syncfs", e))?;
-                    }
+                    self.meta_durable_fs(set, &pfd)?;
                 }
             }
         }

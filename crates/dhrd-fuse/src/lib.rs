@@ -11,6 +11,7 @@
 //! socket, signals), `status`, `stats`. See docs/fuse.md for the user-visible rules.
 
 pub mod adapter;
+pub mod commit;
 pub mod config;
 pub mod daemon;
 pub mod data;

@@ -5,8 +5,9 @@
 //! Invariants:
 //! - Every change is made durable per the durability mode before the reply
 //!   (`Shared::meta_durable`): in `sync` mode the changed inode and its parent directory
-//!   (both parents for rename) are fsync'ed; changes of symlinks, FIFOs and link counts,
-//!   which cannot be fsync'ed by descriptor, use `syncfs`.
+//!   (both parents for rename) join the request's `SyncSet`, which the committer syncs
+//!   with those of concurrent requests before the reply goes out; changes of symlinks,
+//!   FIFOs and link counts, which cannot be fsync'ed by descriptor, ask for a `syncfs`.
 //! - The node table follows every change (remember, unlinked, renamed), and a file whose
 //!   last link goes is forgotten by the data path (`Shared::data_unlinked`).
 //! - Xattrs under `trusted.dhrd.` are the daemon's own (page_tier.rs): never listed,
@@ -16,6 +17,7 @@
 //! A crash between the backing operation and its fsync leaves whatever the backing file
 //! system recovers, which is either the old or the new state of that one operation.
 
+use crate::commit::SyncSet;
 use crate::error::{FsError, Result};
 use crate::fs::{kind_of, kind_of_dirent, Shared};
 use crate::nodes::{Fh, Ino};
@@ -27,7 +29,6 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::Ordering;
 
 /// Entries of an open directory, read once at its first READDIR (offsets are indexes into
 /// it).
@@ -64,8 +65,10 @@ impl Shared {
         Ok((Ino(self.dir.fuse_ino(st.st_ino)), name))
     }
 
+    #[allow(clippy::too_many_arguments)] // mirrors the FUSE request
     pub(crate) fn do_mknod(
         &self,
+        set: &mut SyncSet,
         req: &Request,
         parent: Ino,
         name: &OsStr,
@@ -86,7 +89,7 @@ impl Shared {
                 )?;
                 self.chown_new(req, &pfd, Some(&fd), name)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
-                self.meta_durable(&[&fd, &pfd])?;
+                self.meta_durable(set, &[&fd, &pfd])?;
             }
             libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK => {
                 // Device nodes: the kernel lets only callers with CAP_MKNOD (in the initial
@@ -103,7 +106,7 @@ impl Shared {
                 rustix::fs::mknodat(&pfd, name, ft, perm, dev)?;
                 self.chown_new(req, &pfd, None, name)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
-                self.meta_durable(&[&pfd])?;
+                self.meta_durable(set, &[&pfd])?;
             }
             _ => return Err(FsError::Errno(libc::EINVAL)),
         }
@@ -112,6 +115,7 @@ impl Shared {
 
     pub(crate) fn do_mkdir(
         &self,
+        set: &mut SyncSet,
         req: &Request,
         parent: Ino,
         name: &OsStr,
@@ -128,11 +132,17 @@ impl Shared {
             Mode::empty(),
         )?;
         self.chown_new(req, &pfd, Some(&fd), name)?;
-        self.meta_durable(&[&fd, &pfd])?;
+        self.meta_durable(set, &[&fd, &pfd])?;
         self.lookup_in(parent, &pfd, name)
     }
 
-    pub(crate) fn do_unlink(&self, parent: Ino, name: &OsStr, dir: bool) -> Result<()> {
+    pub(crate) fn do_unlink(
+        &self,
+        set: &mut SyncSet,
+        parent: Ino,
+        name: &OsStr,
+        dir: bool,
+    ) -> Result<()> {
         sys::check_name(name)?;
         let pfd = self.dir_fd(parent)?;
         let st = sys::stat_at(pfd.as_fd(), name)?;
@@ -142,7 +152,7 @@ impl Shared {
             AtFlags::empty()
         };
         rustix::fs::unlinkat(&pfd, name, flags)?;
-        self.meta_durable(&[&pfd])?;
+        self.meta_durable(set, &[&pfd])?;
         let ino = Ino(self.dir.fuse_ino(st.st_ino));
         self.nodes.lock().unlinked(ino, parent, name);
         if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink <= 1 {
@@ -153,6 +163,7 @@ impl Shared {
 
     pub(crate) fn do_symlink(
         &self,
+        set: &mut SyncSet,
         req: &Request,
         parent: Ino,
         name: &OsStr,
@@ -162,12 +173,13 @@ impl Shared {
         let pfd = self.dir_fd(parent)?;
         rustix::fs::symlinkat(target, &pfd, name)?;
         self.chown_new(req, &pfd, None, name)?;
-        self.meta_durable(&[&pfd])?;
+        self.meta_durable(set, &[&pfd])?;
         self.lookup_in(parent, &pfd, name)
     }
 
     pub(crate) fn do_rename(
         &self,
+        set: &mut SyncSet,
         parent: Ino,
         name: &OsStr,
         newparent: Ino,
@@ -188,8 +200,8 @@ impl Shared {
         let rflags = rustix::fs::RenameFlags::from_bits_retain(flags.bits());
         rustix::fs::renameat_with(&pfd, name, nfd, newname, rflags)?;
         match &npfd {
-            Some(n) => self.meta_durable(&[n, &pfd])?,
-            None => self.meta_durable(&[&pfd])?,
+            Some(n) => self.meta_durable(set, &[n, &pfd])?,
+            None => self.meta_durable(set, &[&pfd])?,
         }
         let moved_ino = Ino(self.dir.fuse_ino(moved.st_ino));
         let mut nodes = self.nodes.lock();
@@ -213,19 +225,19 @@ impl Shared {
         Ok(())
     }
 
-    pub(crate) fn do_link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<FileAttr> {
+    pub(crate) fn do_link(
+        &self,
+        set: &mut SyncSet,
+        ino: Ino,
+        newparent: Ino,
+        newname: &OsStr,
+    ) -> Result<FileAttr> {
         sys::check_name(newname)?;
         let npfd = self.dir_fd(newparent)?;
         let (fd, _) = self.node_fd(ino, OFlags::PATH)?;
         rustix::fs::linkat(&fd, "", &npfd, newname, AtFlags::EMPTY_PATH)?;
         // The link count lives in the inode: syncfs covers it for every file type.
-        if self.sync_mode() {
-            sys::fsync(npfd.as_fd()).map_err(|e| FsError::io("fsync", e))?;
-            sys::syncfs(npfd.as_fd()).map_err(|e| FsError::io("syncfs", e))?;
-            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.meta_dirty.store(true, Ordering::Release);
-        }
+        self.meta_durable_fs(set, &npfd)?;
         self.lookup_in(newparent, &npfd, newname)
     }
 
@@ -233,8 +245,10 @@ impl Shared {
     /// gives a new file to the caller, makes it durable per the mode and looks it up.
     /// Returns the entry, the open backing file (read-write) and whether this call made
     /// it (a failure after that must `undo_create`).
+    #[allow(clippy::too_many_arguments)] // mirrors the FUSE request
     pub(crate) fn create_entry(
         &self,
+        set: &mut SyncSet,
         req: &Request,
         parent: Ino,
         name: &OsStr,
@@ -266,7 +280,7 @@ impl Shared {
                 self.chown_new(req, &pfd, Some(&fd), name)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
             }
-            self.meta_durable(&[&fd, &pfd])?;
+            self.meta_durable(set, &[&fd, &pfd])?;
             let attr = self.lookup_in(parent, &pfd, name)?;
             looked_up = true;
             Ok(attr)
@@ -303,7 +317,7 @@ impl Shared {
     ) {
         let still_ours = sys::stat_at(pfd.as_fd(), name).is_ok_and(|st| st.st_ino == key);
         if still_ours && rustix::fs::unlinkat(pfd, name, AtFlags::empty()).is_ok() {
-            let _ = self.meta_durable(&[pfd]);
+            let _ = self.meta_durable_now(&[pfd]);
         }
         let ino = Ino(self.dir.fuse_ino(key));
         let mut nodes = self.nodes.lock();
@@ -471,6 +485,7 @@ impl Shared {
 
     pub(crate) fn do_setxattr(
         &self,
+        set: &mut SyncSet,
         ino: Ino,
         name: &OsStr,
         value: &[u8],
@@ -484,10 +499,10 @@ impl Shared {
         };
         let f = rustix::fs::XattrFlags::from_bits_retain(flags as _);
         rustix::fs::fsetxattr(&fd, name, value, f)?;
-        self.meta_durable(&[&fd])
+        self.meta_durable(set, &[&fd])
     }
 
-    pub(crate) fn do_removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
+    pub(crate) fn do_removexattr(&self, set: &mut SyncSet, ino: Ino, name: &OsStr) -> Result<()> {
         if private_xattr(name) {
             return Err(FsError::Errno(libc::ENODATA));
         }
@@ -495,7 +510,7 @@ impl Shared {
             return Err(FsError::Errno(libc::ENODATA));
         };
         rustix::fs::fremovexattr(&fd, name)?;
-        self.meta_durable(&[&fd])
+        self.meta_durable(set, &[&fd])
     }
 }
 

@@ -249,6 +249,14 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
         pre.files_seen.load(Ordering::Relaxed),
         human(pre.bytes_seen.load(Ordering::Relaxed)),
     );
+    let c = &sh.committer;
+    let _ = writeln!(
+        s,
+        "metadata sync:   {} changes made durable in {} rounds, {} fsync/syncfs calls",
+        c.sets.load(Ordering::Relaxed),
+        c.rounds.load(Ordering::Relaxed),
+        c.syncs.load(Ordering::Relaxed)
+    );
     let failed = read_only_causes(sh);
     if failed.is_empty() {
         let _ = writeln!(s, "read-only:       no");
@@ -350,6 +358,11 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
         "read_only_files": read_only,
         "counters": counters,
         "latency": latency,
+        "metadata_commit": {
+            "changes": sh.committer.sets.load(Ordering::Relaxed),
+            "rounds": sh.committer.rounds.load(Ordering::Relaxed),
+            "syncs": sh.committer.syncs.load(Ordering::Relaxed),
+        },
     });
     if let Some(Tier::Page(t)) = sh.tier_if_set() {
         let r = t.resident.stats();
