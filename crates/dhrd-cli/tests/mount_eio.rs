@@ -13,52 +13,8 @@
 mod common;
 use common::*;
 use std::fs;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::process::Command;
-
-/// `_IOR('X', 125, __u32)`: ext4's (and xfs's) "the file system is going down" ioctl.
-const EXT4_IOC_SHUTDOWN: libc::c_ulong = 0x8004_587D;
-/// Shut down without flushing the journal: the disk is gone.
-const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
-
-struct LoopFs {
-    mnt: std::path::PathBuf,
-}
-
-impl LoopFs {
-    fn new(s: &Scratch) -> Self {
-        let img = s.0.join("disk.img");
-        let mnt = s.sub("ext4");
-        let f = fs::File::create(&img).expect("image");
-        f.set_len(64 << 20).expect("size");
-        drop(f);
-        let (ok, out) = sh(&format!("mkfs.ext4 -q -F {}", img.display()));
-        assert!(ok, "mkfs: {out}");
-        let (ok, out) = sh(&format!(
-            "mount -o loop {} {}",
-            img.display(),
-            mnt.display()
-        ));
-        assert!(ok, "mount: {out}");
-        Self { mnt }
-    }
-
-    fn shut_down(&self) {
-        let d = fs::File::open(&self.mnt).expect("open fs root");
-        let mut flags = EXT4_GOING_FLAGS_NOLOGFLUSH;
-        // SAFETY: the ioctl reads one u32 from the pointer, which outlives the call.
-        let r = unsafe { libc::ioctl(d.as_raw_fd(), EXT4_IOC_SHUTDOWN as _, &mut flags) };
-        assert_eq!(r, 0, "shutdown: {}", std::io::Error::last_os_error());
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        // umount -d also detaches the loop device.
-        let _ = Command::new("umount").arg("-d").arg(&self.mnt).status();
-    }
-}
 
 #[test]
 fn backing_eio_makes_the_mount_read_only() {

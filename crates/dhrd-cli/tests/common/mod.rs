@@ -2,6 +2,7 @@
 //! always cleans up (unmount on Drop, even when the test panics).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -251,5 +252,66 @@ impl Rng {
     }
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
+    }
+}
+
+/// `_IOR('X', 125, __u32)`: ext4's (and xfs's) "the file system is going down" ioctl.
+pub const EXT4_IOC_SHUTDOWN: libc::c_ulong = 0x8004_587D;
+/// Shut down without flushing the journal: the disk is gone.
+pub const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+
+/// An ext4 file system on a loop device over a file in a scratch directory, mounted; it
+/// can be shut down like a dead disk (`shut_down`), losing what its journal had not
+/// committed, and mounted again from the same image (`remount`).
+pub struct LoopFs {
+    pub mnt: std::path::PathBuf,
+    pub img: std::path::PathBuf,
+}
+
+impl LoopFs {
+    pub fn new(s: &Scratch) -> Self {
+        let img = s.0.join("disk.img");
+        let mnt = s.sub("ext4");
+        let f = std::fs::File::create(&img).expect("image");
+        f.set_len(64 << 20).expect("size");
+        drop(f);
+        let (ok, out) = sh(&format!("mkfs.ext4 -q -F {}", img.display()));
+        assert!(ok, "mkfs: {out}");
+        let (ok, out) = sh(&format!(
+            "mount -o loop {} {}",
+            img.display(),
+            mnt.display()
+        ));
+        assert!(ok, "mount: {out}");
+        Self { mnt, img }
+    }
+
+    pub fn shut_down(&self) {
+        let d = std::fs::File::open(&self.mnt).expect("open fs root");
+        let mut flags = EXT4_GOING_FLAGS_NOLOGFLUSH;
+        // SAFETY: the ioctl reads one u32 from the pointer, which outlives the call.
+        let r = unsafe { libc::ioctl(d.as_raw_fd(), EXT4_IOC_SHUTDOWN as _, &mut flags) };
+        assert_eq!(r, 0, "shutdown: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        // umount -d also detaches the loop device.
+        let _ = Command::new("umount").arg("-d").arg(&self.mnt).status();
+    }
+}
+
+impl LoopFs {
+    /// Unmounts (the image keeps what reached it) and mounts the image again, as after a
+    /// reboot: the journal is replayed.
+    pub fn remount(&self) {
+        let _ = Command::new("umount").arg("-d").arg(&self.mnt).status();
+        let (ok, out) = sh(&format!(
+            "mount -o loop {} {}",
+            self.img.display(),
+            self.mnt.display()
+        ));
+        assert!(ok, "remount: {out}");
     }
 }
