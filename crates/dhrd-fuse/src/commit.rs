@@ -6,14 +6,26 @@
 //! where an inode cannot be synced by descriptor) in a [`SyncSet`], and hands the set and
 //! its reply to the committer. The worker is then free for the next request: a lookup or
 //! getattr never waits behind another request's sync. The committer takes every set that
-//! arrived while its previous round ran, syncs each distinct inode once (or the file
-//! system once, where a set asks for it), and only then sends the replies.
+//! arrived while its previous round ran, makes them durable together, and only then sends
+//! the replies.
+//!
+//! How a round syncs (measured, docs/fuse.md): every fsync of an inode whose change the
+//! journal already committed still costs a device cache flush, so syncing a round's
+//! inodes one by one pays one flush per inode (on this VM's disk 0.2 ms each: a round of
+//! 8 creates cost 16 fsyncs). One `syncfs` per file system commits the journal once and
+//! flushes once for the whole round. But syncfs also writes back every other dirty page
+//! of that file system, which on a backing shared with other programs may be gigabytes:
+//! so a round with more than one inode uses syncfs only while the machine's dirty and
+//! under-writeback memory is small ([`SYNCFS_DIRTY_MAX_BYTES`]), and fsyncs each
+//! distinct inode otherwise. In `sync` mode dhrd's own files have no dirty pages (their
+//! writes are synchronous), so the bound is about other programs.
 //!
 //! Invariants:
 //! - A reply is sent only after a sync that started after its change was made: sets are
 //!   queued after their change, and a round takes its sets before it starts syncing.
-//! - Every set of a round is covered by that round's syncs: an inode is synced once per
-//!   round however many sets name it; a `syncfs` in a round covers every set of it.
+//! - Every set of a round is covered by that round's syncs: a syncfs of a file system
+//!   covers every inode on it; otherwise an inode is fsync'ed once per round however many
+//!   sets name it.
 //! - A failed sync fails the replies of the sets that needed it (EIO; the change may or
 //!   may not survive a crash, as after any failed fsync); other sets of the round are
 //!   answered normally.
@@ -83,12 +95,42 @@ impl SyncSet {
 }
 
 type Done = Box<dyn FnOnce(Result<()>) + Send>;
+/// One sync's outcome: Ok, or its errno.
+type Errno = std::result::Result<(), i32>;
 
 /// What the committer does to make an inode or a file system durable: `fsync` and
 /// `syncfs` of the descriptor (tests put a stalled or failing one in its place).
 pub trait Syncer: Send + Sync + 'static {
     fn fsync(&self, fd: &OwnedFd) -> std::io::Result<()>;
     fn syncfs(&self, fd: &OwnedFd) -> std::io::Result<()>;
+    /// Dirty and under-writeback memory of the machine now, if known.
+    fn dirty_bytes(&self) -> Option<u64>;
+}
+
+/// A round with this many distinct inodes or more may be made durable with one syncfs per
+/// file system instead of an fsync per inode (see the module header).
+pub const SYNCFS_INODES_MIN: usize = 2;
+/// ... but only while the machine has at most this much dirty or under-writeback memory,
+/// which bounds what a syncfs may have to write for other programs.
+pub const SYNCFS_DIRTY_MAX_BYTES: u64 = 16 << 20;
+
+/// `Dirty` + `Writeback` of /proc/meminfo, in bytes.
+fn meminfo_dirty_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let mut total = 0u64;
+    let mut found = 0;
+    for line in s.lines() {
+        let (key, rest) = line.split_once(':')?;
+        if key == "Dirty" || key == "Writeback" {
+            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            total = total.saturating_add(kib.saturating_mul(1024));
+            found += 1;
+            if found == 2 {
+                return Some(total);
+            }
+        }
+    }
+    None
 }
 
 /// The real one.
@@ -100,6 +142,9 @@ impl Syncer for KernelSyncer {
     }
     fn syncfs(&self, fd: &OwnedFd) -> std::io::Result<()> {
         sys::syncfs(fd.as_fd())
+    }
+    fn dirty_bytes(&self) -> Option<u64> {
+        meminfo_dirty_bytes()
     }
 }
 
@@ -153,7 +198,7 @@ impl Committer {
         if q.shutdown {
             drop(q);
             // After shutdown (unmount) nobody waits for the thread: sync here.
-            let r = self.commit_one(&set);
+            let r = self.commit_one(set);
             done(r);
             return;
         }
@@ -184,27 +229,79 @@ impl Committer {
         }
     }
 
-    /// One round: syncs what the sets name, each inode once (or the file system once, if
-    /// a set asks for that, which covers every set of the round), then answers them.
+    /// One round: makes every set durable (see the module header for how), then answers
+    /// them.
     fn commit(&self, round: Vec<(SyncSet, Done)>) {
         self.rounds.fetch_add(1, Ordering::Relaxed);
         self.sets.fetch_add(round.len() as u64, Ordering::Relaxed);
-        let fs = round.iter().find_map(|(s, _)| s.syncfs.as_ref());
-        let fs_result = fs.map(|fd| {
+        // Identity (device, inode) of every descriptor; None where fstat failed (that one
+        // is fsync'ed on its own).
+        let ids: Vec<Vec<Option<(u64, u64)>>> = round
+            .iter()
+            .map(|(set, _)| set.fsync.iter().map(identity).collect())
+            .collect();
+        let distinct: std::collections::HashSet<(u64, u64)> =
+            ids.iter().flatten().flatten().copied().collect();
+        // File systems to syncfs: those a set asks for, and, when the round is worth it
+        // and cheap enough, every file system the round touches.
+        let mut fs: HashMap<u64, (&OwnedFd, Option<Errno>)> = HashMap::new();
+        for (set, _) in &round {
+            if let Some(fd) = &set.syncfs {
+                if let Some((dev, _)) = identity(fd) {
+                    fs.entry(dev).or_insert((fd, None));
+                }
+            }
+        }
+        let whole = distinct.len() >= SYNCFS_INODES_MIN
+            && self
+                .syncer
+                .dirty_bytes()
+                .is_some_and(|b| b <= SYNCFS_DIRTY_MAX_BYTES);
+        if whole {
+            for ((set, _), set_ids) in round.iter().zip(&ids) {
+                for (fd, id) in set.fsync.iter().zip(set_ids) {
+                    if let Some((dev, _)) = id {
+                        fs.entry(*dev).or_insert((fd, None));
+                    }
+                }
+            }
+        }
+        for (fd, r) in fs.values_mut() {
             self.syncs.fetch_add(1, Ordering::Relaxed);
-            self.syncer
-                .syncfs(fd)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
-        });
-        // Per inode (device, inode number): Ok, or the errno of its failed fsync.
+            *r = Some(
+                self.syncer
+                    .syncfs(fd)
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
+            );
+        }
+        let fs_done: HashMap<u64, std::result::Result<(), i32>> = fs
+            .into_iter()
+            .filter_map(|(dev, (_, r))| r.map(|r| (dev, r)))
+            .collect();
+        let fs_result = |dev: u64| fs_done.get(&dev).copied();
+        // Per inode: Ok, or the errno of its failed fsync.
         let mut synced: HashMap<(u64, u64), std::result::Result<(), i32>> = HashMap::new();
         let mut results = Vec::with_capacity(round.len());
-        for (set, done) in round {
-            let r = match &fs_result {
-                Some(Ok(())) => Ok(()),
-                Some(Err(e)) if set.syncfs.is_some() => Err(*e),
-                _ => self.fsync_each(&set, &mut synced),
-            };
+        for ((set, done), set_ids) in round.into_iter().zip(&ids) {
+            let mut r = Ok(());
+            if let Some(fd) = &set.syncfs {
+                // A set that asked for a syncfs whose file system is unknown gets its own.
+                let one = match identity(fd).and_then(|(dev, _)| fs_result(dev)) {
+                    Some(x) => x,
+                    None => self.sync_fs_now(fd),
+                };
+                r = r.and(one);
+            }
+            for (fd, id) in set.fsync.iter().zip(set_ids) {
+                let one = match id {
+                    Some((dev, ino)) => match fs_result(*dev) {
+                        Some(x) => x,
+                        None => *synced.entry((*dev, *ino)).or_insert_with(|| self.fsync(fd)),
+                    },
+                    None => self.fsync(fd),
+                };
+                r = r.and(one);
+            }
             results.push((r, done));
         }
         for (r, done) in results {
@@ -217,26 +314,11 @@ impl Committer {
         }
     }
 
-    /// Fsyncs the inodes of one set that this round has not synced yet.
-    fn fsync_each(
-        &self,
-        set: &SyncSet,
-        synced: &mut HashMap<(u64, u64), std::result::Result<(), i32>>,
-    ) -> std::result::Result<(), i32> {
-        let mut r = Ok(());
-        for fd in &set.fsync {
-            let one = match sys::fstat(fd.as_fd()) {
-                Ok(st) => *synced
-                    .entry((st.st_dev, st.st_ino))
-                    .or_insert_with(|| self.fsync(fd)),
-                // Identity unknown: synced on its own.
-                Err(_) => self.fsync(fd),
-            };
-            if r.is_ok() {
-                r = one;
-            }
-        }
-        r
+    fn sync_fs_now(&self, fd: &OwnedFd) -> std::result::Result<(), i32> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.syncer
+            .syncfs(fd)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
     }
 
     fn fsync(&self, fd: &OwnedFd) -> std::result::Result<(), i32> {
@@ -247,21 +329,26 @@ impl Committer {
     }
 
     /// One set on the calling thread (after shutdown).
-    fn commit_one(&self, set: &SyncSet) -> Result<()> {
-        let r = match &set.syncfs {
-            Some(fd) => self
-                .syncer
-                .syncfs(fd)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-            None => self.fsync_each(set, &mut HashMap::new()),
-        };
-        r.map_err(|e| {
-            FsError::io(
+    fn commit_one(&self, set: SyncSet) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.commit(vec![(
+            set,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )]);
+        rx.recv().unwrap_or_else(|_| {
+            Err(FsError::io(
                 "sync after metadata change",
-                std::io::Error::from_raw_os_error(e),
-            )
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ))
         })
     }
+}
+
+/// (device, inode) of a descriptor.
+fn identity(fd: &OwnedFd) -> Option<(u64, u64)> {
+    sys::fstat(fd.as_fd()).ok().map(|st| (st.st_dev, st.st_ino))
 }
 
 #[cfg(test)]
@@ -275,11 +362,17 @@ mod tests {
     struct Gate {
         open: Arc<(Mutex<bool>, Condvar)>,
         fsyncs: Arc<AtomicU64>,
+        syncfs_calls: Arc<AtomicU64>,
+        /// Calls that reached the gate (counted before waiting at it).
+        entered: Arc<AtomicU64>,
         fail_ino: Option<u64>,
+        /// What `dirty_bytes` says: None keeps rounds on per-inode fsyncs.
+        dirty: Option<u64>,
     }
 
     impl Syncer for Gate {
         fn fsync(&self, fd: &OwnedFd) -> std::io::Result<()> {
+            self.entered.fetch_add(1, Ordering::Relaxed);
             let (m, cv) = &*self.open;
             let mut g = m.lock();
             while !*g {
@@ -293,22 +386,45 @@ mod tests {
             Ok(())
         }
         fn syncfs(&self, fd: &OwnedFd) -> std::io::Result<()> {
+            self.syncfs_calls.fetch_add(1, Ordering::Relaxed);
             self.fsync(fd)
+        }
+        fn dirty_bytes(&self) -> Option<u64> {
+            self.dirty
         }
     }
 
     type Door = Arc<(Mutex<bool>, Condvar)>;
 
-    fn gate(fail_ino: Option<u64>) -> (Arc<Committer>, Door, Arc<AtomicU64>) {
+    struct Rig {
+        c: Arc<Committer>,
+        open: Door,
+        fsyncs: Arc<AtomicU64>,
+        syncfs_calls: Arc<AtomicU64>,
+        entered: Arc<AtomicU64>,
+    }
+
+    fn gate(fail_ino: Option<u64>, dirty: Option<u64>) -> Rig {
         let open = Arc::new((Mutex::new(false), Condvar::new()));
         let fsyncs = Arc::new(AtomicU64::new(0));
+        let syncfs_calls = Arc::new(AtomicU64::new(0));
+        let entered = Arc::new(AtomicU64::new(0));
         let c = Committer::start_with(Box::new(Gate {
             open: open.clone(),
             fsyncs: fsyncs.clone(),
+            syncfs_calls: syncfs_calls.clone(),
+            entered: entered.clone(),
             fail_ino,
+            dirty,
         }))
         .unwrap();
-        (c, open, fsyncs)
+        Rig {
+            c,
+            open,
+            fsyncs,
+            syncfs_calls,
+            entered,
+        }
     }
 
     fn release(open: &(Mutex<bool>, Condvar)) {
@@ -321,7 +437,9 @@ mod tests {
     #[test]
     fn submit_never_waits_for_a_stalled_sync_and_replies_follow_it() {
         let d = tempfile::tempdir().unwrap();
-        let (c, open, fsyncs) = gate(None);
+        let Rig {
+            c, open, fsyncs, ..
+        } = gate(None, None);
         let (tx, rx) = mpsc::channel();
         let dir = std::fs::File::open(d.path()).unwrap();
         for i in 0..5 {
@@ -358,7 +476,7 @@ mod tests {
             .metadata()
             .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
             .unwrap();
-        let (c, open, _) = gate(Some(bad));
+        let Rig { c, open, .. } = gate(Some(bad), None);
         let (tx, rx) = mpsc::channel();
         for (name, f) in [("a", &a), ("b", &b)] {
             let mut set = SyncSet::default();
@@ -377,5 +495,44 @@ mod tests {
         c.submit(SyncSet::default(), move |r| tx2.send(r.is_ok()).unwrap());
         assert!(rx2.try_recv().unwrap());
         c.shutdown();
+    }
+
+    /// A round of several inodes on one file system is one syncfs when little is dirty,
+    /// and an fsync per distinct inode when the machine has much dirty memory.
+    #[test]
+    fn a_round_of_many_inodes_is_one_syncfs_unless_much_is_dirty() {
+        let d = tempfile::tempdir().unwrap();
+        let files: Vec<_> = (0..4)
+            .map(|i| std::fs::File::create(d.path().join(format!("f{i}"))).unwrap())
+            .collect();
+        for (dirty, want_syncfs, want_calls) in
+            [(Some(0), 1, 1), (Some(1 << 40), 0, 4), (None, 0, 4)]
+        {
+            let rig = gate(None, dirty);
+            let (tx, rx) = mpsc::channel();
+            // The first round takes one set and waits at the gate; the second round gets
+            // the other three inodes plus a repeat of the first.
+            for (i, f) in files.iter().chain(std::iter::once(&files[0])).enumerate() {
+                let mut set = SyncSet::default();
+                set.fsync(&[f]).unwrap();
+                let tx = tx.clone();
+                rig.c.submit(set, move |r| tx.send(r.is_ok()).unwrap());
+                while i == 0 && rig.entered.load(Ordering::Relaxed) == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            release(&rig.open);
+            for _ in 0..5 {
+                assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+            }
+            let (fs, all) = (
+                rig.syncfs_calls.load(Ordering::Relaxed),
+                rig.fsyncs.load(Ordering::Relaxed),
+            );
+            // The first round (one inode) is one fsync either way.
+            assert_eq!(fs, want_syncfs, "dirty {dirty:?}");
+            assert_eq!(all, 1 + want_calls, "dirty {dirty:?}");
+            rig.c.shutdown();
+        }
     }
 }
