@@ -5,7 +5,13 @@
 //! not committed is lost, as at a power cut. After the image is mounted again, every
 //! acknowledged create, rename and unlink must be there, and nothing acknowledged as
 //! removed may reappear. The same storm in `fsync` mode loses acknowledged changes, which
-//! shows the check can fail.
+//! shows the check can fail. (A SIGKILL of the daemon alone cannot lose what the backing
+//! file system's kernel already has; the power cut is the stronger test, and the daemon
+//! is killed after it too.)
+//!
+//! And no head-of-line blocking: with every metadata sync stalled (fault injection), more
+//! creates than the daemon has workers wait for their syncs while lookups and statfs
+//! still complete.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod common;
@@ -13,7 +19,7 @@ use common::*;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -173,4 +179,72 @@ fn without_sync_mode_the_cut_loses_acknowledged_changes() {
         !lost.is_empty(),
         "fsync mode lost nothing: the cut did not bite"
     );
+}
+
+/// The daemon's FUSE worker threads by default (dhrd_fuse::daemon::FUSE_THREADS_DEFAULT).
+const WORKERS: usize = 8;
+
+#[test]
+fn lookups_complete_while_metadata_syncs_are_stalled() {
+    let s = Scratch::new("meta-stall");
+    let backing = s.sub("backing");
+    for i in 0..WORKERS + 4 {
+        fs::create_dir_all(backing.join(format!("d{i}"))).unwrap();
+    }
+    fs::create_dir_all(backing.join("e")).unwrap();
+    fs::write(backing.join("e/present"), b"x").unwrap();
+    let gate = s.0.join("stall");
+    fs::write(&gate, b"").unwrap();
+    let mnt = s.sub("mnt");
+    let m = Mount::start_env(
+        &backing,
+        &mnt,
+        &["--quiet", "--no-preload", "--durability", "sync"],
+        &[("DHRD_FAULT_SYNC_STALL_FILE", gate.to_str().unwrap())],
+    );
+    // More creates than workers, each in a directory of its own (the kernel lets one
+    // create at a time into a directory): with syncs held on the workers, every worker
+    // would now be stuck and nothing else could be served.
+    let done = Arc::new(AtomicUsize::new(0));
+    let creators: Vec<_> = (0..WORKERS + 4)
+        .map(|i| {
+            let (p, done) = (m.path(&format!("d{i}/new")), done.clone());
+            std::thread::spawn(move || {
+                fs::write(&p, b"y").unwrap();
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    // Requests that need the daemon: lookups of names that do not exist (a negative
+    // lookup is not cached), of a present file, and statfs. In another directory: the
+    // kernel holds a directory's lock while a create in it waits for its reply, so
+    // lookups there wait for the create whatever the daemon does (as on ext4 mounted
+    // dirsync).
+    // They run in a thread so a regression fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let root = mnt.clone();
+    std::thread::spawn(move || {
+        for i in 0..50 {
+            assert!(fs::symlink_metadata(root.join(format!("e/missing{i}"))).is_err());
+        }
+        assert!(fs::symlink_metadata(root.join("e/present")).is_ok());
+        let (ok, out) = sh(&format!("stat -f {} >/dev/null", root.display()));
+        assert!(ok, "{out}");
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("lookups and statfs did not complete while syncs were stalled");
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        0,
+        "a create was acknowledged before its sync"
+    );
+    fs::remove_file(&gate).unwrap();
+    for c in creators {
+        c.join().unwrap();
+    }
+    for i in 0..WORKERS + 4 {
+        assert_eq!(fs::read(backing.join(format!("d{i}/new"))).unwrap(), b"y");
+    }
+    drop(m);
 }

@@ -133,14 +133,35 @@ fn meminfo_dirty_bytes() -> Option<u64> {
     None
 }
 
+/// Fault injection for tests: while the file this variable names exists, every metadata
+/// sync waits (polling), as on a stalled device. Read once, when the committer starts;
+/// unset in normal use.
+pub const SYNC_STALL_ENV: &str = "DHRD_FAULT_SYNC_STALL_FILE";
+/// How often a stalled sync looks at the file again.
+const SYNC_STALL_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// The real one.
-pub struct KernelSyncer;
+pub struct KernelSyncer {
+    stall_while: Option<std::path::PathBuf>,
+}
+
+impl KernelSyncer {
+    fn stall(&self) {
+        if let Some(p) = &self.stall_while {
+            while p.exists() {
+                std::thread::sleep(SYNC_STALL_POLL);
+            }
+        }
+    }
+}
 
 impl Syncer for KernelSyncer {
     fn fsync(&self, fd: &OwnedFd) -> std::io::Result<()> {
+        self.stall();
         sys::fsync(fd.as_fd())
     }
     fn syncfs(&self, fd: &OwnedFd) -> std::io::Result<()> {
+        self.stall();
         sys::syncfs(fd.as_fd())
     }
     fn dirty_bytes(&self) -> Option<u64> {
@@ -166,7 +187,9 @@ pub struct Committer {
 
 impl Committer {
     pub fn start() -> std::io::Result<Arc<Self>> {
-        Self::start_with(Box::new(KernelSyncer))
+        Self::start_with(Box::new(KernelSyncer {
+            stall_while: std::env::var_os(SYNC_STALL_ENV).map(Into::into),
+        }))
     }
 
     pub fn start_with(syncer: Box<dyn Syncer>) -> std::io::Result<Arc<Self>> {

@@ -87,9 +87,25 @@ impl Mount {
     }
 
     pub fn try_start(backing: &Path, mnt: &Path, extra: &[&str]) -> Result<Self, String> {
+        Self::try_start_env(backing, mnt, extra, &[])
+    }
+
+    /// Like `start`, with extra environment for the daemon (fault injection).
+    #[allow(dead_code)] // not every test binary injects faults
+    pub fn start_env(backing: &Path, mnt: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::try_start_env(backing, mnt, extra, env).expect("mount")
+    }
+
+    pub fn try_start_env(
+        backing: &Path,
+        mnt: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
         let log = mnt.with_extension("log");
         let logf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let child = Command::new(dhrd())
+            .envs(env.iter().copied())
             .arg("mount")
             .arg(backing)
             .arg(mnt)
