@@ -2,7 +2,7 @@
 # The benchmark suite in one command: builds the release binaries, then runs every
 # experiment with dhrd and its baselines (docs/benchmarks.md).
 #   sudo bench/suite.sh quick     # minutes
-#   sudo bench/suite.sh full      # about an hour; the committed figures
+#   sudo bench/suite.sh full      # about an hour and a half; the committed figures
 #   sudo bench/suite.sh tiny      # seconds; what the test suite runs
 # Extra options go to bench/suite/run.py (--only, --configs, --disk-dir, --out, --traces).
 set -euo pipefail

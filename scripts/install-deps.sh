@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(fuse3 libfuse3-dev fio nbdkit libnbd-bin python3-libnbd nbdfuse qemu-utils sqlite3
-          e2fsprogs util-linux pkg-config python3-matplotlib vmtouch)
+          e2fsprogs util-linux pkg-config python3-matplotlib vmtouch postmark)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

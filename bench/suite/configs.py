@@ -17,6 +17,7 @@ report never compares a durable write with a volatile one without saying so.
 | ext4-direct | the disk's ext4 with O_DIRECT; writes O_DIRECT+O_DSYNC | on return |
 | ext4-vmtouch | ext4 with the files preloaded by `vmtouch -t`; writes fsync'd | on return |
 | ramdisk-ext4 | ext4 on a loop device over a tmpfs file (the papers' RAMDisk) | never |
+| ext4-syncdirsync | ext4 mounted `sync,dirsync` on a loop device over a file on the disk | on return |
 """
 
 import os
@@ -358,6 +359,52 @@ class RamdiskExt4(Config):
         return (st.f_blocks - st.f_bfree) * st.f_frsize + lib.tree_resident_bytes(self.mnt)
 
 
+class Ext4SyncDirsync(Config):
+    """ext4 mounted `sync,dirsync`: every write and every directory change durable on return,
+    the file-system-level equivalent of dhrd's sync mode. A loop device over a file on the
+    disk under test, so no partition has to be given up for it."""
+
+    name = "ext4-syncdirsync"
+    durable = "on return"
+    IMAGE_SLACK_BYTES = 512 << 20
+
+    def __init__(self, ws):
+        super().__init__(ws)
+        self.image = os.path.join(ws.disk, "ext4-syncdirsync.img")
+        self.mnt = os.path.join(ws.disk, "ext4-syncdirsync-mnt")
+        self.loop = None
+
+    def start(self, files, room=0):
+        nbytes = sum(files.values()) + room
+        with open(self.image, "wb") as f:
+            # Allocated up front: the baseline should not pay for the host file system
+            # allocating the image's blocks during the run.
+            os.posix_fallocate(f.fileno(), 0, nbytes + nbytes // 4 + self.IMAGE_SLACK_BYTES)
+        # Direct I/O on the backing file: the loop device's writes reach the disk instead of
+        # the host file system's page cache, so a sync inside is a sync of the disk.
+        self.loop = run(["losetup", "--find", "--show", "--direct-io=on", self.image]).strip()
+        run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", self.loop])
+        os.makedirs(self.mnt, exist_ok=True)
+        run(["mount", "-o", "sync,dirsync", self.loop, self.mnt])
+        place(self.ws, self.mnt, files)
+        run(["sync", "-f", self.mnt])
+        lib.drop_caches()
+        self.dir = self.mnt
+
+    def stop(self):
+        if is_mounted(self.mnt):
+            run(["umount", self.mnt])
+        if self.loop:
+            run(["losetup", "-d", self.loop], check=False)
+            self.loop = None
+        if os.path.exists(self.image):
+            os.unlink(self.image)
+        self.dir = None
+
+    def ram_bytes(self):
+        return lib.tree_resident_bytes(self.mnt)
+
+
 def file_configs(ws, names):
     """Configurations by name (see the module table)."""
     out = []
@@ -369,6 +416,8 @@ def file_configs(ws, names):
             out.append(Tmpfs(ws))
         elif n == "tmpfs-copyback":
             out.append(TmpfsCopyback(ws))
+        elif n == "ext4-syncdirsync":
+            out.append(Ext4SyncDirsync(ws))
         elif n.startswith("ext4-"):
             out.append(Ext4(ws, n[5:]))
         elif n == "ramdisk-ext4":

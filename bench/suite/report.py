@@ -83,10 +83,24 @@ def main_table(name, e):
                 + pivot([dict(r, lat=r.get("read_lat_mean_us") or r.get("write_lat_mean_us")) for r in rows],
                         ["config", "mode", "op"], "procs", "lat"))
     if name == "fileserver":
-        return ("Operations per second by file count:\n\n"
-                + pivot(rows, ["config", "durable"], "files", "ops_per_sec")
-                + "\n\nMean latency (us) of each flowop, by file count:\n\n"
-                + flowop_table(rows))
+        fsr = [r for r in rows if r.get("workload", "fileserver") == "fileserver"]
+        meta = [r for r in rows if r.get("workload") == "metaops"]
+        pm = [r for r in rows if r.get("workload") == "postmark"]
+        out = ("Fileserver operations per second by file count:\n\n"
+               + pivot(fsr, ["config", "durable"], "files", "ops_per_sec")
+               + "\n\nMean latency (us) of each fileserver flowop, by file count:\n\n"
+               + flowop_table(fsr))
+        if meta:
+            out += ("\n\nEmpty files created, stat'ed and unlinked (ops/s over the three phases, and per phase):\n\n"
+                    + table(meta, [("config", "config"), ("threads", "threads"), ("ops/s", "ops_per_sec"),
+                                   ("create/s", "create_per_sec"), ("stat/s", "stat_per_sec"),
+                                   ("unlink/s", "unlink_per_sec"), ("durable", "durable")]))
+        if pm:
+            out += ("\n\nPostmark:\n\n"
+                    + table(pm, [("config", "config"), ("transactions/s", "tx_per_sec"),
+                                 ("transaction phase s", "tx_secs"), ("whole run s", "total_secs"),
+                                 ("durable", "durable")]))
+        return out
     return table(rows, COLUMNS.get(name, [(k, k) for k in rows[0] if not isinstance(rows[0][k], (dict, list))]))
 
 
@@ -204,8 +218,9 @@ def plot(name, e, out):
         ax.grid(True, axis="y", which="both", alpha=0.3)
     elif name == "fileserver":
         fig, ax = plt.subplots(figsize=(8, 5))
-        for c in dict.fromkeys(r["config"] for r in rows):
-            pts = sorted((r["files"], r.get("ops_per_sec", 0)) for r in rows if r["config"] == c)
+        fsr = [r for r in rows if r.get("workload", "fileserver") == "fileserver"]
+        for c in dict.fromkeys(r["config"] for r in fsr):
+            pts = sorted((r["files"], r.get("ops_per_sec", 0)) for r in fsr if r["config"] == c)
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=c)
         ax.set_xscale("log")
         ax.set_xlabel("files")

@@ -3,7 +3,7 @@
 //! different runs are not comparable). Writes `results.json` and `report.md` into the
 //! output directory and prints the table.
 //!
-//! The file workloads (`fileserver`, `video`) are the exception: they measure one
+//! The file workloads (`fileserver`, `metaops`, `video`) are the exception: they measure one
 //! directory on any file system and print one JSON object on stdout, for an orchestrator
 //! that runs them on each target and makes the comparison.
 
@@ -12,6 +12,7 @@ mod fileio;
 mod fileserver;
 mod fuse_transport;
 mod machine;
+mod metaops;
 mod replay;
 mod report;
 mod video;
@@ -38,6 +39,9 @@ enum Cmd {
     /// over io_uring (per-CPU pinned queues) against tmpfs, fio 4 KiB QD1 (root; sets
     /// fuse.enable_uring for the run and restores it).
     FuseTransport(fuse_transport::FuseTransportArgs),
+    /// Metadata rate (mdtest-like): threads create, stat and unlink empty files in
+    /// directories of their own, on any directory: prints one JSON object on stdout.
+    Metaops(metaops::MetaopsArgs),
     /// Replay an SPC, MSR or DiskSim block trace against a file or block device, with
     /// verification against a shadow copy (docs/replay.md).
     Replay(replay::ReplayArgs),
@@ -65,6 +69,7 @@ fn main() {
         Cmd::Engine(a) => engine::run(a),
         Cmd::Fileserver(a) => fileserver::run(a),
         Cmd::FuseTransport(a) => fuse_transport::run(a),
+        Cmd::Metaops(a) => metaops::run(a),
         Cmd::Replay(a) => replay::run(a),
         Cmd::Video(a) => video::run(a),
     };
