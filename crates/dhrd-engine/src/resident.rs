@@ -229,6 +229,10 @@ struct Queues {
     warming: Vec<Warming>,
     /// Jobs taken off a queue whose file is being opened and sized (not in `warming` yet).
     starting: usize,
+    /// Files out of `warming` whose pin and record are being made outside the lock. The
+    /// warm-up is not complete before they are recorded, or a `forget` right after
+    /// `wait_complete` would find the file still busy and its budget not yet returned.
+    finishing: usize,
     entries: HashMap<u64, Entry>,
     pins: usize,
     walk_done: bool,
@@ -305,6 +309,7 @@ impl Resident {
                 walked: VecDeque::new(),
                 warming: Vec::new(),
                 starting: 0,
+                finishing: 0,
                 entries: HashMap::new(),
                 pins: 0,
                 walk_done: false,
@@ -524,6 +529,7 @@ fn is_complete(q: &Queues) -> bool {
         && q.walked.is_empty()
         && q.warming.is_empty()
         && q.starting == 0
+        && q.finishing == 0
 }
 
 fn check_complete(inner: &Inner, q: &mut Queues) {
@@ -593,9 +599,11 @@ fn worker(inner: &Arc<Inner>) {
                 .position(|w| w.key == seg.key && Arc::ptr_eq(&w.file, &seg.file));
             if let Some(pos) = pos {
                 let w = q.warming.swap_remove(pos);
+                q.finishing += 1;
                 drop(q);
                 finish_file(inner, w);
                 let mut q = inner.q.lock();
+                q.finishing -= 1;
                 check_complete(inner, &mut q);
             }
         }
