@@ -246,8 +246,12 @@ struct Inner {
     opener: Arc<dyn Opener>,
     mappings_max: usize,
     q: Mutex<Queues>,
-    /// Workers wait here for jobs; the walk waits here for room.
-    cv: Condvar,
+    /// Idle workers wait here for work. A queued job wakes one of them (several woken
+    /// for one job cost more than an empty file's whole warm-up on two CPUs); a file cut
+    /// into several segments wakes the others to share it.
+    work: Condvar,
+    /// The walk waits here for room in its queue, `wait_complete` for completion.
+    state: Condvar,
     started: Instant,
     rate_next_free: Mutex<Instant>,
     files_seen: AtomicU64,
@@ -316,7 +320,8 @@ impl Resident {
                 completed_at: None,
                 shutdown: false,
             }),
-            cv: Condvar::new(),
+            work: Condvar::new(),
+            state: Condvar::new(),
             started: Instant::now(),
             rate_next_free: Mutex::new(Instant::now()),
             files_seen: AtomicU64::new(0),
@@ -355,7 +360,7 @@ impl Resident {
         let inner = &self.inner;
         let mut q = inner.q.lock();
         while q.walked.len() >= WALK_QUEUE_MAX && !q.shutdown {
-            inner.cv.wait(&mut q);
+            inner.state.wait(&mut q);
         }
         if q.shutdown || q.entries.contains_key(&f.key) {
             return;
@@ -366,7 +371,7 @@ impl Resident {
         q.walked.push_back(Job::Walked { f });
         q.completed_at = None;
         drop(q);
-        inner.cv.notify_all();
+        inner.work.notify_one();
     }
 
     /// The walk has handed in every file.
@@ -374,8 +379,6 @@ impl Resident {
         let mut q = self.inner.q.lock();
         q.walk_done = true;
         check_complete(&self.inner, &mut q);
-        drop(q);
-        self.inner.cv.notify_all();
     }
 
     /// An application opened the file behind `file` (key `key`): warm it ahead of the
@@ -392,18 +395,38 @@ impl Resident {
             inner.demands_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let Ok(dup) = file.try_clone() else {
+        let Ok(size) = file.metadata().map(|m| m.len()) else {
             return;
         };
-        let size = dup.metadata().map(|m| m.len()).unwrap_or(0);
-        q.entries.insert(key, Entry::Busy);
+        // Nothing to read or pin in an empty file (one just created, typically): it is
+        // recorded as done here rather than handed to the workers, whose wake-ups would
+        // cost more than the create; `refresh` takes it up when it grows.
+        let job = if size == 0 {
+            None
+        } else {
+            let Ok(dup) = file.try_clone() else {
+                return;
+            };
+            Some(dup)
+        };
         inner.files_seen.fetch_add(1, Ordering::Relaxed);
         inner.bytes_seen.fetch_add(size, Ordering::Relaxed);
         inner.files_demanded.fetch_add(1, Ordering::Relaxed);
+        let Some(dup) = job else {
+            q.entries.insert(
+                key,
+                Entry::Done {
+                    reserved: 0,
+                    pin: None,
+                },
+            );
+            return;
+        };
+        q.entries.insert(key, Entry::Busy);
         q.demand.push_back(Job::Demand { key, file: dup });
         q.completed_at = None;
         drop(q);
-        inner.cv.notify_all();
+        inner.work.notify_one();
     }
 
     /// The file may have changed size (a writer closed it, a truncate): warm and pin what
@@ -486,7 +509,7 @@ impl Resident {
         let end = Instant::now() + timeout;
         let mut q = self.inner.q.lock();
         while !is_complete(&q) {
-            if self.inner.cv.wait_until(&mut q, end).timed_out() {
+            if self.inner.state.wait_until(&mut q, end).timed_out() {
                 return is_complete(&q);
             }
         }
@@ -507,7 +530,8 @@ impl Drop for Resident {
             }
         }
         drop(q);
-        self.inner.cv.notify_all();
+        self.inner.work.notify_all();
+        self.inner.state.notify_all();
     }
 }
 
@@ -535,7 +559,7 @@ fn is_complete(q: &Queues) -> bool {
 fn check_complete(inner: &Inner, q: &mut Queues) {
     if is_complete(q) && q.completed_at.is_none() {
         q.completed_at = Some(Instant::now());
-        inner.cv.notify_all();
+        inner.state.notify_all();
     }
 }
 
@@ -566,7 +590,7 @@ fn worker(inner: &Arc<Inner>) {
                 match job {
                     Some(job) => {
                         q.starting += 1;
-                        inner.cv.notify_all(); // room for the walk
+                        inner.state.notify_all(); // room for the walk
                         drop(q);
                         start_file(inner, job);
                         q = inner.q.lock();
@@ -574,7 +598,7 @@ fn worker(inner: &Arc<Inner>) {
                     }
                     None => {
                         check_complete(inner, &mut q);
-                        inner.cv.wait(&mut q);
+                        inner.work.wait(&mut q);
                     }
                 }
             }
@@ -692,6 +716,11 @@ fn start_file(inner: &Inner, job: Job) {
         running: 0,
         failed: false,
     });
+    drop(q);
+    if got > WARM_SEGMENT_BYTES {
+        // More than this thread's first segment: idle threads can share the file.
+        inner.work.notify_all();
+    }
 }
 
 /// Reads `len` bytes from `offset` into the page cache (and throws them away).
@@ -959,6 +988,35 @@ mod tests {
         assert!(r.wait_complete(Duration::from_secs(30)));
         assert_eq!(r.budget().used_bytes(), 4096);
         let _ = w.flush();
+    }
+
+    /// A file opened empty (a create) is recorded at once, with no worker involved, and
+    /// warmed and pinned once it has grown.
+    #[test]
+    fn an_empty_file_is_done_at_once_and_warmed_when_it_grows() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let r = resident(d.path(), 1 << 30, ResidentConfig::default());
+        let (f, _) = make(d.path(), "e", 0);
+        let w = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(d.path().join("e"))
+            .expect("open");
+        r.demand(f.key, &w);
+        // Nothing was queued: the entry is done before any worker could have run.
+        assert_eq!(r.inner.q.lock().demand.len(), 0);
+        assert!(matches!(
+            r.inner.q.lock().entries.get(&f.key),
+            Some(Entry::Done { reserved: 0, .. })
+        ));
+        r.walk_done();
+        assert!(r.wait_complete(Duration::from_secs(30)));
+        assert_eq!(r.stats().files_demanded, 1);
+        w.write_all_at(&[3u8; 12288], 0).expect("grow");
+        r.refresh(f.key, &w);
+        assert!(r.wait_complete(Duration::from_secs(30)));
+        assert_eq!(r.budget().used_bytes(), 12288);
+        assert_eq!(cached_bytes(&w).expect("cachestat"), 12288);
     }
 
     /// A storm of opens cannot queue a descriptor per file: past the bound demands are
