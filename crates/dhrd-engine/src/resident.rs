@@ -21,6 +21,9 @@
 //! - A file is warmed at most once unless it changes size (`refresh`); its entry stays
 //!   until `forget`, so the walk reaching a file an application already opened reads
 //!   nothing again.
+//! - The warm-up is complete only when no file is queued, being opened, read, or being
+//!   pinned and recorded: after `wait_complete` every file has its final entry.
+//! - An empty file is recorded at once, without a worker; it is warmed when it grows.
 //! - This module only ever reads files; warming never changes what a reader sees, since the
 //!   page cache is the one copy every reader and writer goes through (D3 by construction).
 //!   Writes racing a warm-up are the page cache's business: a warm-up read sees old or new
