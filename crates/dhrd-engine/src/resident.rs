@@ -24,6 +24,9 @@
 //! - The warm-up is complete only when no file is queued, being opened, read, or being
 //!   pinned and recorded: after `wait_complete` every file has its final entry.
 //! - An empty file is recorded at once, without a worker; it is warmed when it grows.
+//! - A file that changed size (`refresh`) gives back its reservation and pin at once and
+//!   is warmed and pinned again after `refresh_delay` ([`REFRESH_DELAY`]), unless it is
+//!   forgotten first; its entry is `Busy` meanwhile.
 //! - This module only ever reads files; warming never changes what a reader sees, since the
 //!   page cache is the one copy every reader and writer goes through (D3 by construction).
 //!   Writes racing a warm-up are the page cache's business: a warm-up read sees old or new
@@ -71,6 +74,12 @@ pub const MAP_COUNT_RESERVE: usize = 16 * 1024;
 pub const MAX_MAP_COUNT_DEFAULT: usize = 65_530;
 /// Nice value of the warm-up threads: background work yields to foreground requests.
 pub const RESIDENT_NICE: i32 = 10;
+/// How long a file that changed size waits before it is warmed and pinned again. A file
+/// written, appended to or deleted within this time is pinned once, or never: on two CPUs
+/// an `mlock` per write-and-close of a small file cost the fileserver workload a third of
+/// its rate. Its pages are in the page cache meanwhile (the writes went through it), only
+/// not locked.
+pub const REFRESH_DELAY: Duration = Duration::from_secs(5);
 
 /// How a [`Resident`] runs.
 #[derive(Debug, Clone)]
@@ -82,8 +91,11 @@ pub struct ResidentConfig {
     pub rate_bytes_per_s: Option<u64>,
     /// Most files pinned at once (one mapping each); None: from `vm.max_map_count`.
     pub mappings_max: Option<usize>,
-    /// Most demanded files queued (see [`DEMAND_QUEUE_MAX`]).
+    /// Most demanded files queued, and most refreshed files waiting (see
+    /// [`DEMAND_QUEUE_MAX`]).
     pub demand_queue_max: usize,
+    /// See [`REFRESH_DELAY`].
+    pub refresh_delay: Duration,
 }
 
 impl Default for ResidentConfig {
@@ -94,6 +106,7 @@ impl Default for ResidentConfig {
             rate_bytes_per_s: None,
             mappings_max: None,
             demand_queue_max: DEMAND_QUEUE_MAX,
+            refresh_delay: REFRESH_DELAY,
         }
     }
 }
@@ -228,6 +241,12 @@ enum Job {
 struct Queues {
     demand: VecDeque<Job>,
     walked: VecDeque<Job>,
+    /// Files that changed size, each warmed again (as demanded) once `due`; in due order,
+    /// since every entry waits the same delay. Their entries are `Busy`.
+    deferred: VecDeque<(Instant, Job)>,
+    /// An idle worker sleeps until the first deferred file is due; the others sleep
+    /// until woken, so a due file wakes one thread, not all.
+    timer: bool,
     /// Files cut into segments, in progress.
     warming: Vec<Warming>,
     /// Jobs taken off a queue whose file is being opened and sized (not in `warming` yet).
@@ -315,6 +334,8 @@ impl Resident {
             q: Mutex::new(Queues {
                 demand: VecDeque::new(),
                 walked: VecDeque::new(),
+                deferred: VecDeque::new(),
+                timer: false,
                 warming: Vec::new(),
                 starting: 0,
                 finishing: 0,
@@ -453,13 +474,31 @@ impl Resident {
         if want == *reserved {
             return;
         }
-        // Start over for this file: give back its reservation and pin, and queue it as
-        // demanded. Pages still cached are read again from RAM, not from the device.
+        // Start over for this file: give back its reservation and pin now, and warm it
+        // again after REFRESH_DELAY, as demanded. Pages still cached are read again from
+        // RAM, not from the device.
         if let Some(Entry::Done { reserved, pin }) = q.entries.remove(&key) {
             release_done(inner, &mut q, reserved, pin);
         }
+        if q.shutdown || q.deferred.len() >= inner.cfg.demand_queue_max {
+            // Left unknown: the file's next open demands it.
+            inner.demands_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let Ok(dup) = file.try_clone() else {
+            return;
+        };
+        q.entries.insert(key, Entry::Busy);
+        let due = Instant::now() + inner.cfg.refresh_delay;
+        q.deferred.push_back((due, Job::Demand { key, file: dup }));
+        q.completed_at = None;
+        let timer = q.timer;
         drop(q);
-        self.demand(key, file);
+        if !timer {
+            // An idle thread becomes the timer; with one already waiting for an earlier
+            // file, or every thread busy, nobody needs waking.
+            inner.work.notify_one();
+        }
     }
 
     /// The file is gone (its last link was removed): unpin it and give back its budget.
@@ -475,6 +514,8 @@ impl Resident {
                     .retain(|j| !matches!(j, Job::Demand { key: k, .. } if *k == key));
                 q.walked
                     .retain(|j| !matches!(j, Job::Walked { f, .. } if f.key == key));
+                q.deferred
+                    .retain(|(_, j)| !matches!(j, Job::Demand { key: k, .. } if *k == key));
             }
             None => {}
         }
@@ -527,6 +568,7 @@ impl Drop for Resident {
         q.shutdown = true;
         q.demand.clear();
         q.walked.clear();
+        q.deferred.clear();
         let entries: Vec<Entry> = q.entries.drain().map(|(_, e)| e).collect();
         for e in entries {
             if let Entry::Done { reserved, pin } = e {
@@ -555,6 +597,7 @@ fn is_complete(q: &Queues) -> bool {
     q.walk_done
         && q.demand.is_empty()
         && q.walked.is_empty()
+        && q.deferred.is_empty()
         && q.warming.is_empty()
         && q.starting == 0
         && q.finishing == 0
@@ -590,7 +633,13 @@ fn worker(inner: &Arc<Inner>) {
                 }
                 // Start the next file: demanded ones first. Opening and sizing happen
                 // outside the lock.
-                let job = q.demand.pop_front().or_else(|| q.walked.pop_front());
+                let now = Instant::now();
+                let due = q.deferred.front().is_some_and(|(t, _)| *t <= now);
+                let job = if due {
+                    q.deferred.pop_front().map(|(_, j)| j)
+                } else {
+                    q.demand.pop_front().or_else(|| q.walked.pop_front())
+                };
                 match job {
                     Some(job) => {
                         q.starting += 1;
@@ -602,7 +651,14 @@ fn worker(inner: &Arc<Inner>) {
                     }
                     None => {
                         check_complete(inner, &mut q);
-                        inner.work.wait(&mut q);
+                        match q.deferred.front().map(|(t, _)| *t) {
+                            Some(t) if !q.timer => {
+                                q.timer = true;
+                                inner.work.wait_until(&mut q, t);
+                                q.timer = false;
+                            }
+                            _ => inner.work.wait(&mut q),
+                        }
                     }
                 }
             }
@@ -868,210 +924,4 @@ pub fn cached_bytes(file: &File) -> io::Result<u64> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
-mod tests {
-    use super::*;
-    use std::io::Write;
-    use std::path::Path;
-
-    struct DirOpener(PathBuf);
-    impl Opener for DirOpener {
-        fn open(&self, f: &FileRef) -> io::Result<File> {
-            File::open(self.0.join(&f.path))
-        }
-    }
-
-    fn make(dir: &Path, name: &str, len: usize) -> (FileRef, u64) {
-        let p = dir.join(name);
-        let mut f = File::create(&p).expect("create");
-        f.write_all(&vec![1u8; len]).expect("write");
-        f.sync_all().expect("sync");
-        // Out of the cache, so the warm-up has something to do.
-        let r = File::open(&p).expect("open");
-        // SAFETY: fadvise on a descriptor we hold; a hint only.
-        unsafe { libc::posix_fadvise(r.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        let key = r
-            .metadata()
-            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-            .expect("ino");
-        (
-            FileRef {
-                key,
-                path: PathBuf::from(name),
-            },
-            len as u64,
-        )
-    }
-
-    fn resident(dir: &Path, budget: u64, cfg: ResidentConfig) -> Resident {
-        Resident::new(
-            cfg,
-            RamBudget::new(budget),
-            Arc::new(DirOpener(dir.to_path_buf())),
-        )
-        .expect("resident")
-    }
-
-    #[test]
-    fn walked_files_are_warmed_and_pinned_within_the_budget() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let r = resident(d.path(), 1 << 30, ResidentConfig::default());
-        let mut total = 0;
-        for i in 0..5 {
-            let (f, len) = make(d.path(), &format!("f{i}"), 100_000 + i * 4096);
-            total += page_ceil(len);
-            r.submit_walked(f, len);
-        }
-        r.walk_done();
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        let s = r.stats();
-        assert_eq!(
-            (s.files_seen, s.files_warmed, s.files_failed),
-            (5, 5, 0),
-            "{s:?}"
-        );
-        assert_eq!(r.budget().used_bytes(), total);
-        if s.pin_error.is_none() {
-            assert_eq!((s.files_pinned, s.bytes_pinned), (5, total), "{s:?}");
-        }
-        for i in 0..5 {
-            let f = File::open(d.path().join(format!("f{i}"))).expect("open");
-            let len = f.metadata().expect("meta").len();
-            assert_eq!(cached_bytes(&f).expect("cachestat"), page_ceil(len));
-        }
-        drop(r);
-    }
-
-    #[test]
-    fn the_budget_bounds_what_is_read_and_forget_gives_it_back() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let r = resident(d.path(), 64 << 10, ResidentConfig::default());
-        let (a, alen) = make(d.path(), "a", 40 << 10);
-        let (b, blen) = make(d.path(), "b", 40 << 10);
-        let (akey, bkey) = (a.key, b.key);
-        r.submit_walked(a, alen);
-        r.submit_walked(b, blen);
-        r.walk_done();
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        let s = r.stats();
-        assert_eq!(r.budget().used_bytes(), 64 << 10, "{s:?}");
-        assert_eq!(s.files_over_budget, 1, "{s:?}");
-        assert_eq!(s.bytes_over_budget, 16 << 10, "{s:?}");
-        let fb = File::open(d.path().join("b")).expect("open");
-        // The prefix at least (the kernel's readahead may bring a little more).
-        assert!(cached_bytes(&fb).expect("cachestat") >= 24 << 10);
-        r.forget(akey);
-        r.forget(bkey);
-        assert_eq!(r.budget().used_bytes(), 0);
-        assert_eq!(r.stats().files_pinned, 0);
-    }
-
-    #[test]
-    fn demand_goes_first_and_refresh_follows_growth() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let r = resident(d.path(), 1 << 30, ResidentConfig::default());
-        let (f, _) = make(d.path(), "g", 8192);
-        let mut w = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(d.path().join("g"))
-            .expect("open");
-        r.demand(f.key, &w);
-        r.walk_done();
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        assert_eq!(r.stats().files_demanded, 1);
-        assert_eq!(r.budget().used_bytes(), 8192);
-        // The walk reaching it later reads nothing again.
-        r.submit_walked(f.clone(), 8192);
-        assert_eq!(r.stats().files_seen, 1);
-        w.write_all_at(&[2u8; 20000], 8192).expect("grow");
-        r.refresh(f.key, &w);
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        assert_eq!(r.budget().used_bytes(), page_ceil(28192));
-        w.set_len(100).expect("shrink");
-        r.refresh(f.key, &w);
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        assert_eq!(r.budget().used_bytes(), 4096);
-        let _ = w.flush();
-    }
-
-    /// A file opened empty (a create) is recorded at once, with no worker involved, and
-    /// warmed and pinned once it has grown.
-    #[test]
-    fn an_empty_file_is_done_at_once_and_warmed_when_it_grows() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let r = resident(d.path(), 1 << 30, ResidentConfig::default());
-        let (f, _) = make(d.path(), "e", 0);
-        let w = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(d.path().join("e"))
-            .expect("open");
-        r.demand(f.key, &w);
-        // Nothing was queued: the entry is done before any worker could have run.
-        assert_eq!(r.inner.q.lock().demand.len(), 0);
-        assert!(matches!(
-            r.inner.q.lock().entries.get(&f.key),
-            Some(Entry::Done { reserved: 0, .. })
-        ));
-        r.walk_done();
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        assert_eq!(r.stats().files_demanded, 1);
-        w.write_all_at(&[3u8; 12288], 0).expect("grow");
-        r.refresh(f.key, &w);
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        assert_eq!(r.budget().used_bytes(), 12288);
-        assert_eq!(cached_bytes(&w).expect("cachestat"), 12288);
-    }
-
-    /// A storm of opens cannot queue a descriptor per file: past the bound demands are
-    /// dropped, counted, and taken again at the file's next open.
-    #[test]
-    fn the_demand_queue_is_bounded_and_a_dropped_demand_comes_back() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let cfg = ResidentConfig {
-            threads: 1,
-            // 4 KiB/s: the worker takes a file, then sleeps about a second per file, so
-            // the queue fills while the demands below arrive.
-            rate_bytes_per_s: Some(4096),
-            demand_queue_max: 2,
-            ..ResidentConfig::default()
-        };
-        let r = resident(d.path(), 1 << 30, cfg);
-        let files: Vec<_> = (0..10)
-            .map(|i| {
-                let (f, _) = make(d.path(), &format!("s{i}"), 4096);
-                let h = File::open(d.path().join(&f.path)).expect("open");
-                (f.key, h)
-            })
-            .collect();
-        for (key, h) in &files {
-            r.demand(*key, h);
-        }
-        let s = r.stats();
-        assert_eq!(s.files_demanded + s.demands_dropped, 10, "{s:?}");
-        // At most the queue's two plus what the one worker took meanwhile.
-        assert!(s.demands_dropped >= 6, "{s:?}");
-        r.walk_done();
-        assert!(r.wait_complete(Duration::from_secs(60)));
-        let (key, h) = &files[9];
-        r.demand(*key, h);
-        assert_eq!(r.stats().files_demanded, s.files_demanded + 1);
-    }
-
-    #[test]
-    fn a_missing_file_counts_as_failed_and_completes() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let r = resident(d.path(), 1 << 30, ResidentConfig::default());
-        r.submit_walked(
-            FileRef {
-                key: 1,
-                path: PathBuf::from("nope"),
-            },
-            10,
-        );
-        r.walk_done();
-        assert!(r.wait_complete(Duration::from_secs(30)));
-        assert_eq!(r.stats().files_failed, 1);
-        assert_eq!(r.budget().used_bytes(), 0);
-    }
-}
+mod tests;

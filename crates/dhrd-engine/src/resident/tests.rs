@@ -1,0 +1,256 @@
+//! Tests of the warm-up and pinning: budgets, demand before the walk, refresh, the
+//! bounded queues, and completion.
+
+use super::*;
+use std::io::Write;
+use std::path::Path;
+
+struct DirOpener(PathBuf);
+impl Opener for DirOpener {
+    fn open(&self, f: &FileRef) -> io::Result<File> {
+        File::open(self.0.join(&f.path))
+    }
+}
+
+fn make(dir: &Path, name: &str, len: usize) -> (FileRef, u64) {
+    let p = dir.join(name);
+    let mut f = File::create(&p).expect("create");
+    f.write_all(&vec![1u8; len]).expect("write");
+    f.sync_all().expect("sync");
+    // Out of the cache, so the warm-up has something to do.
+    let r = File::open(&p).expect("open");
+    // SAFETY: fadvise on a descriptor we hold; a hint only.
+    unsafe { libc::posix_fadvise(r.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let key = r
+        .metadata()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .expect("ino");
+    (
+        FileRef {
+            key,
+            path: PathBuf::from(name),
+        },
+        len as u64,
+    )
+}
+
+/// The defaults, with a refresh delay short enough for tests that wait for it.
+fn quick() -> ResidentConfig {
+    ResidentConfig {
+        refresh_delay: Duration::from_millis(50),
+        ..ResidentConfig::default()
+    }
+}
+
+fn resident(dir: &Path, budget: u64, cfg: ResidentConfig) -> Resident {
+    Resident::new(
+        cfg,
+        RamBudget::new(budget),
+        Arc::new(DirOpener(dir.to_path_buf())),
+    )
+    .expect("resident")
+}
+
+#[test]
+fn walked_files_are_warmed_and_pinned_within_the_budget() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let r = resident(d.path(), 1 << 30, quick());
+    let mut total = 0;
+    for i in 0..5 {
+        let (f, len) = make(d.path(), &format!("f{i}"), 100_000 + i * 4096);
+        total += page_ceil(len);
+        r.submit_walked(f, len);
+    }
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    let s = r.stats();
+    assert_eq!(
+        (s.files_seen, s.files_warmed, s.files_failed),
+        (5, 5, 0),
+        "{s:?}"
+    );
+    assert_eq!(r.budget().used_bytes(), total);
+    if s.pin_error.is_none() {
+        assert_eq!((s.files_pinned, s.bytes_pinned), (5, total), "{s:?}");
+    }
+    for i in 0..5 {
+        let f = File::open(d.path().join(format!("f{i}"))).expect("open");
+        let len = f.metadata().expect("meta").len();
+        assert_eq!(cached_bytes(&f).expect("cachestat"), page_ceil(len));
+    }
+    drop(r);
+}
+
+#[test]
+fn the_budget_bounds_what_is_read_and_forget_gives_it_back() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let r = resident(d.path(), 64 << 10, quick());
+    let (a, alen) = make(d.path(), "a", 40 << 10);
+    let (b, blen) = make(d.path(), "b", 40 << 10);
+    let (akey, bkey) = (a.key, b.key);
+    r.submit_walked(a, alen);
+    r.submit_walked(b, blen);
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    let s = r.stats();
+    assert_eq!(r.budget().used_bytes(), 64 << 10, "{s:?}");
+    assert_eq!(s.files_over_budget, 1, "{s:?}");
+    assert_eq!(s.bytes_over_budget, 16 << 10, "{s:?}");
+    let fb = File::open(d.path().join("b")).expect("open");
+    // The prefix at least (the kernel's readahead may bring a little more).
+    assert!(cached_bytes(&fb).expect("cachestat") >= 24 << 10);
+    r.forget(akey);
+    r.forget(bkey);
+    assert_eq!(r.budget().used_bytes(), 0);
+    assert_eq!(r.stats().files_pinned, 0);
+}
+
+#[test]
+fn demand_goes_first_and_refresh_follows_growth() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let r = resident(d.path(), 1 << 30, quick());
+    let (f, _) = make(d.path(), "g", 8192);
+    let mut w = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.path().join("g"))
+        .expect("open");
+    r.demand(f.key, &w);
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.stats().files_demanded, 1);
+    assert_eq!(r.budget().used_bytes(), 8192);
+    // The walk reaching it later reads nothing again.
+    r.submit_walked(f.clone(), 8192);
+    assert_eq!(r.stats().files_seen, 1);
+    w.write_all_at(&[2u8; 20000], 8192).expect("grow");
+    r.refresh(f.key, &w);
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.budget().used_bytes(), page_ceil(28192));
+    w.set_len(100).expect("shrink");
+    r.refresh(f.key, &w);
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.budget().used_bytes(), 4096);
+    let _ = w.flush();
+}
+
+/// A file opened empty (a create) is recorded at once, with no worker involved, and
+/// warmed and pinned once it has grown.
+#[test]
+fn an_empty_file_is_done_at_once_and_warmed_when_it_grows() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let r = resident(d.path(), 1 << 30, quick());
+    let (f, _) = make(d.path(), "e", 0);
+    let w = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.path().join("e"))
+        .expect("open");
+    r.demand(f.key, &w);
+    // Nothing was queued: the entry is done before any worker could have run.
+    assert_eq!(r.inner.q.lock().demand.len(), 0);
+    assert!(matches!(
+        r.inner.q.lock().entries.get(&f.key),
+        Some(Entry::Done { reserved: 0, .. })
+    ));
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.stats().files_demanded, 1);
+    w.write_all_at(&[3u8; 12288], 0).expect("grow");
+    r.refresh(f.key, &w);
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.budget().used_bytes(), 12288);
+    assert_eq!(cached_bytes(&w).expect("cachestat"), 12288);
+}
+
+/// A file that changed size gives back its pin at once and is warmed again only after
+/// the delay; a file removed meanwhile is never pinned again.
+#[test]
+fn a_changed_file_is_pinned_again_after_the_delay_unless_removed() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let cfg = ResidentConfig {
+        refresh_delay: Duration::from_millis(400),
+        ..ResidentConfig::default()
+    };
+    let r = resident(d.path(), 1 << 30, cfg);
+    let (a, _) = make(d.path(), "a", 8192);
+    let (b, _) = make(d.path(), "b", 8192);
+    let open = |n: &str| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(d.path().join(n))
+            .expect("open")
+    };
+    let (wa, wb) = (open("a"), open("b"));
+    r.demand(a.key, &wa);
+    r.demand(b.key, &wb);
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.budget().used_bytes(), 16384);
+    wa.write_all_at(&[5u8; 4096], 8192).expect("grow a");
+    wb.write_all_at(&[5u8; 4096], 8192).expect("grow b");
+    let t = Instant::now();
+    r.refresh(a.key, &wa);
+    r.refresh(b.key, &wb);
+    // Both reservations came back at once; nothing is warmed before the delay.
+    assert_eq!(r.budget().used_bytes(), 0);
+    assert!(!r.stats().complete);
+    r.forget(b.key);
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert!(t.elapsed() >= Duration::from_millis(400));
+    assert_eq!(r.budget().used_bytes(), 12288, "only a is warmed again");
+    assert_eq!(r.inner.q.lock().deferred.len(), 0);
+}
+
+/// A storm of opens cannot queue a descriptor per file: past the bound demands are
+/// dropped, counted, and taken again at the file's next open.
+#[test]
+fn the_demand_queue_is_bounded_and_a_dropped_demand_comes_back() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let cfg = ResidentConfig {
+        threads: 1,
+        // 4 KiB/s: the worker takes a file, then sleeps about a second per file, so
+        // the queue fills while the demands below arrive.
+        rate_bytes_per_s: Some(4096),
+        demand_queue_max: 2,
+        ..quick()
+    };
+    let r = resident(d.path(), 1 << 30, cfg);
+    let files: Vec<_> = (0..10)
+        .map(|i| {
+            let (f, _) = make(d.path(), &format!("s{i}"), 4096);
+            let h = File::open(d.path().join(&f.path)).expect("open");
+            (f.key, h)
+        })
+        .collect();
+    for (key, h) in &files {
+        r.demand(*key, h);
+    }
+    let s = r.stats();
+    assert_eq!(s.files_demanded + s.demands_dropped, 10, "{s:?}");
+    // At most the queue's two plus what the one worker took meanwhile.
+    assert!(s.demands_dropped >= 6, "{s:?}");
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(60)));
+    let (key, h) = &files[9];
+    r.demand(*key, h);
+    assert_eq!(r.stats().files_demanded, s.files_demanded + 1);
+}
+
+#[test]
+fn a_missing_file_counts_as_failed_and_completes() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let r = resident(d.path(), 1 << 30, quick());
+    r.submit_walked(
+        FileRef {
+            key: 1,
+            path: PathBuf::from("nope"),
+        },
+        10,
+    );
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.stats().files_failed, 1);
+    assert_eq!(r.budget().used_bytes(), 0);
+}
