@@ -217,6 +217,14 @@ enum Entry {
     Done { reserved: u64, pin: Option<Pin> },
 }
 
+impl Entry {
+    /// Done with nothing reserved or pinned: an empty file, or none of it within the budget.
+    const NOTHING_HELD: Entry = Entry::Done {
+        reserved: 0,
+        pin: None,
+    };
+}
+
 /// One file being warmed: its segments are handed to any thread; the thread that finishes
 /// the last one pins it.
 struct Warming {
@@ -438,13 +446,7 @@ impl Resident {
         inner.bytes_seen.fetch_add(size, Ordering::Relaxed);
         inner.files_demanded.fetch_add(1, Ordering::Relaxed);
         let Some(dup) = job else {
-            q.entries.insert(
-                key,
-                Entry::Done {
-                    reserved: 0,
-                    pin: None,
-                },
-            );
+            q.entries.insert(key, Entry::NOTHING_HELD);
             return;
         };
         q.entries.insert(key, Entry::Busy);
@@ -759,13 +761,7 @@ fn start_file(inner: &Inner, job: Job) {
         return;
     }
     if got == 0 {
-        q.entries.insert(
-            key,
-            Entry::Done {
-                reserved: 0,
-                pin: None,
-            },
-        );
+        q.entries.insert(key, Entry::NOTHING_HELD);
         return;
     }
     q.warming.push(Warming {
