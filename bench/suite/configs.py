@@ -74,6 +74,16 @@ def place(ws, root, files):
             run(["cp", "--sparse=never", ws.source(size), dst])
 
 
+def unmount_loop(mnt, loop):
+    """Unmounts the file system at `mnt` and detaches its loop device `loop` (if any);
+    returns None, the loop device a configuration holds afterwards."""
+    if is_mounted(mnt):
+        run(["umount", mnt])
+    if loop:
+        run(["losetup", "-d", loop], check=False)
+    return None
+
+
 def is_mounted(path):
     return subprocess.run(["mountpoint", "-q", path]).returncode == 0
 
@@ -345,11 +355,7 @@ class RamdiskExt4(Config):
         self.dir = self.mnt
 
     def stop(self):
-        if is_mounted(self.mnt):
-            run(["umount", self.mnt])
-        if self.loop:
-            run(["losetup", "-d", self.loop], check=False)
-            self.loop = None
+        self.loop = unmount_loop(self.mnt, self.loop)
         if is_mounted(self.tmpfs):
             run(["umount", self.tmpfs])
         self.dir = None
@@ -392,11 +398,7 @@ class Ext4SyncDirsync(Config):
         self.dir = self.mnt
 
     def stop(self):
-        if is_mounted(self.mnt):
-            run(["umount", self.mnt])
-        if self.loop:
-            run(["losetup", "-d", self.loop], check=False)
-            self.loop = None
+        self.loop = unmount_loop(self.mnt, self.loop)
         if os.path.exists(self.image):
             os.unlink(self.image)
         self.dir = None
