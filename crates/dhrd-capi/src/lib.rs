@@ -21,11 +21,13 @@
 #![allow(non_camel_case_types)]
 
 use dhrd_engine::{Durability, Error, HybridObject, ObjectConfig, RamBudget};
-use dhrd_io::{FileBacking, FileOptions};
+use dhrd_io::{Durable, FileBacking, FileOptions};
+use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Returned for a panic caught at the boundary (a bug in dhrd, never a normal outcome).
@@ -112,7 +114,7 @@ pub struct dhrd_stats {
 
 /// An open hybrid object. Opaque to C.
 pub struct dhrd_object {
-    obj: HybridObject<FileBacking>,
+    obj: HybridObject<Arc<dyn Durable>>,
 }
 
 /// The errno of an engine error: the one mapping used by every function.
@@ -175,7 +177,31 @@ fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int> {
     Ok(cfg)
 }
 
-/// Opens the backing file at `path` as a hybrid object and stores its handle in `*out`.
+/// The backing `path` names: a Ceph RBD image for `rbd:POOL/IMAGE` (the cluster from
+/// `$CEPH_CONF` or /etc/ceph/ceph.conf, the client from `$CEPH_ARGS`, e.g. `--id NAME`),
+/// else a file or block device.
+fn open_backing(
+    path: &Path,
+    o: &dhrd_options,
+    fopts: &FileOptions,
+) -> Result<Arc<dyn Durable>, c_int> {
+    let name = path.to_string_lossy();
+    if RbdSpec::is_rbd(&name) {
+        let spec = RbdSpec::parse(&name).map_err(|e| e.errno())?;
+        let ropts = RbdOptions {
+            create: o.create,
+            min_len: (o.min_len_bytes > 0).then_some(o.min_len_bytes),
+            read_only: o.read_only,
+            ..Default::default()
+        };
+        let b = RbdBacking::open(&spec, &ropts).map_err(|e| e.errno())?;
+        return Ok(Arc::new(b));
+    }
+    let b = FileBacking::open(path, fopts).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    Ok(Arc::new(b))
+}
+
+/// Opens the backing file (or `rbd:POOL/IMAGE`) at `path` as a hybrid object and stores its handle in `*out`.
 /// Returns at once; the RAM tier fills in the background while reads and writes are
 /// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults.
 ///
@@ -207,8 +233,7 @@ pub unsafe extern "C" fn dhrd_open(
             ..Default::default()
         };
         let cfg = config_of(&o, path)?;
-        let backing =
-            FileBacking::open(path, &fopts).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let backing = open_backing(path, &o, &fopts)?;
         let obj = HybridObject::open(backing, cfg).map_err(|e| errno_of(&e))?;
         let handle = Box::into_raw(Box::new(dhrd_object { obj }));
         // SAFETY: `out` is non-null and writable per the function contract.

@@ -1,4 +1,5 @@
-//! `dhrd nbd`: exports one backing file or block device as an NBD block device.
+//! `dhrd nbd`: exports one backing file, block device or Ceph RBD image as an NBD block
+//! device.
 //!
 //! Only argument parsing, process plumbing (signals, the ready line) and wiring live here;
 //! the protocol is `dhrd_nbd` and the storage is `dhrd_engine`.
@@ -18,6 +19,7 @@ use dhrd_engine::{
 use dhrd_io::{Durable, FileBacking, FileOptions, WriteSync};
 use dhrd_nbd::limits::{IDLE_EVICT_AFTER, MAX_CONNECTIONS};
 use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
+use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,13 +29,29 @@ use std::time::{Duration, Instant};
 #[derive(Args, Debug)]
 #[command(group = clap::ArgGroup::new("endpoint").required(true).args(["socket", "listen"]))]
 pub struct NbdArgs {
-    /// Backing regular file (created or extended to --size) or block device.
+    /// Backing regular file (created or extended to --size), block device, or Ceph RBD
+    /// image as rbd:POOL/IMAGE (also rbd:POOL/NAMESPACE/IMAGE; @SNAP exports a snapshot
+    /// read-only). A file whose name starts with "rbd:" is given as ./rbd:...
     #[arg(long)]
     pub backing: PathBuf,
-    /// Export size for a regular file (e.g. 1G, 512M, 4096); the file is created or
+    /// Export size for a regular file or RBD image (e.g. 1G, 512M, 4096); it is created or
     /// extended to it, never shrunk. Block devices are exported at their size.
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
+    /// ceph.conf for an rbd: backing (default: $CEPH_CONF, then /etc/ceph/ceph.conf).
+    #[arg(long)]
+    pub ceph_conf: Option<PathBuf>,
+    /// Ceph client id for an rbd: backing, without "client." (default: admin).
+    #[arg(long)]
+    pub ceph_id: Option<String>,
+    /// Fail a Ceph request after this many seconds (the export then turns read-only, as
+    /// after any backing failure); default: wait for the cluster however long it is away.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rbd_op_timeout_secs: Option<u64>,
+    /// How long to wait for the exclusive lock of an RBD image another client holds (a
+    /// crashed holder's lock is freed by the cluster after osd_client_watch_timeout).
+    #[arg(long, default_value_t = dhrd_rbd::DEFAULT_LOCK_WAIT.as_secs())]
+    pub rbd_lock_wait_secs: u64,
     /// Listen on this Unix socket (created with mode 0600).
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -146,39 +164,7 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         (None, Some(addr)) => ListenAddr::Tcp(addr),
         _ => bail!("give exactly one of --socket PATH or --listen ADDR:PORT"),
     };
-    if !a.backing.exists() && a.size.is_none() {
-        bail!(
-            "{} does not exist; pass --size to create it",
-            a.backing.display()
-        );
-    }
-    let backing = FileBacking::open(
-        &a.backing,
-        &FileOptions {
-            create: !a.read_only,
-            min_len: a.size,
-            read_only: a.read_only,
-            write_sync: if a.backing_sync == "dsync" {
-                WriteSync::ODsync
-            } else {
-                WriteSync::Fdatasync
-            },
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("opening backing {}", a.backing.display()))?;
-    let len = backing.len().context("backing size")?;
-    if len == 0 {
-        bail!("{} is empty; pass --size to export it", a.backing.display());
-    }
-    if let Some(s) = a.size {
-        if len > s && !backing.is_block_device() {
-            eprintln!(
-                "dhrd nbd: warning: {} is {len} bytes, larger than --size {s}; exporting {len}",
-                a.backing.display()
-            );
-        }
-    }
+    let backing = open_backing(&a)?;
     let describe = backing.describe();
     let durability = a.durability;
     let cfg = ObjectConfig {
@@ -250,6 +236,68 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     }
     closed.context("final flush")?;
     Ok(())
+}
+
+/// Opens the backing the arguments name: an RBD image for `rbd:...`, else a file or device.
+fn open_backing(a: &NbdArgs) -> anyhow::Result<Arc<dyn Durable>> {
+    let name = a.backing.to_string_lossy();
+    if RbdSpec::is_rbd(&name) {
+        let spec = RbdSpec::parse(&name)?;
+        let opts = RbdOptions {
+            conf: a.ceph_conf.clone(),
+            id: a.ceph_id.clone(),
+            create: !a.read_only,
+            min_len: a.size,
+            read_only: a.read_only,
+            op_timeout: a.rbd_op_timeout_secs.map(Duration::from_secs),
+            lock_wait: Duration::from_secs(a.rbd_lock_wait_secs),
+            ..Default::default()
+        };
+        let b =
+            RbdBacking::open(&spec, &opts).with_context(|| format!("opening backing {spec}"))?;
+        let len = b.len().context("image size")?;
+        if len == 0 {
+            bail!("{spec} is empty; pass --size to grow it");
+        }
+        return Ok(Arc::new(b));
+    }
+    if a.ceph_conf.is_some() || a.ceph_id.is_some() || a.rbd_op_timeout_secs.is_some() {
+        bail!("--ceph-conf, --ceph-id and --rbd-op-timeout-secs apply to an rbd: backing only");
+    }
+    if !a.backing.exists() && a.size.is_none() {
+        bail!(
+            "{} does not exist; pass --size to create it",
+            a.backing.display()
+        );
+    }
+    let backing = FileBacking::open(
+        &a.backing,
+        &FileOptions {
+            create: !a.read_only,
+            min_len: a.size,
+            read_only: a.read_only,
+            write_sync: if a.backing_sync == "dsync" {
+                WriteSync::ODsync
+            } else {
+                WriteSync::Fdatasync
+            },
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("opening backing {}", a.backing.display()))?;
+    let len = backing.len().context("backing size")?;
+    if len == 0 {
+        bail!("{} is empty; pass --size to export it", a.backing.display());
+    }
+    if let Some(s) = a.size {
+        if len > s && !backing.is_block_device() {
+            eprintln!(
+                "dhrd nbd: warning: {} is {len} bytes, larger than --size {s}; exporting {len}",
+                a.backing.display()
+            );
+        }
+    }
+    Ok(Arc::new(backing))
 }
 
 /// Prints one line when the background load finishes (tests and operators wait for it).

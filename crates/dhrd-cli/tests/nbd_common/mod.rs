@@ -1,0 +1,166 @@
+//! The `dhrd nbd` process as the NBD integration tests drive it: start and wait for the
+//! ready line, SIGKILL or SIGTERM, and a writer that is cut off by a SIGKILL.
+#![allow(dead_code)]
+
+use dhrd_nbd::client::Client;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+pub const BLOCK: usize = 64 << 10;
+
+/// Deterministic contents of one block for one generation.
+pub fn block(i: u64, gen: u64) -> Vec<u8> {
+    let mut x =
+        (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ gen.wrapping_mul(0xbf58_476d_1ce4_e5b9)) | 1;
+    let mut v = Vec::with_capacity(BLOCK);
+    while v.len() < BLOCK {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v
+}
+
+pub fn tool(name: &str) -> PathBuf {
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        if dir.join(name).is_file() {
+            return dir.join(name);
+        }
+    }
+    panic!("required tool `{name}` not found in PATH");
+}
+
+/// A running `dhrd nbd`; SIGKILLed on drop if still running.
+pub struct Dhrd {
+    pub child: Child,
+    pub sock: PathBuf,
+    pub stderr: PathBuf,
+}
+
+impl Dhrd {
+    pub fn start(dir: &Path, backing: &Path, extra: &[&str]) -> Self {
+        let sock = dir.join("nbd.sock");
+        let stderr = dir.join(format!(
+            "dhrd-{}.stderr",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let errf = std::fs::File::create(&stderr).unwrap_or_else(|e| panic!("{e}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+            .arg("nbd")
+            .arg("--backing")
+            .arg(backing)
+            .arg("--socket")
+            .arg(&sock)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(errf)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start dhrd: {e}"));
+        let out = child.stdout.take().unwrap_or_else(|| unreachable!());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let me = Self {
+            child,
+            sock,
+            stderr,
+        };
+        match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(l) if l.contains("dhrd nbd: serving") => me,
+            other => panic!(
+                "dhrd nbd did not become ready: {other:?}\nstderr:\n{}",
+                me.stderr_text()
+            ),
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn term(&mut self) -> Option<i32> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            assert!(Instant::now() < deadline, "dhrd did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Dhrd {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill9();
+        }
+    }
+}
+
+/// Writes distinct blocks with `depth` requests in flight until `kill_after` are
+/// acknowledged, SIGKILLs the server while more are in flight, and returns the block
+/// indices that were acknowledged, and those sent but not acknowledged.
+pub fn write_until_killed(
+    d: &mut Dhrd,
+    order: &[u64],
+    gen: u64,
+    fua: bool,
+    depth: usize,
+    kill_after: usize,
+) -> (Vec<u64>, Vec<u64>) {
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    let mut handle_to_block = std::collections::HashMap::new();
+    let mut acked = Vec::new();
+    let mut next = 0usize;
+    let mut killed = false;
+    loop {
+        while !killed && c.in_flight() < depth && next < order.len() {
+            let i = order[next];
+            next += 1;
+            match c.send_write(i * BLOCK as u64, &block(i, gen), fua) {
+                Ok(h) => {
+                    handle_to_block.insert(h, i);
+                }
+                Err(_) => break,
+            }
+        }
+        if c.in_flight() == 0 {
+            break;
+        }
+        match c.recv() {
+            Ok(r) => {
+                assert_eq!(r.error, 0, "write failed before the kill");
+                if let Some(i) = handle_to_block.remove(&r.handle) {
+                    acked.push(i);
+                }
+            }
+            Err(_) => break, // the server is gone
+        }
+        if !killed && acked.len() >= kill_after {
+            d.kill9();
+            killed = true;
+        }
+    }
+    assert!(killed, "ran out of blocks before the kill point");
+    (acked, handle_to_block.into_values().collect())
+}

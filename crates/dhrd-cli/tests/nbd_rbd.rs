@@ -1,0 +1,316 @@
+//! `dhrd nbd` on a Ceph RBD image (SPEC R1), against a real one-node cluster: round trips
+//! through the standard NBD clients, SIGKILL under writes with every acknowledged write
+//! found after the restart, a second dhrd refused by the image's exclusive lock, and the
+//! OSD stopped under load (writes wait, or fail cleanly with a timeout, and are never
+//! acknowledged before Ceph stored them).
+
+#[path = "../../dhrd-rbd/tests/cluster/mod.rs"]
+mod cluster;
+mod nbd_common;
+
+use dhrd_nbd::client::Client;
+use nbd_common::*;
+use std::path::Path;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn start(dir: &Path, c: &cluster::Cluster, image: &str, extra: &[&str]) -> Dhrd {
+    let conf = c.conf.to_string_lossy().into_owned();
+    let mut args = vec!["--ceph-conf", conf.as_str()];
+    args.extend_from_slice(extra);
+    Dhrd::start(dir, Path::new(&format!("rbd:rbd/{image}")), &args)
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn nbd_uri(d: &Dhrd) -> String {
+    format!("nbd+unix:///?socket={}", d.sock.display())
+}
+
+#[test]
+fn nbd_clients_round_trip_through_an_rbd_image() {
+    let (c, _g) = cluster::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("clients");
+    let mut d = start(dir.path(), c, &image, &["--size", "32M"]);
+    let info = run(Command::new(tool("nbdinfo")).arg("--size").arg(nbd_uri(&d)));
+    assert_eq!(info.trim(), (32u64 << 20).to_string());
+    // 32 MiB of known data in with nbdcopy, back out, and compared with qemu-img.
+    let src = dir.path().join("src.img");
+    let mut data = Vec::with_capacity(32 << 20);
+    for i in 0..(32 << 20) / BLOCK as u64 {
+        data.extend_from_slice(&block(i, 3));
+    }
+    std::fs::write(&src, &data).unwrap_or_else(|e| panic!("{e}"));
+    run(Command::new(tool("nbdcopy")).arg(&src).arg(nbd_uri(&d)));
+    let back = dir.path().join("back.img");
+    run(Command::new(tool("nbdcopy")).arg(nbd_uri(&d)).arg(&back));
+    assert!(
+        std::fs::read(&back).unwrap_or_default() == data,
+        "nbdcopy round trip differs"
+    );
+    run(Command::new(tool("qemu-img"))
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&src)
+        .arg(nbd_uri(&d)));
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    // The data is in the cluster, not only in dhrd's RAM: rbd export sees it.
+    let exported = dir.path().join("exported.img");
+    c.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("rbd/{image}"),
+        &exported.to_string_lossy(),
+    ]);
+    assert!(
+        std::fs::read(&exported).unwrap_or_default() == data,
+        "rbd export differs"
+    );
+    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+}
+
+#[test]
+fn nbd_rbd_sigkill_during_writes_keeps_every_acknowledged_write() {
+    let (c, _g) = cluster::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("kill");
+    let mut d = start(dir.path(), c, &image, &["--size", "64M"]);
+    let order: Vec<u64> = (0..1024).collect();
+    let (acked, _) = write_until_killed(&mut d, &order, 5, false, 16, 200);
+    drop(d);
+    // The killed holder's lock is freed once its watch expires on the OSD (the test
+    // cluster sets osd_client_watch_timeout low); the restart waits for it.
+    let restarted = Instant::now();
+    let d = start(dir.path(), c, &image, &[]);
+    eprintln!(
+        "restart after SIGKILL took the lock in {:?}",
+        restarted.elapsed()
+    );
+    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
+    for &i in &acked {
+        let got = cl
+            .read(i * BLOCK as u64, BLOCK as u32)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            got == block(i, 5),
+            "acknowledged block {i} lost after SIGKILL"
+        );
+    }
+    drop(cl);
+    drop(d);
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+#[test]
+fn a_second_dhrd_on_the_same_image_is_refused() {
+    let (c, _g) = cluster::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("second");
+    let mut first = start(dir.path(), c, &image, &["--size", "8M"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+        .args(["nbd", "--rbd-lock-wait-secs", "2", "--socket"])
+        .arg(dir.path().join("second.sock"))
+        .arg("--ceph-conf")
+        .arg(&c.conf)
+        .arg("--backing")
+        .arg(format!("rbd:rbd/{image}"))
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a second dhrd started on a held image"
+    );
+    assert!(err.contains("in use by another client"), "{err}");
+    // The first one still serves writes.
+    let mut cl = Client::connect(&first.sock).unwrap_or_else(|e| panic!("{e}"));
+    cl.write(0, &block(0, 9), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(cl);
+    assert_eq!(first.term(), Some(0));
+    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+}
+
+#[test]
+fn bad_rbd_arguments_get_clear_errors() {
+    let (c, _g) = cluster::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cases: [(&[&str], &str); 3] = [
+        (&["--backing", "rbd:rbd"], "expected rbd:POOL/IMAGE"),
+        (&["--backing", "rbd:rbd/does-not-exist"], "give a size"),
+        (&["--backing", "rbd:nopool/x", "--size", "1M"], "nopool"),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+            .arg("nbd")
+            .arg("--socket")
+            .arg(dir.path().join("s.sock"))
+            .arg("--ceph-conf")
+            .arg(&c.conf)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Sends one write and returns a receiver for its reply, from a thread of its own.
+fn write_in_background(sock: &Path, i: u64, gen: u64) -> mpsc::Receiver<u32> {
+    let (tx, rx) = mpsc::channel();
+    let mut cl = Client::connect(sock).unwrap_or_else(|e| panic!("{e}"));
+    std::thread::spawn(move || {
+        if let Ok(()) = cl
+            .write(i * BLOCK as u64, &block(i, gen), false)
+            .map(|_| ())
+        {
+            let _ = tx.send(0);
+        } else {
+            let _ = tx.send(libc::EIO as u32);
+        }
+    });
+    rx
+}
+
+#[test]
+fn with_the_osd_down_writes_wait_and_loaded_reads_go_on() {
+    let (c, _g) = cluster::exclusive();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("osdwait");
+    let mut d = start(dir.path(), c, &image, &["--size", "16M"]);
+    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..8 {
+        cl.write(i * BLOCK as u64, &block(i, 1), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    wait_loaded(&d);
+    c.stop_osd();
+    // Default policy: a write waits for the cluster; it is not acknowledged meanwhile.
+    let pending = write_in_background(&d.sock, 3, 2);
+    assert!(
+        pending.recv_timeout(Duration::from_secs(3)).is_err(),
+        "a write was acknowledged while the only OSD was down"
+    );
+    // Reads of loaded chunks never touch the network: they are served meanwhile.
+    for i in [0u64, 5, 7] {
+        let got = cl
+            .read(i * BLOCK as u64, BLOCK as u32)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            got == block(i, 1),
+            "loaded block {i} not served while the OSD was down"
+        );
+    }
+    c.start_osd();
+    let r = pending
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| {
+            panic!(
+                "the write did not complete after the OSD came back:\n{}",
+                d.stderr_text()
+            )
+        });
+    assert_eq!(r, 0, "the waiting write failed after the OSD came back");
+    let got = cl
+        .read(3 * BLOCK as u64, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == block(3, 2));
+    drop(cl);
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    let exported = dir.path().join("e.img");
+    c.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("rbd/{image}"),
+        &exported.to_string_lossy(),
+    ]);
+    let disk = std::fs::read(&exported).unwrap_or_default();
+    assert!(
+        disk[3 * BLOCK..4 * BLOCK] == block(3, 2)[..],
+        "the write is not in the cluster"
+    );
+    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+}
+
+#[test]
+fn with_an_op_timeout_a_lost_osd_fails_writes_cleanly() {
+    let (c, _g) = cluster::exclusive();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("osdtimeout");
+    let mut d = start(
+        dir.path(),
+        c,
+        &image,
+        &["--size", "16M", "--rbd-op-timeout-secs", "3"],
+    );
+    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..8 {
+        cl.write(i * BLOCK as u64, &block(i, 1), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    wait_loaded(&d);
+    c.stop_osd();
+    let failed = cl.write(3 * BLOCK as u64, &block(3, 2), false);
+    assert!(
+        failed.is_err(),
+        "a write was acknowledged while the only OSD was down"
+    );
+    // The export turned read-only (C4) and still serves what it holds.
+    let got = cl
+        .read(5 * BLOCK as u64, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == block(5, 1));
+    assert!(
+        cl.write(6 * BLOCK as u64, &block(6, 2), false).is_err(),
+        "writable after a failure"
+    );
+    c.start_osd();
+    drop(cl);
+    let _ = d.term();
+    drop(d);
+    // After a restart every acknowledged write is there; the failed one may or may not be.
+    let d = start(dir.path(), c, &image, &[]);
+    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
+    for i in [0u64, 1, 2, 4, 5, 6, 7] {
+        let got = cl
+            .read(i * BLOCK as u64, BLOCK as u32)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(got == block(i, 1), "block {i} changed");
+    }
+    let b3 = cl
+        .read(3 * BLOCK as u64, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        b3 == block(3, 1) || b3 == block(3, 2),
+        "block 3 is neither old nor new"
+    );
+    drop(cl);
+    drop(d);
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+/// Waits for the "loaded ... into RAM" line of the background load.
+fn wait_loaded(d: &Dhrd) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !d.stderr_text().contains("into RAM") {
+        assert!(
+            Instant::now() < deadline,
+            "load did not finish:\n{}",
+            d.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
