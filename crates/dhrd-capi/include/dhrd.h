@@ -87,7 +87,8 @@ extern "C" {
 // `opts` is null or points to writable memory for one `dhrd_options`.
 int dhrd_options_default(struct dhrd_options *opts);
 
-// Opens the backing file at `path` as a hybrid object and stores its handle in `*out`.
+// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
+// object and stores its handle in `*out`.
 // Returns at once; the RAM tier fills in the background while reads and writes are
 // served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults.
 //

@@ -201,7 +201,8 @@ fn open_backing(
     Ok(Arc::new(b))
 }
 
-/// Opens the backing file (or `rbd:POOL/IMAGE`) at `path` as a hybrid object and stores its handle in `*out`.
+/// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
+/// object and stores its handle in `*out`.
 /// Returns at once; the RAM tier fills in the background while reads and writes are
 /// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults.
 ///

@@ -1,0 +1,59 @@
+//! The C API on an `rbd:POOL/IMAGE` backing, against the one-node test cluster: the
+//! cluster comes from `$CEPH_CONF`, as for any librbd program; data written through one
+//! handle is read back through the next. (The exclusive lock is tested in dhrd-rbd.)
+#![allow(clippy::expect_used)] // tests fail loudly by design
+
+#[path = "../../dhrd-rbd/tests/cluster/mod.rs"]
+mod cluster;
+
+use dhrd_capi::*;
+use std::ffi::CString;
+
+#[test]
+fn an_rbd_image_through_the_c_api() {
+    let (c, _g) = cluster::shared();
+    // The only test of this binary that reads the environment's Ceph settings.
+    std::env::set_var("CEPH_CONF", &c.conf);
+    let name = c.image_name("capi");
+    let path = CString::new(format!("rbd:rbd/{name}")).expect("path");
+    // SAFETY: `MaybeUninit` storage for one dhrd_options, filled by the call.
+    let mut opts = unsafe {
+        let mut o = std::mem::MaybeUninit::<dhrd_options>::uninit();
+        assert_eq!(dhrd_options_default(o.as_mut_ptr()), 0);
+        o.assume_init()
+    };
+    opts.create = true;
+    opts.min_len_bytes = 8 << 20;
+    let mut obj: *mut dhrd_object = std::ptr::null_mut();
+    // SAFETY: valid C string, options and out-pointer.
+    assert_eq!(unsafe { dhrd_open(path.as_ptr(), &opts, &mut obj) }, 0);
+    let data = b"written through the C API onto RBD";
+    // SAFETY: a live handle; `data` is readable for its length.
+    assert_eq!(
+        unsafe { dhrd_write(obj, data.as_ptr().cast(), data.len(), 4096) },
+        0
+    );
+    let mut len = 0u64;
+    // SAFETY: a live handle; out-pointer.
+    assert_eq!(unsafe { dhrd_len(obj, &mut len) }, 0);
+    assert_eq!(len, 8 << 20);
+    // SAFETY: a live handle, closed once.
+    assert_eq!(unsafe { dhrd_close(obj) }, 0);
+    let mut obj: *mut dhrd_object = std::ptr::null_mut();
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { dhrd_open(path.as_ptr(), std::ptr::null(), &mut obj) },
+        0
+    );
+    let mut buf = vec![0u8; data.len()];
+    let mut n = 0usize;
+    // SAFETY: a live handle; `buf` is writable for its length; out-pointer.
+    assert_eq!(
+        unsafe { dhrd_read(obj, buf.as_mut_ptr().cast(), buf.len(), 4096, &mut n) },
+        0
+    );
+    assert_eq!(&buf[..n], data);
+    // SAFETY: a live handle, closed once.
+    assert_eq!(unsafe { dhrd_close(obj) }, 0);
+    c.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
+}
