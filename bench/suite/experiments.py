@@ -13,6 +13,7 @@ import time
 
 import configs
 import lib
+import rbd
 from lib import BenchError, log, run
 
 BLOCK_OPS = ("randread", "randwrite")
@@ -844,4 +845,5 @@ EXPERIMENTS = {
     "warmup": exp_warmup,
     "memory": exp_memory,
     "transport": exp_transport,
+    "rbd": rbd.exp_rbd,
 }

@@ -67,6 +67,8 @@ COLUMNS = {
                ("after load IOPS", "after_read_iops"), ("p50 us ", "after_read_p50_us"),
                ("p99 us ", "after_read_p99_us"), ("remount after SIGKILL: warm s", "remount_warm_s"),
                ("disk read share", "remount_disk_read_fraction")],
+    "rbd": [("config", "config"), ("op", "op"), ("QD", "qd"), ("IOPS", "iops"), ("mean us", "lat_mean_us"),
+            ("MiB/s", "mib_s")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }
@@ -263,6 +265,29 @@ def plot(name, e, out):
         ax.set_ylabel("bytes of RAM per byte of data")
         ax.set_title("memory after the data was read once")
         plt.setp(ax.get_xticklabels(), rotation=20, fontsize=8)
+    elif name == "rbd":
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+        ops = [(r["op"], r["qd"]) for r in rows if r["config"] == "fio-rbd" and "iops" in r]
+        labels = [f"{op} QD{qd}" for op, qd in ops]
+        w = 0.4
+        for i, c in enumerate(("fio-rbd", "dhrd-nbd-rbd")):
+            ys = [next((r["iops"] for r in rows if r["config"] == c and (r["op"], r["qd"]) == k), 0) for k in ops]
+            axes[0].bar([j + i * w for j in range(len(ops))], ys, w, label=c)
+        axes[0].set_xticks([j + w / 2 for j in range(len(ops))])
+        axes[0].set_xticklabels(labels, fontsize=8)
+        axes[0].set_yscale("log")
+        axes[0].set_ylabel("IOPS (4 KiB)")
+        axes[0].set_title("4 KiB random I/O: dhrd on RBD vs librbd")
+        axes[0].legend(fontsize=8)
+        loads = e.get("loads", [])
+        for size in sorted({x["image_bytes"] for x in loads}):
+            pts = [x["first_read_ms"] for x in loads if x["image_bytes"] == size]
+            axes[1].scatter([size / (1 << 30)] * len(pts), pts, label=f"{size / (1 << 30):.2f} GiB")
+        axes[1].set_xlabel("image (GiB)")
+        axes[1].set_ylabel("ms")
+        axes[1].set_title("start to first read answered")
+        for ax in axes:
+            ax.grid(True, which="both", alpha=0.3)
     else:
         return None
     fig.tight_layout()

@@ -32,6 +32,7 @@ PROFILES = {
         fs_mean_file_bytes=16 * K, meta_files=400, pm_files=200, pm_transactions=500, meta_settle_s=0, video_bytes=16 * M,
         video_rounds=3, warm_bytes=[32 * M],
         warm_rounds=1, mem_bytes=32 * M, transport_bytes=16 * M, transport_rounds=1, transport_runtime_s=1,
+        rbd_bytes=[16 * M, 64 * M], rbd_rounds=1,
     ),
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
@@ -39,6 +40,7 @@ PROFILES = {
         fs_mean_file_bytes=16 * K, meta_files=8000, pm_files=5000, pm_transactions=20000, meta_settle_s=35,
         video_bytes=512 * M, video_rounds=3, warm_bytes=[512 * M, 2 * G],
         warm_rounds=1, mem_bytes=1 * G, transport_bytes=256 * M, transport_rounds=3, transport_runtime_s=3,
+        rbd_bytes=[64 * M, 1 * G], rbd_rounds=2,
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
@@ -47,9 +49,10 @@ PROFILES = {
         pm_transactions=50000, meta_settle_s=35, video_bytes=2 * G, video_rounds=3,
         warm_bytes=[1 * G, 6 * G], warm_rounds=2, mem_bytes=4 * G,
         transport_bytes=256 * M, transport_rounds=5, transport_runtime_s=4,
+        rbd_bytes=[256 * M, 4 * G], rbd_rounds=3,
     ),
 }
-ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport")
+ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 
