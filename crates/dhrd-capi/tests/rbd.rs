@@ -29,10 +29,8 @@ fn an_rbd_image_through_the_c_api() {
     assert_eq!(unsafe { dhrd_open(path.as_ptr(), &opts, &mut obj) }, 0);
     let data = b"written through the C API onto RBD";
     // SAFETY: a live handle; `data` is readable for its length.
-    assert_eq!(
-        unsafe { dhrd_write(obj, data.as_ptr().cast(), data.len(), 4096) },
-        0
-    );
+    let r = unsafe { dhrd_write(obj, data.as_ptr().cast(), data.len(), 4096) };
+    assert_eq!(r, 0);
     let mut len = 0u64;
     // SAFETY: a live handle; out-pointer.
     assert_eq!(unsafe { dhrd_len(obj, &mut len) }, 0);
@@ -40,18 +38,14 @@ fn an_rbd_image_through_the_c_api() {
     // SAFETY: a live handle, closed once.
     assert_eq!(unsafe { dhrd_close(obj) }, 0);
     let mut obj: *mut dhrd_object = std::ptr::null_mut();
-    // SAFETY: as above.
-    assert_eq!(
-        unsafe { dhrd_open(path.as_ptr(), std::ptr::null(), &mut obj) },
-        0
-    );
+    // SAFETY: a valid C string, null options (the defaults) and an out-pointer.
+    let r = unsafe { dhrd_open(path.as_ptr(), std::ptr::null(), &mut obj) };
+    assert_eq!(r, 0);
     let mut buf = vec![0u8; data.len()];
     let mut n = 0usize;
     // SAFETY: a live handle; `buf` is writable for its length; out-pointer.
-    assert_eq!(
-        unsafe { dhrd_read(obj, buf.as_mut_ptr().cast(), buf.len(), 4096, &mut n) },
-        0
-    );
+    let r = unsafe { dhrd_read(obj, buf.as_mut_ptr().cast(), buf.len(), 4096, &mut n) };
+    assert_eq!(r, 0);
     assert_eq!(&buf[..n], data);
     // SAFETY: a live handle, closed once.
     assert_eq!(unsafe { dhrd_close(obj) }, 0);
