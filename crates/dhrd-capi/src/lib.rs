@@ -179,12 +179,12 @@ fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int> {
 
 /// The backing `path` names: a Ceph RBD image for `rbd:POOL/IMAGE` (the cluster from
 /// `$CEPH_CONF` or /etc/ceph/ceph.conf, the client from `$CEPH_ARGS`, e.g. `--id NAME`),
-/// else a file or block device.
+/// else a file or block device; with the chunk size that suits it, if it has one.
 fn open_backing(
     path: &Path,
     o: &dhrd_options,
     fopts: &FileOptions,
-) -> Result<Arc<dyn Durable>, c_int> {
+) -> Result<(Arc<dyn Durable>, Option<u64>), c_int> {
     let name = path.to_string_lossy();
     if RbdSpec::is_rbd(&name) {
         let spec = RbdSpec::parse(&name).map_err(|e| e.errno())?;
@@ -195,10 +195,11 @@ fn open_backing(
             ..Default::default()
         };
         let b = RbdBacking::open(&spec, &ropts).map_err(|e| e.errno())?;
-        return Ok(Arc::new(b));
+        let chunk = b.preferred_chunk_bytes();
+        return Ok((Arc::new(b), Some(chunk)));
     }
     let b = FileBacking::open(path, fopts).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-    Ok(Arc::new(b))
+    Ok((Arc::new(b), None))
 }
 
 /// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
@@ -233,8 +234,11 @@ pub unsafe extern "C" fn dhrd_open(
             read_only: o.read_only,
             ..Default::default()
         };
-        let cfg = config_of(&o, path)?;
-        let backing = open_backing(path, &o, &fopts)?;
+        let mut cfg = config_of(&o, path)?;
+        let (backing, preferred_chunk) = open_backing(path, &o, &fopts)?;
+        if let (0, Some(c)) = (o.chunk_bytes, preferred_chunk) {
+            cfg.chunk_bytes = c;
+        }
         let obj = HybridObject::open(backing, cfg).map_err(|e| errno_of(&e))?;
         let handle = Box::into_raw(Box::new(dhrd_object { obj }));
         // SAFETY: `out` is non-null and writable per the function contract.

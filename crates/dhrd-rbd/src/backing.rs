@@ -314,6 +314,12 @@ impl RbdBacking {
         self.object_bytes
     }
 
+    /// The RAM tier's chunk size that suits this image: one object, so a chunk load is
+    /// whole objects' worth of requests and never shares an object with its neighbour.
+    pub fn preferred_chunk_bytes(&self) -> u64 {
+        self.object_bytes
+    }
+
     /// Clips `[offset, offset+len)` to the image; the length that lies inside it.
     fn clip(&self, offset: u64, len: u64) -> u64 {
         let size = self.size_bytes.load(Ordering::Acquire);

@@ -41,8 +41,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// the previous holder gets the lock as soon as the cluster lets it.
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(45);
 /// Bulk reads (the loader's) are split into pieces of at most this many bytes, all in
-/// flight at once, so one chunk load keeps several OSD requests busy.
-pub const BULK_PIECE_BYTES: u64 = 256 * 1024;
+/// flight at once, so one chunk load keeps several OSD requests busy. Measured on a
+/// one-node cluster, loading 1 GiB with 4 loader threads and 4 MiB chunks: 128 KiB pieces
+/// 2.6-2.8 s, 256 KiB 2.0-2.2 s, 1 MiB 1.3-1.5 s, 2 MiB and 4 MiB 1.3-1.9 s (noisier).
+pub const BULK_PIECE_BYTES: u64 = 1024 * 1024;
 /// At most this many pieces of one bulk read are in flight at once.
 pub const BULK_PIECES_IN_FLIGHT: usize = 16;
 
