@@ -178,7 +178,11 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         (None, Some(addr)) => ListenAddr::Tcp(addr),
         _ => bail!("give exactly one of --socket PATH or --listen ADDR:PORT"),
     };
-    let (backing, preferred_chunk) = open_backing(&a)?;
+    let Opened {
+        backing,
+        preferred_chunk,
+        rbd,
+    } = open_backing(&a)?;
     let describe = backing.describe();
     let durability = a.durability;
     let cfg = ObjectConfig {
@@ -227,6 +231,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     }
     let summary = server.run().context("serving")?;
     let closed = obj.close();
+    if let Some(r) = &rbd {
+        r.close();
+    }
     eprintln!(
         "dhrd nbd: stopped after {} connection(s) ({} refused, {} idle ones evicted for new \
          clients, {} closed by the idle timeout){}; {}",
@@ -254,9 +261,19 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens the backing the arguments name: an RBD image for `rbd:...`, else a file or device;
-/// with the chunk size that suits it, if it has one.
-fn open_backing(a: &NbdArgs) -> anyhow::Result<(Arc<dyn Durable>, Option<u64>)> {
+/// An open backing, with what the export needs to know of it.
+struct Opened {
+    backing: Arc<dyn Durable>,
+    /// The chunk size that suits the backing, if it has one.
+    preferred_chunk: Option<u64>,
+    /// The same backing when it is an RBD image: closed explicitly at exit, so that its
+    /// exclusive lock is released at once (threads still holding the object would keep it
+    /// until the cluster notices this process is gone).
+    rbd: Option<Arc<RbdBacking>>,
+}
+
+/// Opens the backing the arguments name: an RBD image for `rbd:...`, else a file or device.
+fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
     let name = a.backing.to_string_lossy();
     if RbdSpec::is_rbd(&name) {
         let spec = RbdSpec::parse(&name)?;
@@ -276,8 +293,12 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<(Arc<dyn Durable>, Option<u64>)> 
         if len == 0 {
             bail!("{spec} is empty; pass --size to grow it");
         }
-        let chunk = b.preferred_chunk_bytes();
-        return Ok((Arc::new(b), Some(chunk)));
+        let b = Arc::new(b);
+        return Ok(Opened {
+            backing: b.clone(),
+            preferred_chunk: Some(b.preferred_chunk_bytes()),
+            rbd: Some(b),
+        });
     }
     if a.ceph_conf.is_some() || a.ceph_id.is_some() || a.rbd_op_timeout_secs.is_some() {
         bail!("--ceph-conf, --ceph-id and --rbd-op-timeout-secs apply to an rbd: backing only");
@@ -315,7 +336,11 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<(Arc<dyn Durable>, Option<u64>)> 
             );
         }
     }
-    Ok((Arc::new(backing), None))
+    Ok(Opened {
+        backing: Arc::new(backing),
+        preferred_chunk: None,
+        rbd: None,
+    })
 }
 
 /// Prints one line when the background load finishes (tests and operators wait for it).

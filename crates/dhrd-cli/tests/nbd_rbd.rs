@@ -138,6 +138,10 @@ fn a_second_dhrd_on_the_same_image_is_refused() {
         .unwrap_or_else(|e| panic!("{e}"));
     drop(cl);
     assert_eq!(first.term(), Some(0));
+    // A clean stop releases the lock at once: the next dhrd does not wait for the
+    // cluster's watch timeout (5 s on the test cluster) to break it.
+    let mut next = start(dir.path(), c, &image, &["--rbd-lock-wait-secs", "1"]);
+    assert_eq!(next.term(), Some(0));
     c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
 }
 

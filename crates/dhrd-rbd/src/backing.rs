@@ -15,7 +15,7 @@
 use crate::ffi::{self, CompletionT, ImageInfo, ImageT, IoctxT, Lib, RadosT};
 use crate::{RbdError, RbdOptions, RbdSpec, BULK_PIECES_IN_FLIGHT, BULK_PIECE_BYTES};
 use dhrd_io::Durable;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,9 +32,10 @@ const CREATE_ORDER: c_int = 22;
 /// An open RBD image. Reads, writes and syncs may come from many threads at once.
 pub struct RbdBacking {
     lib: &'static Lib,
-    cluster: RadosT,
-    ioctx: IoctxT,
-    image: ImageT,
+    /// The cluster, pool and image handles; `None` once [`RbdBacking::close`] ran. Every
+    /// request holds the read side for its whole duration, so `close` waits for requests
+    /// in flight and no request ever sees a closed handle.
+    handles: RwLock<Option<Partial>>,
     spec: RbdSpec,
     read_only: bool,
     object_bytes: u64,
@@ -45,11 +46,12 @@ pub struct RbdBacking {
 
 // SAFETY: librados cluster and I/O context handles and librbd image handles may be used
 // from several threads at once (librbd's documentation: an image handle is thread-safe for
-// I/O); the raw pointers are only ever passed to librbd/librados and freed once, in Drop,
-// which runs when no other reference exists.
-unsafe impl Send for RbdBacking {}
+// I/O); the raw pointers are only ever passed to librbd/librados and freed once, by
+// `Partial`'s Drop, under the write lock of `RbdBacking::handles` or when no other
+// reference exists.
+unsafe impl Send for Partial {}
 // SAFETY: see Send.
-unsafe impl Sync for RbdBacking {}
+unsafe impl Sync for Partial {}
 
 /// `-r` as an io::Error (librados and librbd return negative errno values). A full pool's
 /// quota (EDQUOT) is reported as ENOSPC, the error the engine leaves writable (C5).
@@ -288,20 +290,32 @@ impl RbdBacking {
             "rbd object size {}",
             info.obj_size
         );
-        let b = RbdBacking {
+        Ok(RbdBacking {
             lib,
-            cluster: p.cluster,
-            ioctx: p.ioctx,
-            image: p.image,
+            handles: RwLock::new(Some(p)),
             spec: spec.clone(),
             read_only,
             object_bytes: info.obj_size,
             size_bytes: AtomicU64::new(size),
             resize: Mutex::new(()),
-        };
-        // The handles now belong to `b`.
-        std::mem::forget(p);
-        Ok(b)
+        })
+    }
+
+    /// Closes the image now: flushes it, releases its exclusive lock (so the next dhrd on
+    /// the image gets it at once instead of after the watch timeout) and disconnects.
+    /// Waits for requests in flight; later requests fail with ESHUTDOWN. Dropping the
+    /// backing does the same; this is for a process that exits with references left.
+    pub fn close(&self) {
+        drop(self.handles.write().take());
+    }
+
+    /// Runs `f` on the open image, holding it open meanwhile.
+    fn with_image<R>(&self, f: impl FnOnce(ImageT) -> io::Result<R>) -> io::Result<R> {
+        let g = self.handles.read();
+        match g.as_ref() {
+            Some(p) => f(p.image),
+            None => Err(io::Error::from_raw_os_error(libc::ESHUTDOWN)),
+        }
     }
 
     /// The image this backing serves.
@@ -347,8 +361,8 @@ impl RbdBacking {
         if end <= self.size_bytes.load(Ordering::Acquire) {
             return Ok(());
         }
-        // SAFETY: an open image.
-        let r = unsafe { (self.lib.rbd_resize)(self.image, end) };
+        // SAFETY: an open image whose lock we hold.
+        let r = self.with_image(|img| Ok(unsafe { (self.lib.rbd_resize)(img, end) }))?;
         if r < 0 {
             return Err(os_err(r.into()));
         }
@@ -359,6 +373,10 @@ impl RbdBacking {
     /// Reads `buf` (already clipped to the image) as pieces of at most `BULK_PIECE_BYTES`,
     /// up to `BULK_PIECES_IN_FLIGHT` in flight, every one waited for before returning.
     fn read_parallel(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.with_image(|img| self.read_parallel_on(img, buf, offset))
+    }
+
+    fn read_parallel_on(&self, image: ImageT, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let piece = BULK_PIECE_BYTES as usize;
         let mut first_err: Option<io::Error> = None;
         for (wave_i, wave) in buf.chunks_mut(piece * BULK_PIECES_IN_FLIGHT).enumerate() {
@@ -378,13 +396,7 @@ impl RbdBacking {
                 // SAFETY: an open image; `part` stays borrowed (not released or reused)
                 // until the completion is waited for below, on every path.
                 let r = unsafe {
-                    (self.lib.rbd_aio_read)(
-                        self.image,
-                        off,
-                        part.len(),
-                        part.as_mut_ptr().cast(),
-                        c,
-                    )
+                    (self.lib.rbd_aio_read)(image, off, part.len(), part.as_mut_ptr().cast(), c)
                 };
                 if r < 0 {
                     // SAFETY: a completion never submitted.
@@ -459,19 +471,6 @@ fn take_lock(p: &Partial, spec: &RbdSpec, wait: Duration) -> Result<(), RbdError
     }
 }
 
-impl Drop for RbdBacking {
-    fn drop(&mut self) {
-        // Closing the image flushes it and releases the lock; the Partial guard destroys
-        // the handles in the right order.
-        drop(Partial {
-            lib: self.lib,
-            cluster: self.cluster,
-            ioctx: self.ioctx,
-            image: self.image,
-        });
-    }
-}
-
 impl Durable for RbdBacking {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let n = self.clip(offset, buf.len() as u64) as usize;
@@ -483,7 +482,10 @@ impl Durable for RbdBacking {
             return Ok(n);
         }
         // SAFETY: an open image; `buf` has room for `n` bytes.
-        let r = unsafe { (self.lib.rbd_read)(self.image, offset, n, buf.as_mut_ptr().cast()) };
+        let r = self.with_image(|img| {
+            // SAFETY: an open image; `buf` has room for `n` bytes.
+            Ok(unsafe { (self.lib.rbd_read)(img, offset, n, buf.as_mut_ptr().cast()) })
+        })?;
         if r < 0 {
             return Err(os_err(r as i64));
         }
@@ -508,15 +510,17 @@ impl Durable for RbdBacking {
         let mut done = 0usize;
         while done < buf.len() {
             let part = &buf[done..buf.len().min(done + MAX_REQUEST_BYTES as usize)];
-            // SAFETY: an open image; `part` is readable for its length.
-            let r = unsafe {
-                (self.lib.rbd_write)(
-                    self.image,
-                    offset + done as u64,
-                    part.len(),
-                    part.as_ptr().cast(),
-                )
-            };
+            let r = self.with_image(|img| {
+                // SAFETY: an open image; `part` is readable for its length.
+                Ok(unsafe {
+                    (self.lib.rbd_write)(
+                        img,
+                        offset + done as u64,
+                        part.len(),
+                        part.as_ptr().cast(),
+                    )
+                })
+            })?;
             if r < 0 {
                 return Err(os_err(r as i64));
             }
@@ -531,7 +535,7 @@ impl Durable for RbdBacking {
             return Ok(());
         }
         // SAFETY: an open image.
-        let r = unsafe { (self.lib.rbd_flush)(self.image) };
+        let r = self.with_image(|img| Ok(unsafe { (self.lib.rbd_flush)(img) }))?;
         if r < 0 {
             return Err(os_err(r.into()));
         }
@@ -546,7 +550,7 @@ impl Durable for RbdBacking {
         self.refuse_if_read_only()?;
         let _g = self.resize.lock();
         // SAFETY: an open image whose lock we hold.
-        let r = unsafe { (self.lib.rbd_resize)(self.image, len) };
+        let r = self.with_image(|img| Ok(unsafe { (self.lib.rbd_resize)(img, len) }))?;
         if r < 0 {
             return Err(os_err(r.into()));
         }
@@ -568,8 +572,10 @@ impl Durable for RbdBacking {
         while done < len {
             let n = (len - done).min(MAX_REQUEST_BYTES);
             // SAFETY: an open image; no buffer.
-            let r =
-                unsafe { (self.lib.rbd_write_zeroes)(self.image, offset + done, n as usize, 0, 0) };
+            let r = self.with_image(|img| {
+                // SAFETY: an open image; no buffer.
+                Ok(unsafe { (self.lib.rbd_write_zeroes)(img, offset + done, n as usize, 0, 0) })
+            })?;
             if r < 0 {
                 return Err(os_err(r as i64));
             }

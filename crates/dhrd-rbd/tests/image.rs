@@ -149,11 +149,18 @@ fn a_second_writer_is_refused_while_the_first_holds_the_lock() {
         Err(Some(libc::EROFS))
     );
     drop(ro);
-    drop(first);
+    // Closing releases the lock even while other references to the backing exist; later
+    // requests fail cleanly.
+    first.close();
+    assert_eq!(
+        first.write_at(b"x", 0).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ESHUTDOWN))
+    );
     // Once the holder has closed, the lock is free at once.
     let again = RbdBacking::open(&spec(&name), &opts(&c.conf))
         .unwrap_or_else(|e| panic!("open after the holder closed: {e}"));
     drop(again);
+    drop(first);
     c.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
 }
 
