@@ -52,6 +52,11 @@ pub struct NbdArgs {
     /// crashed holder's lock is freed by the cluster after osd_client_watch_timeout).
     #[arg(long, default_value_t = dhrd_rbd::DEFAULT_LOCK_WAIT.as_secs())]
     pub rbd_lock_wait_secs: u64,
+    /// Directory where dhrd records which lock owner it is, so that a restart on this host
+    /// after a crash breaks the dead process's lock at once instead of waiting for the
+    /// cluster's watch timeout (default /run/dhrd/rbd; "none" to keep no record).
+    #[arg(long, default_value = dhrd_rbd::DEFAULT_OWNER_RECORD_DIR)]
+    pub rbd_owner_dir: String,
     /// Listen on this Unix socket (created with mode 0600).
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -261,6 +266,27 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The directory of the RBD owner records: none for "none"; the default only if it can be
+/// created (it needs root), with a warning otherwise; a directory given explicitly must
+/// work, or the open fails.
+fn owner_record_dir(a: &NbdArgs) -> Option<PathBuf> {
+    if a.rbd_owner_dir == "none" {
+        return None;
+    }
+    let dir = PathBuf::from(&a.rbd_owner_dir);
+    if a.rbd_owner_dir == dhrd_rbd::DEFAULT_OWNER_RECORD_DIR {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            eprintln!(
+                "dhrd nbd: warning: no owner record in {} ({e}): after a crash, a restart \
+                 waits for the cluster to expire the lock (--rbd-owner-dir)",
+                dir.display()
+            );
+            return None;
+        }
+    }
+    Some(dir)
+}
+
 /// An open backing, with what the export needs to know of it.
 struct Opened {
     backing: Arc<dyn Durable>,
@@ -285,10 +311,17 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             read_only: a.read_only,
             op_timeout: a.rbd_op_timeout_secs.map(Duration::from_secs),
             lock_wait: Duration::from_secs(a.rbd_lock_wait_secs),
+            owner_record: owner_record_dir(a).map(|d| dhrd_rbd::owner_record_in(&d, &spec)),
             ..Default::default()
         };
         let b =
             RbdBacking::open(&spec, &opts).with_context(|| format!("opening backing {spec}"))?;
+        if let Some(dead) = b.broke_lock_of() {
+            eprintln!(
+                "dhrd nbd: took over the lock of {spec} from {dead}, left by a dhrd of this host \
+                 that is no longer running (that client is now blocklisted)"
+            );
+        }
         let len = b.len().context("image size")?;
         if len == 0 {
             bail!("{spec} is empty; pass --size to grow it");

@@ -17,7 +17,13 @@ use std::time::{Duration, Instant};
 
 fn start(dir: &Path, c: &cluster::Cluster, image: &str, extra: &[&str]) -> Dhrd {
     let conf = c.conf.to_string_lossy().into_owned();
-    let mut args = vec!["--ceph-conf", conf.as_str()];
+    let owners = dir.join("owners").to_string_lossy().into_owned();
+    let mut args = vec![
+        "--ceph-conf",
+        conf.as_str(),
+        "--rbd-owner-dir",
+        owners.as_str(),
+    ];
     args.extend_from_slice(extra);
     Dhrd::start(dir, Path::new(&format!("rbd:rbd/{image}")), &args)
 }

@@ -13,11 +13,13 @@
 //! crash of this process loses nothing that `write_at` returned `Ok` for.
 
 use crate::ffi::{self, CompletionT, ImageInfo, ImageT, IoctxT, Lib, RadosT};
+use crate::owner::OwnerRecord;
 use crate::{RbdError, RbdOptions, RbdSpec, BULK_PIECES_IN_FLIGHT, BULK_PIECE_BYTES};
 use dhrd_io::Durable;
 use parking_lot::{Mutex, RwLock};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -36,6 +38,10 @@ pub struct RbdBacking {
     /// request holds the read side for its whole duration, so `close` waits for requests
     /// in flight and no request ever sees a closed handle.
     handles: RwLock<Option<Partial>>,
+    /// Where this process records itself as the lock's owner (removed at close).
+    owner_record: Option<PathBuf>,
+    /// The dead owner whose lock the open broke, if it did.
+    broke_lock_of: Option<String>,
     spec: RbdSpec,
     read_only: bool,
     object_bytes: u64,
@@ -115,8 +121,8 @@ impl Partial {
         Ok(())
     }
 
-    /// Who holds the image's lock, for the error message.
-    fn lock_owners(&self) -> String {
+    /// The owners of the image's lock (empty when nobody holds it).
+    fn owners(&self) -> io::Result<Vec<String>> {
         let mut mode: c_int = 0;
         let mut owners: [*mut c_char; 8] = [std::ptr::null_mut(); 8];
         let mut n: usize = owners.len();
@@ -125,8 +131,11 @@ impl Partial {
         let r = unsafe {
             (self.lib.rbd_lock_get_owners)(self.image, &mut mode, owners.as_mut_ptr(), &mut n)
         };
+        if r == -libc::ENOENT {
+            return Ok(Vec::new());
+        }
         if r < 0 {
-            return format!("owner unknown: {}", os_err(r.into()));
+            return Err(os_err(r.into()));
         }
         let names: Vec<String> = owners[..n]
             .iter()
@@ -135,11 +144,29 @@ impl Partial {
             .collect();
         // SAFETY: the `n` strings librbd allocated above.
         unsafe { (self.lib.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), n) };
-        if names.is_empty() {
-            String::from("no owner recorded")
-        } else {
-            names.join(", ")
+        Ok(names)
+    }
+
+    /// Who holds the image's lock, for the error message.
+    fn lock_owners(&self) -> String {
+        match self.owners() {
+            Ok(v) if v.is_empty() => String::from("no owner recorded"),
+            Ok(v) => v.join(", "),
+            Err(e) => format!("owner unknown: {e}"),
         }
+    }
+
+    /// Breaks the lock `owner` holds (librbd blocklists that client as it does so).
+    fn break_lock(&self, owner: &str) -> io::Result<()> {
+        let c = CString::new(owner).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: an open image; a valid C string.
+        let r = unsafe {
+            (self.lib.rbd_lock_break)(self.image, ffi::RBD_LOCK_MODE_EXCLUSIVE, c.as_ptr())
+        };
+        if r < 0 {
+            return Err(os_err(r.into()));
+        }
+        Ok(())
     }
 }
 
@@ -256,8 +283,15 @@ impl RbdBacking {
             };
             return Err(ceph(format!("opening image {spec}{hint}"), r.into()));
         }
+        let mut broke_lock_of = None;
         if !read_only {
+            if let Some(path) = &opts.owner_record {
+                broke_lock_of = break_dead_owner(&p, spec, path)?;
+            }
             take_lock(&p, spec, opts.lock_wait)?;
+            if let Some(path) = &opts.owner_record {
+                record_owner(&p, spec, path)?;
+            }
         }
         let mut info = ImageInfo {
             size: 0,
@@ -293,6 +327,8 @@ impl RbdBacking {
         Ok(RbdBacking {
             lib,
             handles: RwLock::new(Some(p)),
+            owner_record: opts.owner_record.clone().filter(|_| !read_only),
+            broke_lock_of,
             spec: spec.clone(),
             read_only,
             object_bytes: info.obj_size,
@@ -306,7 +342,20 @@ impl RbdBacking {
     /// Waits for requests in flight; later requests fail with ESHUTDOWN. Dropping the
     /// backing does the same; this is for a process that exits with references left.
     pub fn close(&self) {
-        drop(self.handles.write().take());
+        let closed = self.handles.write().take();
+        if closed.is_some() {
+            drop(closed);
+            if let Some(path) = &self.owner_record {
+                // Gone with the lock: a record of a released lock helps nobody. A failure
+                // leaves a record naming an owner that holds nothing, which is harmless.
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    /// The owner whose lock the open broke because its process was gone, if any.
+    pub fn broke_lock_of(&self) -> Option<&str> {
+        self.broke_lock_of.as_deref()
     }
 
     /// Runs `f` on the open image, holding it open meanwhile.
@@ -431,6 +480,53 @@ impl RbdBacking {
     }
 }
 
+/// If the one owner of the image's lock is the recorded owner and its process is gone,
+/// breaks the lock and returns that owner (see `owner.rs` for why this is safe).
+fn break_dead_owner(
+    p: &Partial,
+    spec: &RbdSpec,
+    record: &Path,
+) -> Result<Option<String>, RbdError> {
+    let Some(rec) = OwnerRecord::read(record) else {
+        return Ok(None);
+    };
+    let owners = p.owners().map_err(|e| RbdError::Ceph {
+        what: format!("listing the lock owners of {spec}"),
+        source: e,
+    })?;
+    if owners != [rec.owner.clone()] || !rec.holder_is_gone() {
+        return Ok(None);
+    }
+    p.break_lock(&rec.owner).map_err(|e| RbdError::Ceph {
+        what: format!(
+            "breaking the lock of {spec} left by the dead process {}",
+            rec.pid
+        ),
+        source: e,
+    })?;
+    Ok(Some(rec.owner))
+}
+
+/// Records this process as the owner of the lock it now holds.
+fn record_owner(p: &Partial, spec: &RbdSpec, record: &Path) -> Result<(), RbdError> {
+    let io_err = |what: String| move |e: io::Error| RbdError::Ceph { what, source: e };
+    let owners = p
+        .owners()
+        .map_err(io_err(format!("listing the lock owners of {spec}")))?;
+    let [owner] = owners.as_slice() else {
+        return Err(RbdError::Ceph {
+            what: format!("the lock of {spec} has owners {owners:?} after taking it"),
+            source: io::Error::from_raw_os_error(libc::EIO),
+        });
+    };
+    OwnerRecord::current(owner)
+        .and_then(|r| r.write(record))
+        .map_err(io_err(format!(
+            "writing the owner record {}",
+            record.display()
+        )))
+}
+
 /// Takes the exclusive lock, retrying while another client holds it, up to `wait`.
 fn take_lock(p: &Partial, spec: &RbdSpec, wait: Duration) -> Result<(), RbdError> {
     let mut features: u64 = 0;
@@ -468,6 +564,12 @@ fn take_lock(p: &Partial, spec: &RbdSpec, wait: Duration) -> Result<(), RbdError
             });
         }
         std::thread::sleep(LOCK_RETRY_PAUSE.min(wait.saturating_sub(started.elapsed())));
+    }
+}
+
+impl Drop for RbdBacking {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 

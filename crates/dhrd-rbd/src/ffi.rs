@@ -70,6 +70,7 @@ pub(crate) struct Lib {
     pub rbd_lock_get_owners:
         unsafe extern "C" fn(ImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
     pub rbd_lock_get_owners_cleanup: unsafe extern "C" fn(*mut *mut c_char, usize),
+    pub rbd_lock_break: unsafe extern "C" fn(ImageT, c_int, *const c_char) -> c_int,
     pub rbd_aio_create_completion:
         unsafe extern "C" fn(*mut c_void, CallbackT, *mut CompletionT) -> c_int,
     pub rbd_aio_read: unsafe extern "C" fn(ImageT, u64, usize, *mut c_char, CompletionT) -> c_int,
@@ -161,6 +162,7 @@ impl Lib {
             rbd_lock_acquire: sym!(rbd, LIBRBD, rbd_lock_acquire),
             rbd_lock_get_owners: sym!(rbd, LIBRBD, rbd_lock_get_owners),
             rbd_lock_get_owners_cleanup: sym!(rbd, LIBRBD, rbd_lock_get_owners_cleanup),
+            rbd_lock_break: sym!(rbd, LIBRBD, rbd_lock_break),
             rbd_aio_create_completion: sym!(rbd, LIBRBD, rbd_aio_create_completion),
             rbd_aio_read: sym!(rbd, LIBRBD, rbd_aio_read),
             rbd_aio_wait_for_complete: sym!(rbd, LIBRBD, rbd_aio_wait_for_complete),

@@ -15,8 +15,9 @@
 //!   "standard" lock policy once the lock is taken explicitly): a second dhrd, or any
 //!   other librbd writer, is refused while this one lives. If this process dies, the lock
 //!   is broken by the next client once the dead client's watch has expired on the OSDs
-//!   (`osd_client_watch_timeout`, 30 s by default), and the dead client is blocklisted,
-//!   so it could not write even if it were only cut off;
+//!   (`osd_client_watch_timeout`, 30 s by default), or at once by a dhrd of the same host
+//!   whose owner record proves the holder's process gone (`owner.rs`); either way the dead
+//!   client is blocklisted, so it could not write even if it were only cut off;
 //! - the image size is cached: with the lock held, only this process resizes the image;
 //! - a read-only open (`read_only` or a snapshot) takes no lock; an image that another
 //!   client changes under a read-only dhrd is served stale from RAM, which is why a
@@ -24,6 +25,7 @@
 
 mod backing;
 mod ffi;
+mod owner;
 
 pub use backing::RbdBacking;
 
@@ -137,7 +139,27 @@ pub struct RbdOptions {
     /// `None` waits for the cluster however long it is away, as a disk that hangs would.
     pub op_timeout: Option<Duration>,
     pub lock_wait: Duration,
+    /// Where to record this process as the lock's owner, so that a restart on this host
+    /// after a crash breaks the dead process's lock at once instead of waiting for the
+    /// cluster's watch timeout (see [`default_owner_record`]); `None`: no record.
+    pub owner_record: Option<PathBuf>,
 }
+
+/// The owner record of `spec` under `dir`: one file per image.
+pub fn owner_record_in(dir: &std::path::Path, spec: &RbdSpec) -> PathBuf {
+    let mut name = spec.pool.clone();
+    if let Some(ns) = &spec.namespace {
+        name.push('%');
+        name.push_str(ns);
+    }
+    name.push('%');
+    name.push_str(&spec.image);
+    dir.join(format!("{name}.owner"))
+}
+
+/// Where dhrd records lock owners by default: `/run/dhrd/rbd` (cleared at boot, which is
+/// right: no process of a previous boot runs).
+pub const DEFAULT_OWNER_RECORD_DIR: &str = "/run/dhrd/rbd";
 
 impl Default for RbdOptions {
     fn default() -> Self {
@@ -150,6 +172,7 @@ impl Default for RbdOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             op_timeout: None,
             lock_wait: DEFAULT_LOCK_WAIT,
+            owner_record: None,
         }
     }
 }

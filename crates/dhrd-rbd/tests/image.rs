@@ -118,11 +118,29 @@ fn random_operations_match_an_oracle_and_survive_reopen() {
 fn a_second_writer_is_refused_while_the_first_holds_the_lock() {
     let (c, _g) = cluster::shared();
     let name = c.image_name("lock");
-    let first = open_new(c, &name, 4 * MIB);
+    let record = std::env::temp_dir().join(format!("dhrd-owner-test-{name}"));
+    let first = RbdBacking::open(
+        &spec(&name),
+        &RbdOptions {
+            create: true,
+            min_len: Some(4 * MIB),
+            owner_record: Some(record.clone()),
+            ..opts(&c.conf)
+        },
+    )
+    .unwrap_or_else(|e| panic!("open {name}: {e}"));
+    assert!(record.exists(), "no owner record written");
     first
         .write_at(b"first", 0)
         .unwrap_or_else(|e| panic!("{e}"));
-    let second = RbdBacking::open(&spec(&name), &opts(&c.conf));
+    // The record names a live holder (this process): it must not be broken.
+    let second = RbdBacking::open(
+        &spec(&name),
+        &RbdOptions {
+            owner_record: Some(record.clone()),
+            ..opts(&c.conf)
+        },
+    );
     match second {
         Err(RbdError::Locked { owners, .. }) => assert!(!owners.is_empty()),
         Err(e) => panic!("expected Locked, got {e}"),
@@ -152,6 +170,7 @@ fn a_second_writer_is_refused_while_the_first_holds_the_lock() {
     // Closing releases the lock even while other references to the backing exist; later
     // requests fail cleanly.
     first.close();
+    assert!(!record.exists(), "the owner record outlived the lock");
     assert_eq!(
         first.write_at(b"x", 0).map_err(|e| e.raw_os_error()),
         Err(Some(libc::ESHUTDOWN))
