@@ -79,6 +79,13 @@ def rw_args(op, qd, size):
     return [f"--rw={op}", "--bs=4k", f"--iodepth={qd}", f"--size={size}"]
 
 
+def baseline_random_jobs(cl, image, size, runtime, rnd, rows):
+    for op in ("randread", "randwrite"):
+        for qd in (1, 16):
+            r = fio_rbd(cl, f"rbd-{op}-{qd}", image, rw_args(op, qd, size), runtime)
+            rows.append(dict(round=rnd, config="fio-rbd", op=op, qd=qd, **r))
+
+
 class DhrdRbd:
     """`dhrd nbd --backing rbd:POOL/IMAGE`; records when it was spawned."""
 
@@ -160,10 +167,7 @@ def exp_rbd(ctx):
             seq = fio_rbd(cl, "rbd-seqread", big, ["--rw=read", "--bs=4M", "--iodepth=16", f"--size={sizes[-1]}",
                                                     "--time_based=0"], 3600)
             rows.append(dict(round=rnd, config="fio-rbd", op="seqread-4M", qd=16, **seq))
-            for op in ("randread", "randwrite"):
-                for qd in (1, 16):
-                    r = fio_rbd(cl, f"rbd-{op}-{qd}", big, rw_args(op, qd, sizes[-1]), runtime)
-                    rows.append(dict(round=rnd, config="fio-rbd", op=op, qd=qd, **r))
+            baseline_random_jobs(cl, big, sizes[-1], runtime, rnd, rows)
             # dhrd: start (first read timed), full load, then the same jobs through NBD.
             for size, image in zip(sizes, images):
                 d = DhrdRbd(ctx, cl, image)
@@ -181,6 +185,9 @@ def exp_rbd(ctx):
                                 rows.append(dict(round=rnd, config="dhrd-nbd-rbd", op=op, qd=qd, **r))
                 finally:
                     d.stop()
+            # The random jobs again after dhrd's, so that a drift of the cluster during the
+            # round (BlueStore's deferred writes, compaction) weighs on both sides.
+            baseline_random_jobs(cl, big, sizes[-1], runtime, rnd, rows)
     finally:
         for image in images:
             run(["rbd", "-c", cl.conf, "rm", "--no-progress", f"{POOL}/{image}"], check=False, timeout=600)
@@ -221,7 +228,11 @@ def exp_rbd(ctx):
     notes = [f"start to first read answered, image of {lib.fmt_size(s)}: median {lib.median(v)} ms over "
              f"{len(v)} start(s) (includes connecting to the monitors, opening the image and taking its "
              f"exclusive lock)" for s, v in sorted(firsts.items())]
-    notes.append("fio's rbd engine opens the image itself: the baselines run while dhrd is stopped.")
+    notes.append("fio's rbd engine opens the image itself: the baselines run while dhrd is stopped, before "
+                 "and after dhrd's jobs in every round; each figure is the median over all its runs.")
+    notes.append("The load fills fresh RAM: on this VM zeroing new pages (and the host's first touch of "
+                 "them) takes about half of dhrd's CPU during a load, on the same two vCPUs as the OSD; "
+                 "fio's rbd engine reuses its buffers (docs/rbd.md).")
     return {
         "title": "9. RBD tier: dhrd nbd on a Ceph RBD image vs librbd (fio's rbd engine)",
         "scaling": f"images of {', '.join(lib.fmt_size(s) for s in sizes)} on a one-node cluster, "

@@ -283,9 +283,12 @@ def plot(name, e, out):
         for size in sorted({x["image_bytes"] for x in loads}):
             pts = [x["first_read_ms"] for x in loads if x["image_bytes"] == size]
             axes[1].scatter([size / (1 << 30)] * len(pts), pts, label=f"{size / (1 << 30):.2f} GiB")
+        axes[1].axhline(100, color="k", lw=0.8, ls="--", label="target 100 ms")
+        axes[1].set_ylim(bottom=0)
         axes[1].set_xlabel("image (GiB)")
         axes[1].set_ylabel("ms")
         axes[1].set_title("start to first read answered")
+        axes[1].legend(fontsize=8)
         for ax in axes:
             ax.grid(True, which="both", alpha=0.3)
     else:
