@@ -225,7 +225,7 @@ def exp_rbd(ctx):
     firsts = {}
     for x in loads:
         firsts.setdefault(x["image_bytes"], []).append(x["first_read_ms"])
-    notes = [f"start to first read answered, image of {lib.fmt_size(s)}: median {lib.median(v)} ms over "
+    notes = [f"start to first read answered, image of {lib.fmt_size(s)}: median {lib.median(v):.1f} ms over "
              f"{len(v)} start(s) (includes connecting to the monitors, opening the image and taking its "
              f"exclusive lock)" for s, v in sorted(firsts.items())]
     notes.append("fio's rbd engine opens the image itself: the baselines run while dhrd is stopped, before "

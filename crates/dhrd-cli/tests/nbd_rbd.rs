@@ -94,13 +94,19 @@ fn nbd_rbd_sigkill_during_writes_keeps_every_acknowledged_write() {
     let order: Vec<u64> = (0..1024).collect();
     let (acked, _) = write_until_killed(&mut d, &order, 5, false, 16, 200);
     drop(d);
-    // The killed holder's lock is freed once its watch expires on the OSD (the test
-    // cluster sets osd_client_watch_timeout low); the restart waits for it.
+    // The killed holder's lock would stay until its watch expires on the OSD (5 s on the
+    // test cluster, 30 s by default); the owner record lets the restart break it at once,
+    // well within a lock wait shorter than the watch timeout.
     let restarted = Instant::now();
-    let d = start(dir.path(), c, &image, &[]);
+    let mut d = start(dir.path(), c, &image, &["--rbd-lock-wait-secs", "2"]);
     eprintln!(
         "restart after SIGKILL took the lock in {:?}",
         restarted.elapsed()
+    );
+    assert!(
+        d.stderr_text().contains("took over the lock"),
+        "{}",
+        d.stderr_text()
     );
     let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
     for &i in &acked {
@@ -113,8 +119,8 @@ fn nbd_rbd_sigkill_during_writes_keeps_every_acknowledged_write() {
         );
     }
     drop(cl);
-    drop(d);
-    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
 }
 
 #[test]
@@ -292,7 +298,7 @@ fn with_an_op_timeout_a_lost_osd_fails_writes_cleanly() {
     let _ = d.term();
     drop(d);
     // After a restart every acknowledged write is there; the failed one may or may not be.
-    let d = start(dir.path(), c, &image, &[]);
+    let mut d = start(dir.path(), c, &image, &[]);
     let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
     for i in [0u64, 1, 2, 4, 5, 6, 7] {
         let got = cl
@@ -308,8 +314,8 @@ fn with_an_op_timeout_a_lost_osd_fails_writes_cleanly() {
         "block 3 is neither old nor new"
     );
     drop(cl);
-    drop(d);
-    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
 }
 
 /// Waits for the "loaded ... into RAM" line of the background load.
