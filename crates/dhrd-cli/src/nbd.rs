@@ -57,6 +57,11 @@ pub struct NbdArgs {
     /// cluster's watch timeout (default /run/dhrd/rbd; "none" to keep no record).
     #[arg(long, default_value = dhrd_rbd::DEFAULT_OWNER_RECORD_DIR)]
     pub rbd_owner_dir: String,
+    /// Serve reads from RAM only while the image's lock was confirmed at the cluster
+    /// within this many seconds; set it below osd_client_watch_timeout where another host
+    /// may take the image over (docs/rbd.md). Default: RAM serves reads whatever happens.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rbd_read_lease_secs: Option<u64>,
     /// Listen on this Unix socket (created with mode 0600).
     #[arg(long)]
     pub socket: Option<PathBuf>,
@@ -312,6 +317,7 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             op_timeout: a.rbd_op_timeout_secs.map(Duration::from_secs),
             lock_wait: Duration::from_secs(a.rbd_lock_wait_secs),
             owner_record: owner_record_dir(a).map(|d| dhrd_rbd::owner_record_in(&d, &spec)),
+            read_lease: a.rbd_read_lease_secs.map(Duration::from_secs),
             ..Default::default()
         };
         let b =
@@ -333,8 +339,15 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             rbd: Some(b),
         });
     }
-    if a.ceph_conf.is_some() || a.ceph_id.is_some() || a.rbd_op_timeout_secs.is_some() {
-        bail!("--ceph-conf, --ceph-id and --rbd-op-timeout-secs apply to an rbd: backing only");
+    if a.ceph_conf.is_some()
+        || a.ceph_id.is_some()
+        || a.rbd_op_timeout_secs.is_some()
+        || a.rbd_read_lease_secs.is_some()
+    {
+        bail!(
+            "--ceph-conf, --ceph-id, --rbd-op-timeout-secs and --rbd-read-lease-secs apply to \
+             an rbd: backing only"
+        );
     }
     if !a.backing.exists() && a.size.is_none() {
         bail!(

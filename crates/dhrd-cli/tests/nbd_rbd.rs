@@ -330,3 +330,59 @@ fn wait_loaded(d: &Dhrd) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A dhrd cut off from the cluster (here: frozen with SIGSTOP) past the watch timeout
+/// loses its lock to a second dhrd, which then writes. With a read lease, the first one,
+/// once it runs again, refuses reads instead of serving its stale RAM.
+#[test]
+fn with_a_read_lease_a_dhrd_that_lost_its_lock_serves_no_stale_reads() {
+    let (c, _g) = cluster::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("lease");
+    let mut first = start(
+        dir.path(),
+        c,
+        &image,
+        &["--size", "8M", "--rbd-read-lease-secs", "2"],
+    );
+    let mut cl = Client::connect(&first.sock).unwrap_or_else(|e| panic!("{e}"));
+    cl.write(0, &block(0, 1), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pid = first.child.id() as libc::pid_t;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The test cluster's watch timeout is 5 s: after it, a second client may break the
+    // lock. (Its own owner directory: the first process is alive, only stopped.)
+    std::thread::sleep(Duration::from_secs(6));
+    let second_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut second = start(
+        second_dir.path(),
+        c,
+        &image,
+        &["--rbd-lock-wait-secs", "60"],
+    );
+    let mut c2 = Client::connect(&second.sock).unwrap_or_else(|e| panic!("{e}"));
+    c2.write(0, &block(0, 2), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(c2);
+    assert_eq!(second.term(), Some(0), "{}", second.stderr_text());
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    for _ in 0..3 {
+        match cl.read(0, BLOCK as u32) {
+            Err(_) => {}
+            Ok(got) => assert!(
+                got != block(0, 1),
+                "a dhrd that lost its lock served stale data from RAM"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(cl);
+    first.kill9();
+    let _ = Command::new("rbd")
+        .arg("-c")
+        .arg(&c.conf)
+        .args(["rm", "--no-progress", &format!("rbd/{image}")])
+        .output();
+}

@@ -409,6 +409,7 @@ impl<D: Durable> HybridObject<D> {
     }
 
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<ReadOutcome> {
+        self.inner.check_reads_allowed()?;
         self.inner.read_at(buf, offset)
     }
 
@@ -447,6 +448,7 @@ impl<D: Durable> HybridObject<D> {
 
     /// A borrowed zero-copy view of `[offset, offset+len)` if every chunk in it is Loaded.
     pub fn view(&self, offset: u64, len: usize) -> Result<View<'_>> {
+        self.inner.check_reads_allowed()?;
         self.inner.view(offset, len)
     }
 
@@ -629,6 +631,17 @@ impl<D: Durable> Inner<D> {
     }
 
     // ---------------------------------------------------------------- reads
+
+    /// Fails when the backing says RAM must not be served (a shared backing that lost or
+    /// could not confirm its exclusive lock): stale bytes are never returned.
+    fn check_reads_allowed(&self) -> Result<()> {
+        self.backing
+            .reads_allowed()
+            .map_err(|source| Error::Backing {
+                op: BackingOp::Read,
+                source,
+            })
+    }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<ReadOutcome> {
         if buf.is_empty() {

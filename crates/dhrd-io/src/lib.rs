@@ -119,6 +119,14 @@ pub trait Durable: Send + Sync + 'static {
         write_zero_bytes(self, offset, len)
     }
 
+    /// Whether the RAM tier may serve reads now. A backing shared through a cluster says
+    /// no when it cannot vouch that no other client has changed it (it lost, or could not
+    /// recently confirm, its exclusive lock); the engine then fails reads rather than serve
+    /// RAM that may be stale. A local file or device always may.
+    fn reads_allowed(&self) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Short human-readable description (path, device, profile) for status output.
     fn describe(&self) -> String {
         String::from("durable backing")
@@ -174,6 +182,9 @@ impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
     }
     fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<Persistence> {
         (**self).write_durably(buf, offset)
+    }
+    fn reads_allowed(&self) -> io::Result<()> {
+        (**self).reads_allowed()
     }
     fn describe(&self) -> String {
         (**self).describe()

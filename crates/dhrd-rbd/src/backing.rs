@@ -20,7 +20,8 @@ use parking_lot::{Mutex, RwLock};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Pause between attempts to take an exclusive lock another client holds.
@@ -28,6 +29,8 @@ const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Largest single request handed to librbd (its length is a `size_t`, but one request
 /// of many GiB would hold a huge buffer in librbd for a `write_zeroes`).
 const MAX_REQUEST_BYTES: u64 = 1 << 30;
+/// Shortest interval between two confirmations of a read lease.
+const LEASE_CHECK_MIN: Duration = Duration::from_millis(100);
 /// Order (log2 of the object size) for images this backing creates: 4 MiB, rbd's default.
 const CREATE_ORDER: c_int = 22;
 
@@ -37,7 +40,9 @@ pub struct RbdBacking {
     /// The cluster, pool and image handles; `None` once [`RbdBacking::close`] ran. Every
     /// request holds the read side for its whole duration, so `close` waits for requests
     /// in flight and no request ever sees a closed handle.
-    handles: RwLock<Option<Partial>>,
+    handles: Arc<RwLock<Option<Partial>>>,
+    /// The read lease, when one was asked for (`RbdOptions::read_lease`).
+    lease: Option<Arc<Lease>>,
     /// Where this process records itself as the lock's owner (removed at close).
     owner_record: Option<PathBuf>,
     /// The dead owner whose lock the open broke, if it did.
@@ -324,9 +329,34 @@ impl RbdBacking {
             "rbd object size {}",
             info.obj_size
         );
+        let lease = match opts.read_lease.filter(|_| !read_only) {
+            Some(period) => {
+                let me = match p.owners() {
+                    Ok(v) if v.len() == 1 => v[0].clone(),
+                    other => {
+                        return Err(RbdError::Ceph {
+                            what: format!("the lock of {spec} after taking it: owners {other:?}"),
+                            source: io::Error::from_raw_os_error(libc::EIO),
+                        })
+                    }
+                };
+                Some(Arc::new(Lease::new(period, me)))
+            }
+            None => None,
+        };
+        let handles = Arc::new(RwLock::new(Some(p)));
+        if let Some(l) = &lease {
+            spawn_lease_keeper(Arc::clone(l), Arc::clone(&handles), spec.to_string()).map_err(
+                |e| RbdError::Ceph {
+                    what: String::from("starting the read-lease thread"),
+                    source: e,
+                },
+            )?;
+        }
         Ok(RbdBacking {
             lib,
-            handles: RwLock::new(Some(p)),
+            handles,
+            lease,
             owner_record: opts.owner_record.clone().filter(|_| !read_only),
             broke_lock_of,
             spec: spec.clone(),
@@ -342,6 +372,9 @@ impl RbdBacking {
     /// Waits for requests in flight; later requests fail with ESHUTDOWN. Dropping the
     /// backing does the same; this is for a process that exits with references left.
     pub fn close(&self) {
+        if let Some(l) = &self.lease {
+            l.stop.store(true, Ordering::Release);
+        }
         let closed = self.handles.write().take();
         if closed.is_some() {
             drop(closed);
@@ -527,6 +560,110 @@ fn record_owner(p: &Partial, spec: &RbdSpec, record: &Path) -> Result<(), RbdErr
         )))
 }
 
+/// The read lease (`RbdOptions::read_lease`): RAM may serve reads only while this client
+/// has confirmed at the OSD, within the lease period, that it still holds the image's
+/// lock. Another client can take the lock only after this one's watch expired on the OSDs
+/// (`osd_client_watch_timeout`) and after blocklisting it, so with a period shorter than
+/// that timeout, no read is served from RAM after another client could have written.
+struct Lease {
+    period: Duration,
+    /// This client as the lock's owner (the address librbd reports).
+    me: String,
+    base: Instant,
+    /// Nanoseconds after `base` of the last confirmation.
+    confirmed_ns: AtomicU64,
+    /// Set for good once the lock is seen with another owner (or none), or this client
+    /// is blocklisted.
+    lost: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl Lease {
+    fn new(period: Duration, me: String) -> Lease {
+        Lease {
+            period,
+            me,
+            base: Instant::now(),
+            confirmed_ns: AtomicU64::new(0), // the open just took the lock
+            lost: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn confirm(&self) {
+        let ns = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.confirmed_ns.fetch_max(ns, Ordering::AcqRel);
+    }
+
+    fn check(&self) -> io::Result<()> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(io::Error::other(RbdLeaseError(
+                "lost the image's exclusive lock to another client: RAM may be stale",
+            )));
+        }
+        let since = self.base.elapsed().saturating_sub(Duration::from_nanos(
+            self.confirmed_ns.load(Ordering::Acquire),
+        ));
+        if since > self.period {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                RbdLeaseError("could not confirm the image's exclusive lock within the read lease"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The reason a read lease refuses reads.
+#[derive(Debug)]
+struct RbdLeaseError(&'static str);
+
+impl std::fmt::Display for RbdLeaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for RbdLeaseError {}
+
+/// Confirms the lock every quarter of the lease period (an OSD round trip each) until the
+/// backing closes or the lock is lost.
+fn spawn_lease_keeper(
+    lease: Arc<Lease>,
+    handles: Arc<RwLock<Option<Partial>>>,
+    name: String,
+) -> io::Result<()> {
+    let every = (lease.period / 4).max(LEASE_CHECK_MIN);
+    std::thread::Builder::new()
+        .name(String::from("dhrd-rbd-lease"))
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            if lease.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let g = handles.read();
+            let Some(p) = g.as_ref() else { return };
+            match p.owners() {
+                Ok(owners) if owners.len() == 1 && owners[0] == lease.me => lease.confirm(),
+                Ok(owners) => {
+                    eprintln!(
+                        "dhrd-rbd: {name}: the lock is now held by {owners:?}; reads refused"
+                    );
+                    lease.lost.store(true, Ordering::Release);
+                    return;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ESHUTDOWN) => {
+                    // EBLOCKLISTED: another client broke our lock.
+                    eprintln!("dhrd-rbd: {name}: this client was blocklisted; reads refused");
+                    lease.lost.store(true, Ordering::Release);
+                    return;
+                }
+                Err(_) => {} // not confirmed; the lease runs out unless a later try succeeds
+            }
+        })?;
+    Ok(())
+}
+
 /// Takes the exclusive lock, retrying while another client holds it, up to `wait`.
 fn take_lock(p: &Partial, spec: &RbdSpec, wait: Duration) -> Result<(), RbdError> {
     let mut features: u64 = 0;
@@ -684,6 +821,13 @@ impl Durable for RbdBacking {
             done += n;
         }
         Ok(())
+    }
+
+    fn reads_allowed(&self) -> io::Result<()> {
+        match &self.lease {
+            None => Ok(()),
+            Some(l) => l.check(),
+        }
     }
 
     fn writes_are_durable(&self) -> bool {

@@ -9,7 +9,7 @@
 //! Invariants and crash semantics:
 //! - librbd's own write-back cache is switched off for our connection (`rbd_cache =
 //!   false`): a completed `rbd_write` is then stored on every OSD of the placement group's
-//!   acting set (the pool's replication), so [`Durable::writes_are_durable`] is true and
+//!   acting set (the pool's replication), so [`dhrd_io::Durable::writes_are_durable`] is true and
 //!   `sync` (`rbd_flush`) has nothing left to do but is still issued where the engine asks;
 //! - a writable open takes the image's exclusive lock and never hands it over (librbd's
 //!   "standard" lock policy once the lock is taken explicitly): a second dhrd, or any
@@ -18,6 +18,10 @@
 //!   (`osd_client_watch_timeout`, 30 s by default), or at once by a dhrd of the same host
 //!   whose owner record proves the holder's process gone (`owner.rs`); either way the dead
 //!   client is blocklisted, so it could not write even if it were only cut off;
+//! - with a read lease, RAM may serve reads only while the lock was confirmed at the OSD
+//!   within the lease period, and never after the lock was seen with another owner
+//!   ([`dhrd_io::Durable::reads_allowed`]); without one, a dhrd cut off from the cluster
+//!   keeps serving what it loaded;
 //! - the image size is cached: with the lock held, only this process resizes the image;
 //! - a read-only open (`read_only` or a snapshot) takes no lock; an image that another
 //!   client changes under a read-only dhrd is served stale from RAM, which is why a
@@ -141,8 +145,15 @@ pub struct RbdOptions {
     pub lock_wait: Duration,
     /// Where to record this process as the lock's owner, so that a restart on this host
     /// after a crash breaks the dead process's lock at once instead of waiting for the
-    /// cluster's watch timeout (see [`default_owner_record`]); `None`: no record.
+    /// cluster's watch timeout (see [`owner_record_in`], [`DEFAULT_OWNER_RECORD_DIR`]); `None`: no record.
     pub owner_record: Option<PathBuf>,
+    /// Serve reads from RAM only while the lock was confirmed at the OSD within this
+    /// period (a writable open only). Set it below the cluster's `osd_client_watch_timeout`
+    /// (30 s by default) where another host may take the image over after this one is cut
+    /// off: then no read is served from RAM after another client could have written. The
+    /// price: when the cluster is unreachable for longer than the period, reads fail too.
+    /// `None`: RAM serves reads whatever happens to the cluster.
+    pub read_lease: Option<Duration>,
 }
 
 /// The owner record of `spec` under `dir`: one file per image.
@@ -173,6 +184,7 @@ impl Default for RbdOptions {
             op_timeout: None,
             lock_wait: DEFAULT_LOCK_WAIT,
             owner_record: None,
+            read_lease: None,
         }
     }
 }
