@@ -289,13 +289,23 @@ impl RbdBacking {
             return Err(ceph(format!("opening image {spec}{hint}"), r.into()));
         }
         let mut broke_lock_of = None;
+        // This client as the lock's owner, when the owner record or the read lease needs it.
+        let mut me = None;
         if !read_only {
             if let Some(path) = &opts.owner_record {
                 broke_lock_of = break_dead_owner(&p, spec, path)?;
             }
             take_lock(&p, spec, opts.lock_wait)?;
-            if let Some(path) = &opts.owner_record {
-                record_owner(&p, spec, path)?;
+            if opts.owner_record.is_some() || opts.read_lease.is_some() {
+                me = Some(sole_owner(&p, spec)?);
+            }
+            if let (Some(path), Some(me)) = (&opts.owner_record, &me) {
+                OwnerRecord::current(me)
+                    .and_then(|r| r.write(path))
+                    .map_err(|e| RbdError::Ceph {
+                        what: format!("writing the owner record {}", path.display()),
+                        source: e,
+                    })?;
             }
         }
         let mut info = ImageInfo {
@@ -329,20 +339,9 @@ impl RbdBacking {
             "rbd object size {}",
             info.obj_size
         );
-        let lease = match opts.read_lease.filter(|_| !read_only) {
-            Some(period) => {
-                let me = match p.owners() {
-                    Ok(v) if v.len() == 1 => v[0].clone(),
-                    other => {
-                        return Err(RbdError::Ceph {
-                            what: format!("the lock of {spec} after taking it: owners {other:?}"),
-                            source: io::Error::from_raw_os_error(libc::EIO),
-                        })
-                    }
-                };
-                Some(Arc::new(Lease::new(period, me)))
-            }
-            None => None,
+        let lease = match (opts.read_lease, me) {
+            (Some(period), Some(me)) => Some(Arc::new(Lease::new(period, me))),
+            _ => None,
         };
         let handles = Arc::new(RwLock::new(Some(p)));
         if let Some(l) = &lease {
@@ -400,6 +399,23 @@ impl RbdBacking {
         }
     }
 
+    /// Runs one librbd call on the open image: its result, or the errno a negative result
+    /// stands for.
+    fn call(&self, f: impl FnOnce(ImageT) -> i64) -> io::Result<u64> {
+        self.with_image(|img| match f(img) {
+            r if r < 0 => Err(os_err(r)),
+            r => Ok(r as u64),
+        })
+    }
+
+    /// Resizes the image and the cached size; the caller holds `resize`.
+    fn resize_locked(&self, len: u64) -> io::Result<()> {
+        // SAFETY: an open image whose lock we hold.
+        self.call(|img| unsafe { (self.lib.rbd_resize)(img, len) }.into())?;
+        self.size_bytes.store(len, Ordering::Release);
+        Ok(())
+    }
+
     /// The image this backing serves.
     pub fn spec(&self) -> &RbdSpec {
         &self.spec
@@ -443,13 +459,7 @@ impl RbdBacking {
         if end <= self.size_bytes.load(Ordering::Acquire) {
             return Ok(());
         }
-        // SAFETY: an open image whose lock we hold.
-        let r = self.with_image(|img| Ok(unsafe { (self.lib.rbd_resize)(img, end) }))?;
-        if r < 0 {
-            return Err(os_err(r.into()));
-        }
-        self.size_bytes.store(end, Ordering::Release);
-        Ok(())
+        self.resize_locked(end)
     }
 
     /// Reads `buf` (already clipped to the image) as pieces of at most `BULK_PIECE_BYTES`,
@@ -540,24 +550,19 @@ fn break_dead_owner(
     Ok(Some(rec.owner))
 }
 
-/// Records this process as the owner of the lock it now holds.
-fn record_owner(p: &Partial, spec: &RbdSpec, record: &Path) -> Result<(), RbdError> {
-    let io_err = |what: String| move |e: io::Error| RbdError::Ceph { what, source: e };
-    let owners = p
-        .owners()
-        .map_err(io_err(format!("listing the lock owners of {spec}")))?;
-    let [owner] = owners.as_slice() else {
-        return Err(RbdError::Ceph {
+/// This client as the owner of the lock it has just taken (the address librbd reports).
+fn sole_owner(p: &Partial, spec: &RbdSpec) -> Result<String, RbdError> {
+    let owners = p.owners().map_err(|e| RbdError::Ceph {
+        what: format!("listing the lock owners of {spec}"),
+        source: e,
+    })?;
+    match <[String; 1]>::try_from(owners) {
+        Ok([me]) => Ok(me),
+        Err(owners) => Err(RbdError::Ceph {
             what: format!("the lock of {spec} has owners {owners:?} after taking it"),
             source: io::Error::from_raw_os_error(libc::EIO),
-        });
-    };
-    OwnerRecord::current(owner)
-        .and_then(|r| r.write(record))
-        .map_err(io_err(format!(
-            "writing the owner record {}",
-            record.display()
-        )))
+        }),
+    }
 }
 
 /// The read lease (`RbdOptions::read_lease`): RAM may serve reads only while this client
@@ -721,13 +726,9 @@ impl Durable for RbdBacking {
             return Ok(n);
         }
         // SAFETY: an open image; `buf` has room for `n` bytes.
-        let r = self.with_image(|img| {
-            // SAFETY: an open image; `buf` has room for `n` bytes.
-            Ok(unsafe { (self.lib.rbd_read)(img, offset, n, buf.as_mut_ptr().cast()) })
+        let r = self.call(|img| unsafe {
+            (self.lib.rbd_read)(img, offset, n, buf.as_mut_ptr().cast()) as i64
         })?;
-        if r < 0 {
-            return Err(os_err(r as i64));
-        }
         Ok(r as usize)
     }
 
@@ -749,20 +750,11 @@ impl Durable for RbdBacking {
         let mut done = 0usize;
         while done < buf.len() {
             let part = &buf[done..buf.len().min(done + MAX_REQUEST_BYTES as usize)];
-            let r = self.with_image(|img| {
-                // SAFETY: an open image; `part` is readable for its length.
-                Ok(unsafe {
-                    (self.lib.rbd_write)(
-                        img,
-                        offset + done as u64,
-                        part.len(),
-                        part.as_ptr().cast(),
-                    )
-                })
+            // SAFETY: an open image; `part` is readable for its length.
+            let r = self.call(|img| unsafe {
+                (self.lib.rbd_write)(img, offset + done as u64, part.len(), part.as_ptr().cast())
+                    as i64
             })?;
-            if r < 0 {
-                return Err(os_err(r as i64));
-            }
             assert_eq!(r as usize, part.len(), "rbd_write wrote part of a request");
             done += part.len();
         }
@@ -774,10 +766,7 @@ impl Durable for RbdBacking {
             return Ok(());
         }
         // SAFETY: an open image.
-        let r = self.with_image(|img| Ok(unsafe { (self.lib.rbd_flush)(img) }))?;
-        if r < 0 {
-            return Err(os_err(r.into()));
-        }
+        self.call(|img| unsafe { (self.lib.rbd_flush)(img) }.into())?;
         Ok(())
     }
 
@@ -788,13 +777,7 @@ impl Durable for RbdBacking {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.refuse_if_read_only()?;
         let _g = self.resize.lock();
-        // SAFETY: an open image whose lock we hold.
-        let r = self.with_image(|img| Ok(unsafe { (self.lib.rbd_resize)(img, len) }))?;
-        if r < 0 {
-            return Err(os_err(r.into()));
-        }
-        self.size_bytes.store(len, Ordering::Release);
-        Ok(())
+        self.resize_locked(len)
     }
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -811,13 +794,9 @@ impl Durable for RbdBacking {
         while done < len {
             let n = (len - done).min(MAX_REQUEST_BYTES);
             // SAFETY: an open image; no buffer.
-            let r = self.with_image(|img| {
-                // SAFETY: an open image; no buffer.
-                Ok(unsafe { (self.lib.rbd_write_zeroes)(img, offset + done, n as usize, 0, 0) })
+            self.call(|img| unsafe {
+                (self.lib.rbd_write_zeroes)(img, offset + done, n as usize, 0, 0) as i64
             })?;
-            if r < 0 {
-                return Err(os_err(r as i64));
-            }
             done += n;
         }
         Ok(())
