@@ -49,5 +49,5 @@ fn an_rbd_image_through_the_c_api() {
     assert_eq!(&buf[..n], data);
     // SAFETY: a live handle, closed once.
     assert_eq!(unsafe { dhrd_close(obj) }, 0);
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
+    c.remove_image(&name);
 }

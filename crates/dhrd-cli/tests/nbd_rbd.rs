@@ -71,18 +71,11 @@ fn nbd_clients_round_trip_through_an_rbd_image() {
         .arg(nbd_uri(&d)));
     assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
     // The data is in the cluster, not only in dhrd's RAM: rbd export sees it.
-    let exported = dir.path().join("exported.img");
-    c.rbd(&[
-        "export",
-        "--no-progress",
-        &format!("rbd/{image}"),
-        &exported.to_string_lossy(),
-    ]);
     assert!(
-        std::fs::read(&exported).unwrap_or_default() == data,
+        c.export_image(&image, &dir.path().join("exported.img")) == data,
         "rbd export differs"
     );
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+    c.remove_image(&image);
 }
 
 #[test]
@@ -110,9 +103,7 @@ fn nbd_rbd_sigkill_during_writes_keeps_every_acknowledged_write() {
     );
     let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
     for &i in &acked {
-        let got = cl
-            .read(i * BLOCK as u64, BLOCK as u32)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let got = read_block(&mut cl, i);
         assert!(
             got == block(i, 5),
             "acknowledged block {i} lost after SIGKILL"
@@ -120,7 +111,7 @@ fn nbd_rbd_sigkill_during_writes_keeps_every_acknowledged_write() {
     }
     drop(cl);
     assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+    c.remove_image(&image);
 }
 
 #[test]
@@ -154,7 +145,7 @@ fn a_second_dhrd_on_the_same_image_is_refused() {
     // cluster's watch timeout (5 s on the test cluster) to break it.
     let mut next = start(dir.path(), c, &image, &["--rbd-lock-wait-secs", "1"]);
     assert_eq!(next.term(), Some(0));
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+    c.remove_image(&image);
 }
 
 #[test]
@@ -206,13 +197,7 @@ fn with_the_osd_down_writes_wait_and_loaded_reads_go_on() {
     let (c, _g) = cluster::exclusive();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let image = c.image_name("osdwait");
-    let mut d = start(dir.path(), c, &image, &["--size", "16M"]);
-    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
-    for i in 0..8 {
-        cl.write(i * BLOCK as u64, &block(i, 1), false)
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    wait_loaded(&d);
+    let (mut d, mut cl) = start_with_loaded_blocks(dir.path(), c, &image, &[]);
     c.stop_osd();
     // Default policy: a write waits for the cluster; it is not acknowledged meanwhile.
     let pending = write_in_background(&d.sock, 3, 2);
@@ -222,9 +207,7 @@ fn with_the_osd_down_writes_wait_and_loaded_reads_go_on() {
     );
     // Reads of loaded chunks never touch the network: they are served meanwhile.
     for i in [0u64, 5, 7] {
-        let got = cl
-            .read(i * BLOCK as u64, BLOCK as u32)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let got = read_block(&mut cl, i);
         assert!(
             got == block(i, 1),
             "loaded block {i} not served while the OSD was down"
@@ -240,25 +223,16 @@ fn with_the_osd_down_writes_wait_and_loaded_reads_go_on() {
             )
         });
     assert_eq!(r, 0, "the waiting write failed after the OSD came back");
-    let got = cl
-        .read(3 * BLOCK as u64, BLOCK as u32)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let got = read_block(&mut cl, 3);
     assert!(got == block(3, 2));
     drop(cl);
     assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
-    let exported = dir.path().join("e.img");
-    c.rbd(&[
-        "export",
-        "--no-progress",
-        &format!("rbd/{image}"),
-        &exported.to_string_lossy(),
-    ]);
-    let disk = std::fs::read(&exported).unwrap_or_default();
+    let disk = c.export_image(&image, &dir.path().join("e.img"));
     assert!(
         disk[3 * BLOCK..4 * BLOCK] == block(3, 2)[..],
         "the write is not in the cluster"
     );
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+    c.remove_image(&image);
 }
 
 #[test]
@@ -266,18 +240,8 @@ fn with_an_op_timeout_a_lost_osd_fails_writes_cleanly() {
     let (c, _g) = cluster::exclusive();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let image = c.image_name("osdtimeout");
-    let mut d = start(
-        dir.path(),
-        c,
-        &image,
-        &["--size", "16M", "--rbd-op-timeout-secs", "3"],
-    );
-    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
-    for i in 0..8 {
-        cl.write(i * BLOCK as u64, &block(i, 1), false)
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-    wait_loaded(&d);
+    let (mut d, mut cl) =
+        start_with_loaded_blocks(dir.path(), c, &image, &["--rbd-op-timeout-secs", "3"]);
     c.stop_osd();
     let failed = cl.write(3 * BLOCK as u64, &block(3, 2), false);
     assert!(
@@ -285,9 +249,7 @@ fn with_an_op_timeout_a_lost_osd_fails_writes_cleanly() {
         "a write was acknowledged while the only OSD was down"
     );
     // The export turned read-only (C4) and still serves what it holds.
-    let got = cl
-        .read(5 * BLOCK as u64, BLOCK as u32)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let got = read_block(&mut cl, 5);
     assert!(got == block(5, 1));
     assert!(
         cl.write(6 * BLOCK as u64, &block(6, 2), false).is_err(),
@@ -301,21 +263,43 @@ fn with_an_op_timeout_a_lost_osd_fails_writes_cleanly() {
     let mut d = start(dir.path(), c, &image, &[]);
     let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
     for i in [0u64, 1, 2, 4, 5, 6, 7] {
-        let got = cl
-            .read(i * BLOCK as u64, BLOCK as u32)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let got = read_block(&mut cl, i);
         assert!(got == block(i, 1), "block {i} changed");
     }
-    let b3 = cl
-        .read(3 * BLOCK as u64, BLOCK as u32)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let b3 = read_block(&mut cl, 3);
     assert!(
         b3 == block(3, 1) || b3 == block(3, 2),
         "block 3 is neither old nor new"
     );
     drop(cl);
     assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{image}")]);
+    c.remove_image(&image);
+}
+
+/// Block `i` as the export serves it.
+fn read_block(cl: &mut Client, i: u64) -> Vec<u8> {
+    cl.read(i * BLOCK as u64, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("read of block {i}: {e}"))
+}
+
+/// A dhrd on a new 16 MiB image whose blocks 0..8 hold generation 1, fully loaded, and a
+/// client connected to it.
+fn start_with_loaded_blocks(
+    dir: &Path,
+    c: &cluster::Cluster,
+    image: &str,
+    extra: &[&str],
+) -> (Dhrd, Client) {
+    let mut args = vec!["--size", "16M"];
+    args.extend_from_slice(extra);
+    let d = start(dir, c, image, &args);
+    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..8 {
+        cl.write(i * BLOCK as u64, &block(i, 1), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    wait_loaded(&d);
+    (d, cl)
 }
 
 /// Waits for the "loaded ... into RAM" line of the background load.

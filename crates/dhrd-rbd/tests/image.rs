@@ -111,7 +111,7 @@ fn random_operations_match_an_oracle_and_survive_reopen() {
     let b = RbdBacking::open(&spec(&name), &opts(&c.conf)).unwrap_or_else(|e| panic!("{e}"));
     assert!(read_all(&b) == oracle, "contents after reopen differ");
     drop(b);
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
+    c.remove_image(&name);
 }
 
 #[test]
@@ -180,7 +180,7 @@ fn a_second_writer_is_refused_while_the_first_holds_the_lock() {
         .unwrap_or_else(|e| panic!("open after the holder closed: {e}"));
     drop(again);
     drop(first);
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
+    c.remove_image(&name);
 }
 
 #[test]
@@ -205,7 +205,7 @@ fn a_snapshot_is_served_read_only() {
     drop(s);
     drop(b);
     c.rbd(&["snap", "purge", "--no-progress", &format!("rbd/{name}")]);
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
+    c.remove_image(&name);
 }
 
 #[test]
@@ -248,5 +248,5 @@ fn wrong_names_and_settings_get_clear_errors() {
         .unwrap_or_else(|| panic!("opened"));
     assert!(matches!(e, RbdError::NoExclusiveLock { .. }), "{e}");
     assert!(e.to_string().contains("rbd feature enable"), "{e}");
-    c.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
+    c.remove_image(&name);
 }

@@ -111,6 +111,23 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Removes image `name` of pool `rbd`; panics if it cannot.
+    pub fn remove_image(&self, name: &str) {
+        self.rbd(&["rm", "--no-progress", &format!("rbd/{name}")]);
+    }
+
+    /// The bytes of image `name` of pool `rbd` as the cluster has them (`rbd export`
+    /// into `scratch`).
+    pub fn export_image(&self, name: &str, scratch: &Path) -> Vec<u8> {
+        self.rbd(&[
+            "export",
+            "--no-progress",
+            &format!("rbd/{name}"),
+            &scratch.to_string_lossy(),
+        ]);
+        std::fs::read(scratch).unwrap_or_else(|e| panic!("{}: {e}", scratch.display()))
+    }
+
     /// A fresh image name unique to this process and call site.
     pub fn image_name(&self, tag: &str) -> String {
         use std::sync::atomic::{AtomicU64, Ordering};
