@@ -481,11 +481,18 @@ cmd_stop() {
   log "stopped (data kept in $DIR)"
 }
 
-cmd_stop_osd() {
+# Prints the running daemons of DIR; fails unless DIR holds a cluster whose monitor runs
+# (the OSD commands need it to mark the OSD down or to peer).
+need_monitor() {
   [ -f "$CONF" ] || die "no cluster in $DIR ($CONF missing)"
   local running
   running=$(running_daemons)
   [[ " $running " == *" mon.a "* ]] || die "the monitor of $DIR is not running"
+  echo "$running"
+}
+
+cmd_stop_osd() {
+  need_monitor >/dev/null
   stop_daemon osd.0 "$CEPH_OSD_STOP_SIGNAL"
   # A clean shutdown tells the monitor; after a crash (SIGKILL) we do, rather than wait
   # for the monitor's report timeout (15 min with a single OSD: it has no peers to report).
@@ -497,10 +504,8 @@ cmd_stop_osd() {
 }
 
 cmd_start_osd() {
-  [ -f "$CONF" ] || die "no cluster in $DIR ($CONF missing)"
   local running
-  running=$(running_daemons)
-  [[ " $running " == *" mon.a "* ]] || die "the monitor of $DIR is not running"
+  running=$(need_monitor)
   if [[ " $running " == *" osd.0 "* ]]; then
     log "osd.0 is already running"
   else
