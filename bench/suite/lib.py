@@ -124,9 +124,10 @@ def fill_file(path, nbytes):
         os.close(fd)
 
 
-def fio(name, args, runtime_s):
-    """Runs one fio job; returns a flat dict of IOPS, MiB/s and latency (us) per direction."""
-    out = run(["fio", f"--name={name}", f"--runtime={int(runtime_s * 1000)}ms"] + FIO_COMMON + args)
+def fio(name, args, runtime_s, env=None):
+    """Runs one fio job (in `env` if given); returns a flat dict of IOPS, MiB/s and latency (us)
+    per direction."""
+    out = run(["fio", f"--name={name}", f"--runtime={int(runtime_s * 1000)}ms"] + FIO_COMMON + args, env=env)
     try:
         d = json.loads(out[out.index("{"):])
     except (ValueError, json.JSONDecodeError) as e:

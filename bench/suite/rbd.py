@@ -44,6 +44,7 @@ class Cluster:
         # Relative paths in the conf (keyring) stay valid: they are absolute in the script's.
         with open(self.conf, "w") as f:
             f.write(text + "\n[client]\nrbd_cache = false\n")
+        # fio's rbd engine finds the cluster through CEPH_CONF.
         self.env = dict(os.environ, CEPH_CONF=self.conf)
 
     def rbd(self, *args, timeout=1800):
@@ -58,15 +59,7 @@ class Cluster:
 def fio_rbd(cl, name, image, args, runtime_s):
     """One fio job on the image through fio's rbd engine (librbd directly)."""
     base = ["--ioengine=rbd", f"--pool={POOL}", f"--rbdname={image}", "--clientname=admin"]
-    old = os.environ.get("CEPH_CONF")
-    os.environ["CEPH_CONF"] = cl.conf
-    try:
-        return lib.fio(name, base + args, runtime_s)
-    finally:
-        if old is None:
-            os.environ.pop("CEPH_CONF", None)
-        else:
-            os.environ["CEPH_CONF"] = old
+    return lib.fio(name, base + args, runtime_s, env=cl.env)
 
 
 def fio_nbd(sock, name, args, runtime_s):
