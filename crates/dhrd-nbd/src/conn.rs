@@ -607,9 +607,15 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
             // later sets the mark again.
             sh.activity.unflushed.store(false, Ordering::Release);
         }
-        EXECUTING.fetch_add(1, Ordering::Relaxed);
+        // Counted only where readers poll: a process-wide counter costs every request.
+        let counted = !sh.params.poll_before_block.is_zero();
+        if counted {
+            EXECUTING.fetch_add(1, Ordering::Relaxed);
+        }
         let ok = execute(&*sh.target, sh.params.framing, &job, &sh.replier);
-        EXECUTING.fetch_sub(1, Ordering::Relaxed);
+        if counted {
+            EXECUTING.fetch_sub(1, Ordering::Relaxed);
+        }
         match job.op {
             Op::Read => {}
             Op::Flush if ok => {}
