@@ -1,6 +1,8 @@
 //! Options of an object and of the loader. Every bound is a named constant here.
 
+use crate::ahead::{ReadAhead, WINDOW_MAX_CHUNKS_DEFAULT};
 use crate::budget::RamBudget;
+use crate::cache::{Admission, CachePolicy};
 use crate::loader::{LoadGate, Loader};
 use std::fmt;
 use std::str::FromStr;
@@ -105,6 +107,34 @@ impl Default for LoaderConfig {
     }
 }
 
+/// Cache mode and read-ahead (SPEC M1-M3, M2, M5; `cache.rs`, `ahead.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// What leaves RAM when a load needs room once the RAM budget is exhausted.
+    pub policy: CachePolicy,
+    /// Which misses bring their chunk into RAM once the budget is exhausted (or from the
+    /// start without `prefill`).
+    pub admission: Admission,
+    pub read_ahead: ReadAhead,
+    pub read_ahead_window_max_chunks: u64,
+    /// The background loader copies the object into RAM in order until the budget is
+    /// full (the hybrid disk's warm-up, I7). Off: RAM fills only by admission, read-ahead
+    /// and writes (a pure cache).
+    pub prefill: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            policy: CachePolicy::default(),
+            admission: Admission::default(),
+            read_ahead: ReadAhead::default(),
+            read_ahead_window_max_chunks: WINDOW_MAX_CHUNKS_DEFAULT,
+            prefill: true,
+        }
+    }
+}
+
 /// Options of one hybrid object.
 #[derive(Clone)]
 pub struct ObjectConfig {
@@ -130,6 +160,7 @@ pub struct ObjectConfig {
     pub inline_load_bytes_max: u64,
     /// Test hook: lets a test pause the loader at a chosen chunk.
     pub gate: Option<Arc<LoadGate>>,
+    pub cache: CacheConfig,
 }
 
 impl Default for ObjectConfig {
@@ -148,6 +179,7 @@ impl Default for ObjectConfig {
             name: String::from("dhrd"),
             inline_load_bytes_max: 0,
             gate: None,
+            cache: CacheConfig::default(),
         }
     }
 }

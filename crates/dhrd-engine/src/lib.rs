@@ -10,7 +10,9 @@
 //! See `docs/design.md` for the architecture and `docs/crash-model.md` for what is durable
 //! when.
 
+pub mod ahead;
 mod budget;
+pub mod cache;
 mod commit;
 mod config;
 mod error;
@@ -22,10 +24,13 @@ mod slot;
 mod stats;
 mod units;
 
+pub use ahead::ReadAhead;
 pub use budget::RamBudget;
+pub use cache::{Admission, CachePolicy};
 pub use config::{
-    Durability, LoaderConfig, ObjectConfig, RamOptions, DEFAULT_CHUNK_BYTES, DEMAND_QUEUE_MAX,
-    INLINE_LOAD_BYTES_MAX, LOADER_THREADS_DEFAULT, LOADER_THREADS_MAX, OBJECT_BYTES_MAX,
+    CacheConfig, Durability, LoaderConfig, ObjectConfig, RamOptions, DEFAULT_CHUNK_BYTES,
+    DEMAND_QUEUE_MAX, INLINE_LOAD_BYTES_MAX, LOADER_THREADS_DEFAULT, LOADER_THREADS_MAX,
+    OBJECT_BYTES_MAX,
 };
 pub use error::{BackingOp, Error, FailureCause, Result};
 pub use loader::{LoadGate, Loader};

@@ -21,14 +21,31 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+/// Why a chunk is being loaded: it decides whether the load may evict (cache mode) and
+/// how it is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoadKind {
+    /// A read missed it (I10), or cache-mode admission let it in.
+    Demand,
+    /// Read-ahead (M2, M5).
+    Ahead,
+    /// The background pass in chunk order (I7); never evicts.
+    Pass,
+    /// A failed load again (I9).
+    Retry,
+}
+
 /// What a target wants the loader to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NextJob {
-    Load(ChunkIndex),
+    Load(ChunkIndex, LoadKind),
     /// Nothing now; a retry becomes due at this instant.
     RetryAt(Instant),
     /// Nothing left to load.
     Idle,
+    /// Zero RAM that left Loaded, waiting for live views to end (only a loader thread,
+    /// which never holds a view, may wait for them).
+    Reclaim,
 }
 
 /// Outcome of one chunk load.
@@ -48,7 +65,8 @@ pub(crate) enum LoadResult {
 pub(crate) trait LoadTarget: Send + Sync {
     fn target_id(&self) -> u64;
     fn next_job(&self, now: Instant) -> NextJob;
-    fn load(&self, c: ChunkIndex) -> LoadResult;
+    fn load(&self, c: ChunkIndex, kind: LoadKind) -> LoadResult;
+    fn reclaim(&self);
     fn chunk_bytes(&self) -> u64;
 }
 
@@ -156,7 +174,7 @@ impl Loader {
     }
 }
 
-fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, ChunkIndex)> {
+fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, NextJob)> {
     let mut q = s.q.lock();
     loop {
         if s.shutdown.load(Ordering::Acquire) {
@@ -171,11 +189,11 @@ fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, ChunkIndex)> {
                 continue;
             };
             match t.next_job(now) {
-                NextJob::Load(c) => {
+                job @ (NextJob::Load(..) | NextJob::Reclaim) => {
                     // There may be more: pass the baton to one more worker, which goes
                     // back to sleep if there is not (no waiter makes this a no-op).
                     s.cv.notify_one();
-                    return Some((t, c));
+                    return Some((t, job));
                 }
                 NextJob::RetryAt(at) => {
                     wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
@@ -224,9 +242,15 @@ fn worker(s: &Shared) {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, LOADER_NICE);
     }
-    while let Some((t, c)) = next_job(s) {
-        rate_limit(s, t.chunk_bytes());
-        let _ = t.load(c);
+    while let Some((t, job)) = next_job(s) {
+        match job {
+            NextJob::Load(c, kind) => {
+                rate_limit(s, t.chunk_bytes());
+                let _ = t.load(c, kind);
+            }
+            NextJob::Reclaim => t.reclaim(),
+            NextJob::RetryAt(_) | NextJob::Idle => {}
+        }
     }
 }
 

@@ -24,17 +24,29 @@
 //! takes it exclusively, so the memfd never shrinks below a length a copy was bounded by
 //! (past the memfd's size a copy raises SIGBUS, which kills the process).
 //!
+//! Cache mode (`cache.rs`, `ahead.rs`, `object/evict.rs`): once the RAM budget is
+//! exhausted, loads that a read asked for (admitted misses, read-ahead) evict a chunk the
+//! policy chooses. RAM of a chunk that leaves Loaded (evicted, or invalidated after a
+//! failed request) is not zeroed at once: a zero-copy view ([`RamView`]) taken while it was
+//! Loaded may still be sending those bytes. The chunk is queued as pending and its RAM is
+//! zeroed only after every view that could have seen it Loaded has ended (`reclaim`);
+//! until then "an Unloaded chunk's RAM is zero" holds for chunks not pending, and a load of
+//! a pending chunk never relies on its RAM being zero. Copying readers need no such care:
+//! their generation check sees the chunk leave Loaded.
+//!
 //! Write ordering (C3): the backing first, then (in `sync` mode) a group-committed sync,
 //! then RAM, then the reply. A request that fails after reaching the backing takes the
 //! chunks it touched out of Loaded (their RAM copy can no longer be trusted to match), so
 //! RAM and backing never diverge; a non-ENOSPC failure also makes the object read-only for
 //! good (C4), ENOSPC fails only that request (C5).
 
+use crate::ahead::Ahead;
 use crate::budget::RamBudget;
+use crate::cache::Residency;
 use crate::commit::{Failure, GroupCommit};
 use crate::config::{Durability, ObjectConfig, DEMAND_QUEUE_MAX, OBJECT_BYTES_MAX};
 use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
-use crate::loader::{LoadResult, LoadTarget, Loader, NextJob};
+use crate::loader::{LoadKind, LoadResult, LoadTarget, Loader, NextJob};
 use crate::ram::RamRegion;
 use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, SlotTable, WriteHold};
 use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
@@ -49,6 +61,9 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+/// Evictions one load may make before it gives up (a budget shared with other objects
+/// can be taken again by them between our eviction and our reservation).
+const EVICT_ATTEMPTS_MAX: u32 = 8;
 /// Chunks zeroed per lock round in `zero_range`, so a whole-device TRIM does not hold
 /// every chunk lock at once.
 const ZERO_BATCH_CHUNKS: u64 = 64;
@@ -136,11 +151,21 @@ pub enum View<'a> {
 
 /// Borrowed bytes of the RAM tier. Holds the layout lock shared, so the mapping cannot move
 /// while the view lives (a truncate or a growth of the mapping waits for it). Like a shared
-/// mmap, concurrent writes to the range are visible through it.
+/// mmap, concurrent writes to the range are visible through it. It is counted among the
+/// live views, so a chunk evicted or invalidated meanwhile keeps its bytes until the view
+/// ends (see the module header): a view shows the bytes of the time it was taken or newer
+/// ones, never zeros that were not written.
 pub struct RamView<'a> {
     _guard: ShardedLockReadGuard<'a, Layout>,
+    live: &'a AtomicU64,
     ptr: *const u8,
     len: usize,
+}
+
+impl Drop for RamView<'_> {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::ops::Deref for RamView<'_> {
@@ -207,6 +232,8 @@ struct Retry {
 struct LoadQueue {
     cursor: u64,
     demand: VecDeque<ChunkIndex>,
+    /// Read-ahead, after demand and before the background pass.
+    ahead: VecDeque<ChunkIndex>,
     retries: BTreeMap<u64, Retry>,
     failed: BTreeSet<u64>,
     over_budget: BTreeSet<u64>,
@@ -263,7 +290,25 @@ struct Inner<D: Durable> {
     /// Bytes written in `sync` mode since the backing's cache was last dropped.
     written_since_drop: AtomicU64,
     flusher_stop: Arc<(Mutex<bool>, Condvar)>,
+    /// Cache-mode bookkeeping of the Loaded chunks (lock order: after the chunk mutexes).
+    residency: Mutex<Residency>,
+    ahead: Mutex<Ahead>,
+    /// Set once a load found the budget exhausted: from then on misses go through
+    /// admission and admitted loads may evict.
+    cache_active: AtomicBool,
+    /// Zero-copy views alive now, counted in the slot of the view epoch they started in
+    /// (see `evict.rs`, `reclaim`).
+    views_live: [AtomicU64; 2],
+    view_epoch: AtomicU64,
+    /// One reclaimer at a time (it flips the view epoch).
+    reclaim_lock: Mutex<()>,
+    /// Chunks that left Loaded and whose RAM is not zeroed yet, with their state word at
+    /// that time (see the module header and `evict.rs`).
+    pending: Mutex<Vec<(u64, u32)>>,
+    pending_any: AtomicBool,
 }
+
+mod evict;
 
 /// The durable hybrid object. Cheap to clone; all methods take `&self` and may be called
 /// from many threads at once.
@@ -336,6 +381,7 @@ impl<D: Durable> HybridObject<D> {
             lq: Mutex::new(LoadQueue {
                 cursor: 0,
                 demand: VecDeque::new(),
+                ahead: VecDeque::new(),
                 retries: BTreeMap::new(),
                 failed: BTreeSet::new(),
                 over_budget: BTreeSet::new(),
@@ -356,6 +402,23 @@ impl<D: Durable> HybridObject<D> {
             kick_pending: AtomicBool::new(false),
             written_since_drop: AtomicU64::new(0),
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
+            residency: Mutex::new(Residency::new(
+                cfg.cache.policy,
+                cfg.cache.admission,
+                cfg.budget
+                    .as_ref()
+                    .map_or(u64::MAX, |b| b.limit_bytes() / geo.chunk_bytes()),
+            )),
+            ahead: Mutex::new(Ahead::new(
+                cfg.cache.read_ahead,
+                cfg.cache.read_ahead_window_max_chunks,
+            )),
+            cache_active: AtomicBool::new(false),
+            views_live: [AtomicU64::new(0), AtomicU64::new(0)],
+            view_epoch: AtomicU64::new(0),
+            reclaim_lock: Mutex::new(()),
+            pending: Mutex::new(Vec::new()),
+            pending_any: AtomicBool::new(false),
             cfg,
         });
         // A previous instance may have left unsynced bytes in the backing's cache; they are
@@ -370,7 +433,7 @@ impl<D: Durable> HybridObject<D> {
             && inner.cfg.gate.is_none();
         if inline {
             for c in 0..geo.chunks_for(len) {
-                inner.load_chunk(ChunkIndex(c));
+                inner.load_chunk(ChunkIndex(c), LoadKind::Pass);
             }
         }
         // Whatever an inline load left (budget, read errors) goes the loader's way.
@@ -437,7 +500,9 @@ impl<D: Durable> HybridObject<D> {
 
     /// Makes every completed write durable (fsync, NBD FLUSH).
     pub fn flush(&self) -> Result<()> {
-        self.inner.flush()
+        let r = self.inner.flush();
+        self.inner.reclaim(false);
+        r
     }
 
     pub fn set_len(&self, len: u64) -> Result<()> {
@@ -481,15 +546,16 @@ impl<D: Durable> HybridObject<D> {
     /// Loads the next chunk on the calling thread, as a loader thread would. With
     /// `load_disabled` this makes loading fully deterministic (simulation tests).
     pub fn load_step(&self) -> LoadStep {
-        match self.inner.next_job(Instant::now()) {
-            NextJob::Load(c) => match self.inner.load_chunk(c) {
+        self.inner.reclaim(false);
+        match self.inner.next_job_inner(Instant::now(), false) {
+            NextJob::Load(c, kind) => match self.inner.load_chunk(c, kind) {
                 LoadResult::Loaded { .. } => LoadStep::Loaded(c),
                 LoadResult::Skipped => LoadStep::Skipped(c),
                 LoadResult::OverBudget => LoadStep::OverBudget(c),
                 LoadResult::Failed => LoadStep::Failed(c),
             },
             NextJob::RetryAt(at) => LoadStep::Waiting(at),
-            NextJob::Idle => LoadStep::Idle,
+            NextJob::Idle | NextJob::Reclaim => LoadStep::Idle,
         }
     }
 
@@ -542,6 +608,7 @@ impl<D: Durable> Inner<D> {
         if self.kick_pending.swap(false, Ordering::AcqRel) {
             self.kick_loader();
         }
+        self.reclaim(false);
     }
 
     fn kick_loader(&self) {
@@ -666,6 +733,7 @@ impl<D: Durable> Inner<D> {
         let end = offset + n;
         let (mut ram_bytes, mut backing_bytes) = (0u64, 0u64);
         let mut demanded: Option<ChunkIndex> = None;
+        let mut ahead_hit: Option<ChunkIndex> = None;
         let mut pos = offset;
         while pos < end {
             let c = self.geo.index_of(pos);
@@ -676,6 +744,10 @@ impl<D: Durable> Inner<D> {
                 layout.ram.copy_out(pos, dst);
                 fence(Ordering::Acquire);
                 if layout.word(c) == w {
+                    // M1: a hit. Counted for the cache policy with one relaxed store.
+                    if layout.slot(c).touch() && ahead_hit.is_none() {
+                        ahead_hit = Some(c);
+                    }
                     ram_bytes += piece_end - pos;
                     pos = piece_end;
                     continue;
@@ -699,7 +771,7 @@ impl<D: Durable> Inner<D> {
             // what is not there reads as zeros.
             dst[got..].fill(0);
             self.stats.record(Lat::ReadBacking, t.elapsed());
-            if demanded.is_none() && self.cfg.demand_priority {
+            if demanded.is_none() {
                 demanded = Some(c);
             }
             backing_bytes += run_end - pos;
@@ -715,7 +787,10 @@ impl<D: Durable> Inner<D> {
             self.stats.add(C::BytesReadBacking, backing_bytes);
         }
         if let Some(c) = demanded {
-            self.demand(c);
+            self.on_read_miss(c);
+        }
+        if let Some(c) = ahead_hit {
+            self.on_ahead_hit(c);
         }
         if let Some(t) = timed {
             if backing_bytes == 0 {
@@ -758,10 +833,23 @@ impl<D: Durable> Inner<D> {
             return Ok(View::Eof);
         }
         let n = (size - offset).min(len as u64);
+        // Counted live before the states are checked, and an eviction changes the state
+        // before it counts the live views (both sides fenced): either the eviction sees
+        // this view and waits for it before zeroing, or this view sees the chunk gone.
+        let live = self.enter_view();
+        fence(Ordering::SeqCst);
+        let mut ahead_hit = None;
         for p in self.geo.pieces(offset, n) {
             if g.state(p.chunk) != ChunkState::Loaded {
+                live.fetch_sub(1, Ordering::SeqCst);
                 return Ok(View::NotLoaded(p.chunk));
             }
+            if g.slot(p.chunk).touch() && ahead_hit.is_none() {
+                ahead_hit = Some(p.chunk);
+            }
+        }
+        if let Some(c) = ahead_hit {
+            self.on_ahead_hit(c);
         }
         // SAFETY: below the length, hence below the memfd size; the guard moves into the
         // view and pins the mapping.
@@ -770,6 +858,7 @@ impl<D: Durable> Inner<D> {
         self.stats.add(C::BytesReadRam, n);
         Ok(View::Ram(RamView {
             _guard: g,
+            live,
             ptr,
             len: n as usize,
         }))
@@ -835,8 +924,10 @@ impl<D: Durable> Inner<D> {
                 debug_assert_eq!(st, ChunkState::Unloaded);
                 if self.budget.try_reserve(self.geo.chunk_bytes()) {
                     layout.ram.copy_in(offset, src);
+                    slot.reset_meta(false);
                     slot.set_state(ChunkState::Loaded);
                     self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
+                    self.residency.lock().insert(c.0);
                 } else {
                     self.stats.add(C::WritePiecesBackingOnly, 1);
                 }
@@ -845,25 +936,26 @@ impl<D: Durable> Inner<D> {
         }
     }
 
-    /// A chunk leaves Loaded because its RAM copy may no longer match the backing.
+    /// A chunk leaves Loaded because its RAM copy may no longer match the backing. Its RAM
+    /// is zeroed later, once no view can be reading it (`reclaim`).
     fn invalidate(&self, layout: &Layout, c: ChunkIndex) {
         let slot = layout.slot(c);
-        let was_loaded = slot.with_state(|st| {
+        let was_loaded = slot.with_state_stale(|st, stale| {
             if st != ChunkState::Loaded {
                 return false;
             }
             slot.set_state(ChunkState::Unloaded);
-            let start = self.geo.start_of(c);
-            let end = self.geo.end_of(c).min(layout.ram.file_bytes());
-            if end > start {
-                // Unloaded chunks hold zeros; a failure here only costs memory.
-                let _ = layout.ram.zero(start, end - start);
-            }
+            *stale = true;
+            self.add_pending(layout, c);
             true
         });
         if !was_loaded {
             return;
         }
+        if slot.clear_meta() {
+            self.stats.add(C::AheadWasted, 1);
+        }
+        self.residency.lock().remove(c.0);
         self.release_chunk(c);
         self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
         self.stats.add(C::ChunksInvalidated, 1);
@@ -1152,7 +1244,10 @@ impl<D: Durable> Inner<D> {
             let first_gone = self.geo.chunks_for(new_len);
             for i in first_gone..self.geo.chunks_for(old) {
                 if layout.state(ChunkIndex(i)) == ChunkState::Loaded {
-                    layout.slot(ChunkIndex(i)).set_state(ChunkState::Unloaded);
+                    let slot = layout.slot(ChunkIndex(i));
+                    slot.set_state(ChunkState::Unloaded);
+                    slot.clear_meta();
+                    self.residency.lock().remove(i);
                     self.release_chunk(ChunkIndex(i));
                     self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
                 }
@@ -1181,8 +1276,32 @@ impl<D: Durable> Inner<D> {
 
     // ---------------------------------------------------------------- loading
 
-    /// Loads chunk `c` from the backing.
-    fn load_chunk(&self, c: ChunkIndex) -> LoadResult {
+    /// Loads chunk `c` from the backing. In cache mode a load a read asked for (demand,
+    /// read-ahead) evicts to make room; the background pass never does.
+    fn load_chunk(&self, c: ChunkIndex, kind: LoadKind) -> LoadResult {
+        let may_evict = kind != LoadKind::Pass && self.eviction_enabled();
+        let mut r = self.load_chunk_once(c, kind, may_evict);
+        let mut attempts = 0;
+        while r == LoadResult::OverBudget && may_evict && attempts < EVICT_ATTEMPTS_MAX {
+            attempts += 1;
+            if !self.evict_one() {
+                break;
+            }
+            r = self.load_chunk_once(c, kind, may_evict);
+        }
+        if r == LoadResult::OverBudget && may_evict {
+            // Nothing of ours to evict (the budget is shared) or no room after retries:
+            // the chunk stays served from the backing, as the background pass leaves it.
+            self.lq.lock().over_budget.insert(c.0);
+            self.load_cv.notify_all();
+        }
+        // Give the memory of what was evicted back now if no view is out; otherwise the
+        // loader does it (NextJob::Reclaim).
+        self.reclaim(false);
+        r
+    }
+
+    fn load_chunk_once(&self, c: ChunkIndex, kind: LoadKind, may_evict: bool) -> LoadResult {
         if self.closed.load(Ordering::Acquire) {
             return LoadResult::Skipped;
         }
@@ -1199,19 +1318,31 @@ impl<D: Durable> Inner<D> {
             Ok(LoadClaim::Claimed(g)) => g,
             Ok(LoadClaim::NotNeeded) => return LoadResult::Skipped,
             Err(()) => {
-                self.lq.lock().over_budget.insert(c.0);
-                // Waiters in wait_loaded learn that the load cannot complete.
-                self.load_cv.notify_all();
+                self.cache_active.store(true, Ordering::Release);
+                if !may_evict {
+                    self.lq.lock().over_budget.insert(c.0);
+                    // Waiters in wait_loaded learn that the load cannot complete.
+                    self.load_cv.notify_all();
+                }
                 return LoadResult::OverBudget;
             }
         };
+        // A chunk whose RAM was not zeroed yet when it left Loaded: the fill below must
+        // write all of it rather than trust it to be zero.
+        let was_pending = claim.ram_stale;
         // The chunk is Loading and ours: writers wait for it (I1), readers go to the
         // backing (I5). The mutex itself is released while we read.
-        let result = Slot::unlocked_while(&mut claim, || self.fill_chunk(&layout, c));
+        let result = Slot::unlocked_while(&mut claim, || self.fill_chunk(&layout, c, was_pending));
         match result {
             Ok(want) => {
+                slot.reset_meta(kind == LoadKind::Ahead);
+                claim.ram_stale = false;
                 slot.end_load(claim, ChunkState::Loaded);
                 self.loaded_chunks.fetch_add(1, Ordering::AcqRel);
+                self.residency.lock().insert(c.0);
+                if kind == LoadKind::Ahead {
+                    self.stats.add(C::AheadLoaded, 1);
+                }
                 self.settle_rebate(&layout);
                 let mut q = self.lq.lock();
                 q.retries.remove(&c.0);
@@ -1221,7 +1352,11 @@ impl<D: Durable> Inner<D> {
                 LoadResult::Loaded { bytes: want }
             }
             Err(_) => {
+                // Its RAM holds part of the read: zeroed by `reclaim` (a view of an
+                // earlier Loaded time may still be reading it).
+                claim.ram_stale = true;
                 slot.end_load(claim, ChunkState::Unloaded);
+                self.add_pending(&layout, c);
                 self.budget.release(cb);
                 self.schedule_retry(c);
                 LoadResult::Failed
@@ -1231,7 +1366,7 @@ impl<D: Durable> Inner<D> {
 
     /// Copies chunk `c` from the backing into RAM. The caller has claimed it (Loading).
     /// Returns the number of data bytes in the chunk; on failure RAM is left zero.
-    fn fill_chunk(&self, layout: &Layout, c: ChunkIndex) -> io::Result<u64> {
+    fn fill_chunk(&self, layout: &Layout, c: ChunkIndex, was_pending: bool) -> io::Result<u64> {
         if let Some(g) = &self.cfg.gate {
             g.at_loading(c);
         }
@@ -1239,7 +1374,16 @@ impl<D: Durable> Inner<D> {
         let end = self.geo.end_of(c).min(self.len.load(Ordering::Acquire));
         let want = end - start;
         let result = if self.backing.is_zero_range(start, want) {
-            Ok(want as usize) // RAM of an Unloaded chunk is already zero
+            if was_pending {
+                // Zeros are what the chunk holds now, so a view may see them.
+                layout
+                    .ram
+                    .zero(start, want)
+                    .map(|()| want as usize)
+                    .map_err(|e| io::Error::other(e.to_string()))
+            } else {
+                Ok(want as usize) // RAM of an Unloaded chunk is already zero
+            }
         } else {
             // Round up to whole pages for O_DIRECT; the page holding the last byte is
             // mapped and past-end bytes of the backing read as nothing (zeros stay).
@@ -1261,13 +1405,7 @@ impl<D: Durable> Inner<D> {
             }
             r
         };
-        match result {
-            Ok(_) => Ok(want),
-            Err(e) => {
-                let _ = layout.ram.zero(start, want);
-                Err(e)
-            }
-        }
+        result.map(|_| want)
     }
 
     /// I9: a failed load is retried with doubling back-off, then reported as failed.
@@ -1295,25 +1433,44 @@ impl<D: Durable> Inner<D> {
         self.load_cv.notify_all();
     }
 
-    fn next_job(&self, now: Instant) -> NextJob {
+    fn next_job_inner(&self, now: Instant, may_reclaim: bool) -> NextJob {
         if self.closed.load(Ordering::Acquire) {
             return NextJob::Idle;
+        }
+        if may_reclaim && self.pending_any.load(Ordering::Acquire) {
+            return NextJob::Reclaim;
         }
         let nchunks = self.geo.chunks_for(self.len.load(Ordering::Acquire));
         let mut q = self.lq.lock();
         let blocked = |q: &LoadQueue, i: u64| {
             q.retries.contains_key(&i) || q.failed.contains(&i) || q.over_budget.contains(&i)
         };
+        // In cache mode a chunk over budget may come in by evicting another.
+        let evicting = self.eviction_enabled();
+        let blocked_asked = |q: &LoadQueue, i: u64| {
+            if evicting {
+                q.retries.contains_key(&i) || q.failed.contains(&i)
+            } else {
+                blocked(q, i)
+            }
+        };
         while let Some(c) = q.demand.pop_front() {
-            if c.0 < nchunks && !blocked(&q, c.0) {
-                return NextJob::Load(c);
+            if c.0 < nchunks && !blocked_asked(&q, c.0) {
+                q.over_budget.remove(&c.0);
+                return NextJob::Load(c, LoadKind::Demand);
             }
         }
-        while q.cursor < nchunks {
+        while let Some(c) = q.ahead.pop_front() {
+            if c.0 < nchunks && !blocked_asked(&q, c.0) {
+                q.over_budget.remove(&c.0);
+                return NextJob::Load(c, LoadKind::Ahead);
+            }
+        }
+        while self.cfg.cache.prefill && q.cursor < nchunks && !self.cache_full() {
             let c = q.cursor;
             q.cursor += 1;
             if !blocked(&q, c) {
-                return NextJob::Load(ChunkIndex(c));
+                return NextJob::Load(ChunkIndex(c), LoadKind::Pass);
             }
         }
         let due = q
@@ -1326,7 +1483,7 @@ impl<D: Durable> Inner<D> {
             if let Some(r) = q.retries.get_mut(&c) {
                 r.due = now + Duration::from_secs(3600);
             }
-            return NextJob::Load(ChunkIndex(c));
+            return NextJob::Load(ChunkIndex(c), LoadKind::Retry);
         }
         if let Some(at) = q.retries.values().map(|r| r.due).min() {
             return NextJob::RetryAt(at);
@@ -1441,6 +1598,8 @@ impl<D: Durable> Inner<D> {
                         ));
                     }
                 }
+                // A pending chunk's RAM is zeroed once no view can see it (see the header).
+                ChunkState::Unloaded if layout.slot(c).with_state_stale(|_, stale| *stale) => {}
                 ChunkState::Unloaded => {
                     if let Some(at) = r.iter().position(|b| *b != 0) {
                         return Err(format!(
@@ -1475,10 +1634,13 @@ impl<D: Durable> LoadTarget for Inner<D> {
         self.id
     }
     fn next_job(&self, now: Instant) -> NextJob {
-        Inner::next_job(self, now)
+        self.next_job_inner(now, true)
     }
-    fn load(&self, c: ChunkIndex) -> LoadResult {
-        self.load_chunk(c)
+    fn reclaim(&self) {
+        Inner::reclaim(self, true);
+    }
+    fn load(&self, c: ChunkIndex, kind: LoadKind) -> LoadResult {
+        self.load_chunk(c, kind)
     }
     fn chunk_bytes(&self) -> u64 {
         self.geo.chunk_bytes()

@@ -18,8 +18,9 @@
 //!
 //! Crash semantics: none; this is volatile coordination only.
 
+use crate::cache::ACCESS_COUNT_MAX;
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 /// State of one chunk (requirements I1-I11).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,11 +48,21 @@ pub(crate) struct Holders {
     exclusive: bool,
     /// Byte ranges `[start, end)` of the writers inside the chunk.
     writers: Vec<(u64, u64)>,
+    /// The chunk left Loaded (or a load failed) and its RAM was not zeroed yet: a load
+    /// must write every byte of it, and "Unloaded RAM is zero" does not hold for it.
+    pub(crate) ram_stale: bool,
 }
+
+/// Bits of a slot's `meta`: the access count of cache mode (two bits) and the mark of a
+/// chunk read ahead and not yet read.
+const META_COUNT_MASK: u8 = 0b011;
+const META_AHEAD: u8 = 0b100;
 
 pub(crate) struct Slot {
     /// `generation << 2 | state`.
     pub(crate) word: AtomicU32,
+    /// Cache bookkeeping, advisory: racing updates may lose a count, never a state.
+    meta: AtomicU8,
     holders: Mutex<Holders>,
     cv: Condvar,
 }
@@ -98,9 +109,55 @@ impl Slot {
     pub(crate) fn new() -> Self {
         Self {
             word: AtomicU32::new(0),
+            meta: AtomicU8::new(0),
             holders: Mutex::new(Holders::default()),
             cv: Condvar::new(),
         }
+    }
+
+    /// A read used the chunk. Returns true for the first read of a chunk read ahead.
+    /// On the lock-free read path: a plain load when the count is saturated.
+    #[inline]
+    pub(crate) fn touch(&self) -> bool {
+        let m = self.meta.load(Ordering::Relaxed);
+        if m & META_COUNT_MASK >= ACCESS_COUNT_MAX && m & META_AHEAD == 0 {
+            return false;
+        }
+        let prev = self
+            .meta
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                let n = (m & META_COUNT_MASK)
+                    .saturating_add(1)
+                    .min(ACCESS_COUNT_MAX);
+                Some((m & !META_COUNT_MASK & !META_AHEAD) | n)
+            })
+            .unwrap_or(m);
+        prev & META_AHEAD != 0
+    }
+
+    pub(crate) fn access_count(&self) -> u8 {
+        self.meta.load(Ordering::Relaxed) & META_COUNT_MASK
+    }
+
+    pub(crate) fn set_access_count(&self, n: u8) {
+        let n = n.min(ACCESS_COUNT_MAX);
+        let _ = self
+            .meta
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                Some((m & !META_COUNT_MASK) | n)
+            });
+    }
+
+    /// Resets the bookkeeping of a chunk entering RAM; `ahead` marks a read-ahead load.
+    pub(crate) fn reset_meta(&self, ahead: bool) {
+        self.meta
+            .store(if ahead { META_AHEAD } else { 0 }, Ordering::Relaxed);
+    }
+
+    /// Clears the bookkeeping of a chunk leaving RAM; true if it was read ahead and never
+    /// read.
+    pub(crate) fn clear_meta(&self) -> bool {
+        self.meta.swap(0, Ordering::Relaxed) & META_AHEAD != 0
     }
 
     #[inline]
@@ -179,6 +236,12 @@ impl Slot {
     pub(crate) fn with_state<R>(&self, f: impl FnOnce(ChunkState) -> R) -> R {
         let _g = self.holders.lock();
         f(self.state())
+    }
+
+    /// Like `with_state`, with the chunk's `ram_stale` flag.
+    pub(crate) fn with_state_stale<R>(&self, f: impl FnOnce(ChunkState, &mut bool) -> R) -> R {
+        let mut g = self.holders.lock();
+        f(self.state(), &mut g.ram_stale)
     }
 
     /// Waits until no writer holds the chunk (new writers wait behind us), then claims it

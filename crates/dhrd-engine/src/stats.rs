@@ -52,9 +52,21 @@ pub(crate) enum C {
     Flushes,
     ChunksInvalidated,
     WriteWaitsOnLoad,
+    /// Cache mode: chunks dropped from RAM to make room.
+    Evictions,
+    /// Cache mode: misses whose chunk was admitted (loaded).
+    Admissions,
+    /// Cache mode: misses served from the backing without loading (M3).
+    Bypasses,
+    /// Chunks loaded by read-ahead.
+    AheadLoaded,
+    /// Chunks loaded by read-ahead that a read then used.
+    AheadUsed,
+    /// Chunks loaded by read-ahead that left RAM unread.
+    AheadWasted,
 }
 
-const COUNTERS: usize = 15;
+const COUNTERS: usize = 21;
 
 pub(crate) struct Counters {
     shards: Box<[CachePadded<[AtomicU64; COUNTERS]>]>,
@@ -166,6 +178,12 @@ impl Stats {
             flushes: self.counters.get(C::Flushes),
             chunks_invalidated: self.counters.get(C::ChunksInvalidated),
             write_waits_on_load: self.counters.get(C::WriteWaitsOnLoad),
+            evictions: self.counters.get(C::Evictions),
+            admissions: self.counters.get(C::Admissions),
+            bypasses: self.counters.get(C::Bypasses),
+            ahead_loaded: self.counters.get(C::AheadLoaded),
+            ahead_used: self.counters.get(C::AheadUsed),
+            ahead_wasted: self.counters.get(C::AheadWasted),
             read_ram: lat(&g.read_ram_ns),
             read_backing: lat(&g.read_backing_ns),
             write: lat(&g.write_ns),
@@ -220,6 +238,15 @@ pub struct StatsSnapshot {
     pub chunks_invalidated: u64,
     /// Writes that waited for a chunk being loaded (I1).
     pub write_waits_on_load: u64,
+    /// Cache mode (M1-M3): chunks evicted to make room, misses admitted into RAM, misses
+    /// served from the backing only.
+    pub evictions: u64,
+    pub admissions: u64,
+    pub bypasses: u64,
+    /// Read-ahead (M2, M5): chunks loaded ahead, used by a later read, evicted unread.
+    pub ahead_loaded: u64,
+    pub ahead_used: u64,
+    pub ahead_wasted: u64,
     /// RAM-hit reads, sampled.
     pub read_ram: Latency,
     pub read_backing: Latency,
@@ -227,6 +254,19 @@ pub struct StatsSnapshot {
     pub sync: Latency,
     pub commit_batch_writes_mean: f64,
     pub commit_batch_writes_max: u64,
+}
+
+impl StatsSnapshot {
+    /// Reads served from RAM over all reads (a read served partly from each counts in
+    /// both); 0 before the first read.
+    pub fn hit_ratio(&self) -> f64 {
+        let n = self.reads_ram + self.reads_backing;
+        if n == 0 {
+            0.0
+        } else {
+            self.reads_ram as f64 / n as f64
+        }
+    }
 }
 
 impl fmt::Display for StatsSnapshot {
@@ -255,6 +295,17 @@ impl fmt::Display for StatsSnapshot {
             f,
             "flushes {}  zero ranges {}  set_len {}  chunks invalidated {}",
             self.flushes, self.zero_ranges, self.set_lens, self.chunks_invalidated
+        )?;
+        writeln!(
+            f,
+            "RAM hit ratio       {:>12.3}  (evictions {}, admitted {}, bypassed {}; read ahead {} used {} wasted {})",
+            self.hit_ratio(),
+            self.evictions,
+            self.admissions,
+            self.bypasses,
+            self.ahead_loaded,
+            self.ahead_used,
+            self.ahead_wasted
         )?;
         writeln!(
             f,

@@ -1,0 +1,299 @@
+//! Cache mode against the in-memory model (SPEC M1-M3, M2, M5): a RAM budget much
+//! smaller than the data, eviction and read-ahead running at random, reads through
+//! `read_at` and through zero-copy views, writes, zeroing, truncation and restarts; and
+//! concurrent threads whose views must never show bytes other than their own last writes
+//! while other threads' misses evict around them.
+
+mod common;
+
+use common::{apply, Model, Op};
+use dhrd_engine::{
+    Admission, CacheConfig, CachePolicy, Durability, HybridObject, LoaderConfig, ObjectConfig,
+    RamBudget, ReadAhead, View,
+};
+use dhrd_io::{SimBacking, SplitMix64};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+type Obj = HybridObject<Arc<SimBacking>>;
+
+#[derive(Debug, Clone)]
+enum Step {
+    Op(Op),
+    Read { offset: u64, len: usize },
+    View { offset: u64, len: usize },
+    Restart,
+}
+
+fn step(max: u64) -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0..max, 1..3 * 4096usize, any::<u8>()).prop_map(|(offset, len, b)| {
+            Step::Op(Op::Write { offset, data: (0..len).map(|i| b.wrapping_add(i as u8) | 1).collect() })
+        }),
+        5 => (0..max, 1..3 * 4096usize).prop_map(|(offset, len)| Step::Read { offset, len }),
+        3 => (0..max, 1..3 * 4096usize).prop_map(|(offset, len)| Step::View { offset, len }),
+        1 => (0..max, 1..2 * 4096u64).prop_map(|(offset, len)| Step::Op(Op::Zero { offset, len })),
+        1 => (0..max).prop_map(|l| Step::Op(Op::SetLen(l))),
+        1 => Just(Step::Op(Op::Flush)),
+        1 => Just(Step::Restart),
+    ]
+}
+
+fn cache_strategy() -> impl Strategy<Value = CacheConfig> {
+    (
+        prop_oneof![Just(CachePolicy::Clock), Just(CachePolicy::S3Fifo)],
+        prop_oneof![Just(Admission::Always), Just(Admission::SecondAccess)],
+        prop_oneof![
+            Just(ReadAhead::None),
+            Just(ReadAhead::Sequential),
+            Just(ReadAhead::History)
+        ],
+        1u64..5,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(policy, admission, read_ahead, window, prefill)| CacheConfig {
+                policy,
+                admission,
+                read_ahead,
+                read_ahead_window_max_chunks: window,
+                prefill,
+            },
+        )
+}
+
+fn open(sim: &Arc<SimBacking>, cb: u64, budget: &Arc<RamBudget>, cache: CacheConfig) -> Obj {
+    let cfg = ObjectConfig {
+        chunk_bytes: cb,
+        durability: Durability::Sync,
+        budget: Some(budget.clone()),
+        loader_config: LoaderConfig {
+            threads: 2,
+            ..Default::default()
+        },
+        cache,
+        name: "cache-prop".into(),
+        ..Default::default()
+    };
+    HybridObject::open(sim.clone(), cfg).unwrap_or_else(|e| panic!("open: {e}"))
+}
+
+fn check_read(
+    o: &Obj,
+    model: &Model,
+    offset: u64,
+    len: usize,
+    view: bool,
+) -> Result<(), TestCaseError> {
+    let start = (offset as usize).min(model.data.len());
+    let end = (start + len).min(model.data.len());
+    if view {
+        match o
+            .view(offset, len)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?
+        {
+            View::Ram(v) => prop_assert_eq!(&v[..], &model.data[start..end]),
+            View::NotLoaded(_) => {}
+            View::Eof => prop_assert_eq!(start, end),
+        }
+        return Ok(());
+    }
+    let mut buf = vec![0xEEu8; len];
+    let r = o
+        .read_at(&mut buf, offset)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(r.bytes, end - start);
+    prop_assert_eq!(&buf[..r.bytes], &model.data[start..end]);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cache_mode_matches_the_model(
+        steps in prop::collection::vec(step(60_000), 1..80),
+        cb_shift in 12u32..15,
+        budget_chunks in 1u64..5,
+        cache in cache_strategy(),
+        initial_len in 0u64..60_000,
+    ) {
+        let cb = 1u64 << cb_shift;
+        let budget = RamBudget::new(budget_chunks * cb);
+        let init: Vec<u8> = (0..initial_len as usize).map(|i| (i % 239) as u8 | 1).collect();
+        let sim = Arc::new(SimBacking::from_bytes(init.clone(), 11));
+        let mut o = open(&sim, cb, &budget, cache);
+        let mut model = Model { data: init };
+        for s in &steps {
+            match s {
+                Step::Op(op) => {
+                    apply(&o, op).map_err(|e| TestCaseError::fail(format!("{op:?}: {e}")))?;
+                    model.apply(op);
+                }
+                Step::Read { offset, len } => check_read(&o, &model, *offset, *len, false)?,
+                Step::View { offset, len } => check_read(&o, &model, *offset, *len, true)?,
+                Step::Restart => {
+                    o.close().map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    drop(o);
+                    o = open(&sim, cb, &budget, cache);
+                }
+            }
+            prop_assert!(budget.used_bytes() <= budget.limit_bytes() + cb, "budget overrun: {:?}", budget);
+        }
+        check_read(&o, &model, 0, model.data.len() + 1, false)?;
+        o.verify_mirror().map_err(TestCaseError::fail)?;
+        prop_assert_eq!(sim.volatile(), model.data);
+    }
+}
+
+/// Each worker owns a region, writes it, and reads it back through `read_at` and views;
+/// the regions together are many times the budget, so every worker's misses evict chunks
+/// other workers are viewing. A view must show exactly the owner's last write: never
+/// zeros from an eviction or an invalidation under it.
+#[test]
+fn views_never_see_eviction() -> Result<(), String> {
+    const CB: u64 = 4096;
+    const REGION: u64 = 16 * CB;
+    const THREADS: u64 = 3;
+    let seeds = if std::env::var_os("DHRD_SOAK").is_some() {
+        100
+    } else {
+        6
+    };
+    let mut views = 0;
+    for seed in 0..seeds {
+        let sim = Arc::new(SimBacking::from_bytes(
+            vec![0x5A; (THREADS * REGION) as usize],
+            seed,
+        ));
+        let budget = RamBudget::new(6 * CB);
+        let cache = CacheConfig {
+            policy: if seed % 2 == 0 {
+                CachePolicy::S3Fifo
+            } else {
+                CachePolicy::Clock
+            },
+            admission: Admission::Always,
+            read_ahead: [ReadAhead::None, ReadAhead::Sequential, ReadAhead::History]
+                [seed as usize % 3],
+            read_ahead_window_max_chunks: 2,
+            prefill: seed % 2 == 1,
+        };
+        let o = open(&sim, CB, &budget, cache);
+        let mut handles = Vec::new();
+        for t in 0..THREADS {
+            let o = o.clone();
+            handles.push(std::thread::spawn(move || -> Result<u64, String> {
+                let mut r = SplitMix64::new(seed * 100 + t);
+                let start = t * REGION;
+                let mut model = vec![0x5Au8; REGION as usize];
+                let mut views = 0;
+                for i in 0..1500 {
+                    if i % 50 == 0 {
+                        // The loader runs at a lower priority; let it in so evictions
+                        // happen while the workers run.
+                        std::thread::sleep(std::time::Duration::from_micros(300));
+                    }
+                    let off = r.below(REGION);
+                    let len = 1 + r.below((REGION - off).min(3 * CB));
+                    let want = &model[off as usize..(off + len) as usize];
+                    match r.below(10) {
+                        0 | 1 => {
+                            let mut d = vec![0u8; len as usize];
+                            r.fill(&mut d);
+                            for b in &mut d {
+                                *b |= 1;
+                            }
+                            o.write_at(&d, start + off).map_err(|e| e.to_string())?;
+                            model[off as usize..(off + len) as usize].copy_from_slice(&d);
+                        }
+                        2..=5 => {
+                            if let View::Ram(v) = o
+                                .view(start + off, len as usize)
+                                .map_err(|e| e.to_string())?
+                            {
+                                views += 1;
+                                // Hold it a while so evictions run under it.
+                                std::thread::yield_now();
+                                if &v[..] != want {
+                                    return Err(format!(
+                                        "seed {seed} thread {t} step {i}: view at {} differs",
+                                        start + off
+                                    ));
+                                }
+                            }
+                        }
+                        _ => {
+                            let mut b = vec![0u8; len as usize];
+                            o.read_at(&mut b, start + off).map_err(|e| e.to_string())?;
+                            if b != want {
+                                return Err(format!(
+                                    "seed {seed} thread {t} step {i}: read at {} differs",
+                                    start + off
+                                ));
+                            }
+                        }
+                    }
+                }
+                Ok(views)
+            }));
+        }
+        for h in handles {
+            views += h.join().map_err(|_| "worker panicked")??;
+        }
+        let st = o.stats();
+        assert!(
+            st.evictions > 0,
+            "seed {seed}: nothing was evicted: {st} {:?}",
+            o.progress()
+        );
+        o.verify_mirror()?;
+    }
+    assert!(views > 0, "no view was served from RAM");
+    Ok(())
+}
+
+/// A write that fails with ENOSPC after reaching the backing takes its chunk out of
+/// Loaded. A zero-copy view taken before must keep showing the bytes it showed (RAM is
+/// zeroed only once the view ends); afterwards the chunk is reloaded from the backing.
+#[test]
+fn an_invalidation_under_a_live_view_keeps_its_bytes() -> Result<(), String> {
+    use dhrd_io::{Fault, FaultKind};
+    const CB: u64 = 4096;
+    let data: Vec<u8> = (0..4 * CB as usize).map(|i| (i % 251) as u8 | 1).collect();
+    let sim = Arc::new(SimBacking::from_bytes(data.clone(), 3));
+    let budget = RamBudget::new(1 << 30);
+    let o = open(&sim, CB, &budget, CacheConfig::default());
+    assert!(o.wait_loaded(Some(std::time::Duration::from_secs(10))));
+    let view = match o.view(CB, CB as usize).map_err(|e| e.to_string())? {
+        View::Ram(v) => v,
+        _ => return Err("chunk 1 not in RAM after the load".into()),
+    };
+    sim.inject(Fault {
+        at_op: sim.stats().ops,
+        kind: FaultKind::Enospc,
+        persist: false,
+        reads: false,
+    });
+    // The write fails; ENOSPC is not sticky, so the object stays writable and the chunk
+    // it touched leaves Loaded.
+    let failed = o.write_at(&[0xAA; 100], CB + 10);
+    assert!(
+        failed.is_err(),
+        "the injected ENOSPC did not fail the write"
+    );
+    assert_eq!(o.stats().chunks_invalidated, 1);
+    // Other requests run meanwhile (each ends by trying to zero pending chunks).
+    o.write_at(&[7; 10], 3 * CB).map_err(|e| e.to_string())?;
+    assert_eq!(
+        &view[..],
+        &data[CB as usize..2 * CB as usize],
+        "the view changed"
+    );
+    drop(view);
+    o.flush().map_err(|e| e.to_string())?;
+    let mut b = vec![0u8; CB as usize];
+    o.read_at(&mut b, CB).map_err(|e| e.to_string())?;
+    assert_eq!(b, sim.volatile()[CB as usize..2 * CB as usize]);
+    o.verify_mirror()
+}
