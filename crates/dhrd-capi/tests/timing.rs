@@ -86,11 +86,9 @@ fn backing_timing_option_delays_backing_operations_and_keeps_data() {
     let at = 7 * MIB + 100;
     let t = Instant::now();
     // SAFETY: a live handle; `msg` is readable for its length.
-    assert_eq!(
-        unsafe { dhrd_write(h, msg.as_ptr().cast(), msg.len(), at) },
-        0
-    );
+    let r = unsafe { dhrd_write(h, msg.as_ptr().cast(), msg.len(), at) };
     let took = t.elapsed();
+    assert_eq!(r, 0);
     assert!(took >= LATENCY, "durable write took only {took:?}");
     let (got, took) = timed_read(h, at, msg.len());
     assert_eq!(&got, msg);
