@@ -38,6 +38,13 @@ typedef struct dhrd_options {
   uint64_t min_len_bytes;
   // Open read-only: writes fail with `EROFS`.
   bool read_only;
+  // Device timing of the backing: "ssd", "hdd", "nvm" or "READ_US,WRITE_US,SYNC_US,MBPS"
+  // (microseconds; MB/s, 0 for unlimited). Each backing operation then takes at least
+  // that latency plus its transfer time on a bandwidth shared by all requests. NULL
+  // (the default): the environment variable `DHRD_BACKING_TIMING` if set and not
+  // empty, else none; "": none, whatever the environment says. A value not in that
+  // syntax is `EINVAL`. Read during `dhrd_open` only.
+  const char *backing_timing;
 } dhrd_options;
 
 // Load progress of the RAM tier.
@@ -90,11 +97,13 @@ int dhrd_options_default(struct dhrd_options *opts);
 // Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
 // object and stores its handle in `*out`.
 // Returns at once; the RAM tier fills in the background while reads and writes are
-// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults.
+// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults
+// (then `DHRD_BACKING_TIMING` alone decides the device timing, see `backing_timing`).
 //
 // # Safety
-// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options`;
-// `out` points to writable memory for one pointer.
+// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` whose
+// `backing_timing` is null or a NUL-terminated string; `out` points to writable memory
+// for one pointer.
 int dhrd_open(const char *path, const struct dhrd_options *opts, struct dhrd_object **out);
 
 // Makes every write durable, stops the loader and frees the handle. The handle is gone

@@ -12,6 +12,11 @@
 //!   `dhrd_close`. After a backing failure other than ENOSPC the object refuses every
 //!   later write with `EIO`, for good, as the engine does (C4); reads go on.
 //!
+//! Device timing (E1): `dhrd_options.backing_timing`, or else the environment variable
+//! `DHRD_BACKING_TIMING`, makes every backing operation take at least an emulated device's
+//! latency plus its transfer time, so experiments on a slow or non-volatile device run on
+//! any machine (docs/library.md).
+//!
 //! Ownership and threads: `dhrd_open` hands out a handle that the caller owns until
 //! `dhrd_close`, which flushes and frees it; no call may use the handle after that, and
 //! `dhrd_close` must not race other calls on the same handle. Every other function may be
@@ -21,7 +26,7 @@
 #![allow(non_camel_case_types)]
 
 use dhrd_engine::{Durability, Error, HybridObject, ObjectConfig, RamBudget};
-use dhrd_io::{Durable, FileBacking, FileOptions};
+use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions, Timed};
 use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
@@ -59,6 +64,13 @@ pub struct dhrd_options {
     pub min_len_bytes: u64,
     /// Open read-only: writes fail with `EROFS`.
     pub read_only: bool,
+    /// Device timing of the backing: "ssd", "hdd", "nvm" or "READ_US,WRITE_US,SYNC_US,MBPS"
+    /// (microseconds; MB/s, 0 for unlimited). Each backing operation then takes at least
+    /// that latency plus its transfer time on a bandwidth shared by all requests. NULL
+    /// (the default): the environment variable `DHRD_BACKING_TIMING` if set and not
+    /// empty, else none; "": none, whatever the environment says. A value not in that
+    /// syntax is `EINVAL`. Read during `dhrd_open` only.
+    pub backing_timing: *const c_char,
 }
 
 /// What `dhrd_options_default` fills in, and what a null `opts` means.
@@ -70,7 +82,12 @@ const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
     create: false,
     min_len_bytes: 0,
     read_only: false,
+    backing_timing: std::ptr::null(),
 };
+
+/// The environment variable a NULL `dhrd_options.backing_timing` defers to, so that an
+/// unmodified program can be run against an emulated device.
+const BACKING_TIMING_ENV: &str = "DHRD_BACKING_TIMING";
 
 /// Load progress of the RAM tier.
 #[repr(C)]
@@ -177,6 +194,28 @@ fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int> {
     Ok(cfg)
 }
 
+/// The device timing `o` asks for: its `backing_timing`, else `$DHRD_BACKING_TIMING`.
+///
+/// # Safety
+/// `o.backing_timing` is null or a NUL-terminated string.
+unsafe fn timing_of(o: &dhrd_options) -> Result<Option<DeviceProfile>, c_int> {
+    let spec = if o.backing_timing.is_null() {
+        match std::env::var_os(BACKING_TIMING_ENV) {
+            // Not valid UTF-8 cannot be a profile; parse refuses the replacement chars.
+            Some(v) => v.to_string_lossy().into_owned(),
+            None => return Ok(None),
+        }
+    } else {
+        // SAFETY: non-null and NUL-terminated per the function contract.
+        let c = unsafe { CStr::from_ptr(o.backing_timing) };
+        c.to_str().map_err(|_| libc::EINVAL)?.to_owned()
+    };
+    if spec.is_empty() {
+        return Ok(None);
+    }
+    DeviceProfile::parse(&spec).map(Some).ok_or(libc::EINVAL)
+}
+
 /// The backing `path` names: a Ceph RBD image for `rbd:POOL/IMAGE` (the cluster from
 /// `$CEPH_CONF` or /etc/ceph/ceph.conf, the client from `$CEPH_ARGS`, e.g. `--id NAME`),
 /// else a file or block device; with the chunk size that suits it, if it has one.
@@ -205,11 +244,13 @@ fn open_backing(
 /// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
 /// object and stores its handle in `*out`.
 /// Returns at once; the RAM tier fills in the background while reads and writes are
-/// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults.
+/// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults
+/// (then `DHRD_BACKING_TIMING` alone decides the device timing, see `backing_timing`).
 ///
 /// # Safety
-/// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options`;
-/// `out` points to writable memory for one pointer.
+/// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` whose
+/// `backing_timing` is null or a NUL-terminated string; `out` points to writable memory
+/// for one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn dhrd_open(
     path: *const c_char,
@@ -235,7 +276,15 @@ pub unsafe extern "C" fn dhrd_open(
             ..Default::default()
         };
         let mut cfg = config_of(&o, path)?;
+        // SAFETY: `o` came from the caller's options, whose string is valid per the
+        // function contract. Parsed before the backing is opened, so a bad value creates
+        // nothing and takes no RBD lock.
+        let timing = unsafe { timing_of(&o) }?;
         let (backing, preferred_chunk) = open_backing(path, &o, &fopts)?;
+        let backing: Arc<dyn Durable> = match timing {
+            Some(p) => Arc::new(Timed::new(backing, p)),
+            None => backing,
+        };
         if let (0, Some(c)) = (o.chunk_bytes, preferred_chunk) {
             cfg.chunk_bytes = c;
         }

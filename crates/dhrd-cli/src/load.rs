@@ -6,8 +6,9 @@ use anyhow::Context;
 use clap::Args;
 use dhrd_engine::parse_size;
 use dhrd_engine::{Durability, HybridObject, LoaderConfig, ObjectConfig};
-use dhrd_io::{FileBacking, FileOptions};
+use dhrd_io::{DeviceProfile, FileBacking, FileOptions};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -28,6 +29,11 @@ pub struct LoadArgs {
     /// Cap the load rate (bytes per second, e.g. 200M).
     #[arg(long, value_parser = parse_size)]
     pub rate: Option<u64>,
+    /// Emulate a slower device under the backing: each backing operation takes at least
+    /// the profile's latency plus its transfer time on a shared bandwidth. ssd, hdd, nvm
+    /// or READ_US,WRITE_US,SYNC_US,MBPS (MBPS 0: unlimited).
+    #[arg(long, value_name = "PROFILE", value_parser = crate::timing::parse)]
+    pub backing_timing: Option<DeviceProfile>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -72,6 +78,7 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let backing = FileBacking::open(&a.backing, &opts)
         .with_context(|| format!("opening backing {}", a.backing.display()))?;
+    let backing = crate::timing::wrap(Arc::new(backing), a.backing_timing);
     let cfg = ObjectConfig {
         chunk_bytes: a.chunk,
         durability: Durability::Sync,
@@ -105,19 +112,26 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
     }
     let full = t0.elapsed();
     let p = obj.progress();
+    // Timing is reported with the result, so that a measurement says what device it was
+    // taken on.
+    let timing = a.backing_timing.map(|p| p.to_string());
     if a.json {
         println!(
-            "{{\"bytes\":{},\"chunk_bytes\":{},\"first_read_us\":{},\"full_load_s\":{:.6},\"load_rate_bytes_per_s\":{:.0},\"chunks_loaded\":{},\"chunks_total\":{}}}",
+            "{{\"bytes\":{},\"chunk_bytes\":{},\"first_read_us\":{},\"full_load_s\":{:.6},\"load_rate_bytes_per_s\":{:.0},\"chunks_loaded\":{},\"chunks_total\":{},\"backing_timing\":{}}}",
             p.bytes_total,
             p.chunk_bytes,
             first_read.as_micros(),
             full.as_secs_f64(),
             p.rate_bytes_per_s,
             p.chunks_loaded,
-            p.chunks_total
+            p.chunks_total,
+            timing.map_or_else(|| "null".to_string(), |t| format!("\"{t}\""))
         );
     } else {
         println!("backing        {}", a.backing.display());
+        if let Some(t) = &timing {
+            println!("backing timing {t}");
+        }
         println!(
             "size           {} bytes, chunk {} bytes",
             p.bytes_total, p.chunk_bytes

@@ -6,6 +6,7 @@ mod load;
 mod metrics;
 mod mount;
 mod nbd;
+mod timing;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -31,7 +32,8 @@ enum Cmd {
     /// Show load progress, statistics and health of a running mount.
     Status(mount::StatusArgs),
     /// Export one backing file or block device as an NBD block device.
-    Nbd(nbd::NbdArgs),
+    // Boxed: its many options would make every other command's value as large.
+    Nbd(Box<nbd::NbdArgs>),
     /// Open one backing file as a hybrid object, load it, and report (engine smoke test).
     Load(load::LoadArgs),
 }
@@ -80,7 +82,7 @@ fn main() {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Umount(a) => mount::run_umount(a),
         Cmd::Status(a) => mount::run_status(a),
-        Cmd::Nbd(a) => nbd::run(a),
+        Cmd::Nbd(a) => nbd::run(*a),
         Cmd::Load(a) => load::run(a),
     };
     if let Err(e) = r {

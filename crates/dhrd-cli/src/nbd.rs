@@ -16,7 +16,7 @@ pub use dhrd_engine::parse_size;
 use dhrd_engine::{
     Durability, HybridObject, LoaderConfig, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES,
 };
-use dhrd_io::{Durable, FileBacking, FileOptions, WriteSync};
+use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions, WriteSync};
 use dhrd_nbd::limits::{IDLE_EVICT_AFTER, MAX_CONNECTIONS, POLL_BEFORE_BLOCK};
 use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
 use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
@@ -134,6 +134,11 @@ pub struct NbdArgs {
         value_parser = clap::value_parser!(u64).range(0..=10_000)
     )]
     pub poll_us: u64,
+    /// Emulate a slower device (file or RBD backing alike): each backing operation takes
+    /// at least the profile's latency plus its transfer time on a bandwidth shared by all
+    /// requests. ssd, hdd, nvm or READ_US,WRITE_US,SYNC_US,MBPS (MBPS 0: unlimited).
+    #[arg(long, value_name = "PROFILE", value_parser = crate::timing::parse)]
+    pub backing_timing: Option<DeviceProfile>,
     /// Log connection events, and the engine's statistics at exit, to stderr.
     #[arg(long, short)]
     pub verbose: bool,
@@ -193,7 +198,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         preferred_chunk,
         rbd,
     } = open_backing(&a)?;
+    // Described before the timing wrapper, which the startup line names on its own.
     let describe = backing.describe();
+    let backing = crate::timing::wrap(backing, a.backing_timing);
     let durability = a.durability;
     let cfg = ObjectConfig {
         chunk_bytes: a.chunk.or(preferred_chunk).unwrap_or(DEFAULT_CHUNK_BYTES),
@@ -229,11 +236,16 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     spawn_signal_thread(sigset, server.shutdown_handle())?;
     {
         let mut out = std::io::stdout().lock();
+        // The timing is part of this line so that a benchmark's log shows what device
+        // the numbers were measured on.
         writeln!(
             out,
-            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}) as export {:?} on {}",
+            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}) as export {:?} on {}",
             target.size(),
             if a.read_only { ", read-only" } else { "" },
+            a.backing_timing
+                .map(|p| format!(", backing timing {p}"))
+                .unwrap_or_default(),
             a.name,
             server.local_addr()
         )?;

@@ -2,7 +2,7 @@
 //! through the standard NBD clients, SIGKILL under writes with every acknowledged write
 //! found after the restart, a second dhrd refused by the image's exclusive lock, and the
 //! OSD stopped under load (writes wait, or fail cleanly with a timeout, and are never
-//! acknowledged before Ceph stored them).
+//! acknowledged before Ceph stored them), and device timing on an image.
 
 #[path = "../../dhrd-rbd/tests/cluster/mod.rs"]
 mod cluster;
@@ -369,4 +369,56 @@ fn with_a_read_lease_a_dhrd_that_lost_its_lock_serves_no_stale_reads() {
         .arg(&c.conf)
         .args(["rm", "--no-progress", &format!("rbd/{image}")])
         .output();
+}
+
+/// `--backing-timing` wraps an RBD image as it wraps a file (E1): the startup line names
+/// the timing, a read from the image takes at least the emulated latency (the real round
+/// trip counts towards it, so this is a floor), and the data reaches the cluster.
+#[test]
+fn backing_timing_applies_to_an_rbd_image() {
+    let (c, _g) = cluster::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("timing");
+    // A RAM budget of one chunk keeps block 100 (chunk 6) on the image.
+    let mut d = start(
+        dir.path(),
+        c,
+        &image,
+        &[
+            "--size",
+            "8M",
+            "--chunk",
+            "1M",
+            "--mem",
+            "1M",
+            "--backing-timing",
+            "2000,2000,2000,0",
+        ],
+    );
+    assert!(
+        d.ready_line.contains("backing timing read 2000 us"),
+        "startup line without the timing: {}",
+        d.ready_line
+    );
+    let mut cl = Client::connect(&d.sock).unwrap_or_else(|e| panic!("{e}"));
+    let i = 100u64;
+    cl.write(i * BLOCK as u64, &block(i, 4), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let t = Instant::now();
+    let got = read_block(&mut cl, i);
+    let took = t.elapsed();
+    assert!(got == block(i, 4), "block {i} read back wrong");
+    assert!(
+        took >= Duration::from_micros(2000),
+        "read took only {took:?}"
+    );
+    drop(cl);
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    let disk = c.export_image(&image, &dir.path().join("e.img"));
+    let o = i as usize * BLOCK;
+    assert!(
+        disk[o..o + BLOCK] == block(i, 4)[..],
+        "block {i} not in the image"
+    );
+    c.remove_image(&image);
 }

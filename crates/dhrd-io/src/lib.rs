@@ -24,7 +24,7 @@ mod timed;
 pub use file::{FileBacking, FileOptions, WriteSync, DIRECT_ALIGN_BYTES};
 pub use rng::SplitMix64;
 pub use sim::{CrashImage, Fault, FaultKind, SimBacking, SimStats};
-pub use timed::{DeviceProfile, Timed};
+pub use timed::{DeviceProfile, Timed, DEVICE_PROFILE_SYNTAX};
 
 use std::io;
 

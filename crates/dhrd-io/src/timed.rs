@@ -1,13 +1,17 @@
 //! Device-timing emulation (E1): wraps any [`Durable`] and makes each operation take at
 //! least a fixed latency plus its transfer time at a bandwidth cap.
 //!
-//! Bandwidth is modelled as one shared channel: an operation's transfer starts when the
-//! previous one's ends (`busy_until`), so concurrent requests queue as on a real device,
-//! while per-request latency overlaps between requests (as with a device's internal
-//! parallelism). Timing never changes results or crash semantics; it only delays.
+//! Bandwidth is modelled as one shared channel: an operation's transfer starts once its
+//! latency has passed and the previous transfer has ended (`busy_until`), so concurrent
+//! requests queue for bandwidth as on a real device, while per-request latency overlaps
+//! between requests (as with a device's internal parallelism). The real operation runs
+//! first and its time counts towards the emulated one: the emulation is a floor, never
+//! added on top of a slower real device. Timing never changes results or crash semantics;
+//! it only delays.
 
 use crate::Durable;
 use parking_lot::Mutex;
+use std::fmt;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -56,7 +60,8 @@ impl DeviceProfile {
         }
     }
 
-    /// Parses `ssd`, `hdd`, `nvm` or `read_us,write_us,sync_us,MBps` (MBps 0 = unlimited).
+    /// Parses `ssd`, `hdd`, `nvm` or `read_us,write_us,sync_us,MBps` (MBps 0 = unlimited;
+    /// MB is 10^6 bytes). `None` for anything else, including values that overflow.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "ssd" => return Some(Self::ssd()),
@@ -72,15 +77,50 @@ impl DeviceProfile {
             return None;
         };
         Some(Self {
-            read_latency_ns: r * 1000,
-            write_latency_ns: w * 1000,
-            sync_latency_ns: sy * 1000,
+            read_latency_ns: r.checked_mul(1000)?,
+            write_latency_ns: w.checked_mul(1000)?,
+            sync_latency_ns: sy.checked_mul(1000)?,
             bandwidth_bytes_per_s: if *mbps == 0 {
                 None
             } else {
-                Some(mbps * 1_000_000)
+                Some(mbps.checked_mul(1_000_000)?)
             },
         })
+    }
+}
+
+/// What [`DeviceProfile::parse`] accepts, for error messages of the programs that take a
+/// profile from their user.
+pub const DEVICE_PROFILE_SYNTAX: &str = "ssd, hdd, nvm or READ_US,WRITE_US,SYNC_US,MBPS \
+     (latencies in microseconds, bandwidth in MB/s, 0 for unlimited)";
+
+/// Nanoseconds as microseconds, with the fraction only when there is one (NVM latencies
+/// are below a microsecond).
+fn fmt_us(f: &mut fmt::Formatter<'_>, ns: u64) -> fmt::Result {
+    let (us, frac) = (ns / 1000, ns % 1000);
+    if frac == 0 {
+        write!(f, "{us} us")
+    } else {
+        let frac = format!("{frac:03}");
+        write!(f, "{us}.{} us", frac.trim_end_matches('0'))
+    }
+}
+
+/// One line for startup messages and status, e.g. `read 8000 us, write 8000 us, sync
+/// 10000 us, 150 MB/s`.
+impl fmt::Display for DeviceProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("read ")?;
+        fmt_us(f, self.read_latency_ns)?;
+        f.write_str(", write ")?;
+        fmt_us(f, self.write_latency_ns)?;
+        f.write_str(", sync ")?;
+        fmt_us(f, self.sync_latency_ns)?;
+        match self.bandwidth_bytes_per_s {
+            None => f.write_str(", unlimited bandwidth"),
+            Some(b) if b % 1_000_000 == 0 => write!(f, ", {} MB/s", b / 1_000_000),
+            Some(b) => write!(f, ", {b} bytes/s"),
+        }
     }
 }
 
@@ -120,14 +160,25 @@ impl<D: Durable> Timed<D> {
         &self.inner
     }
 
+    pub fn profile(&self) -> &DeviceProfile {
+        &self.profile
+    }
+
+    /// Waits until the operation begun at `start` is done on the emulated device: its
+    /// latency, then its transfer on the shared channel (queued behind transfers reserved
+    /// before it). Transfers are reserved in arrival order, so a request with a shorter
+    /// latency does not overtake one already queued.
     fn delay(&self, start: Instant, latency_ns: u64, bytes: u64) {
         let mut done = start + Duration::from_nanos(latency_ns);
         if let Some(bw) = self.profile.bandwidth_bytes_per_s {
-            let transfer = Duration::from_nanos(bytes.saturating_mul(1_000_000_000) / bw.max(1));
+            let transfer = Duration::from_nanos(
+                u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(bw.max(1)))
+                    .unwrap_or(u64::MAX),
+            );
             let mut busy = self.busy_until.lock();
-            let begin = (*busy).max(start);
+            let begin = (*busy).max(done);
             *busy = begin + transfer;
-            done = done.max(*busy);
+            done = *busy;
         }
         wait_until(done);
     }
@@ -179,6 +230,11 @@ impl<D: Durable> Durable for Timed<D> {
     fn writes_are_durable(&self) -> bool {
         self.inner.writes_are_durable()
     }
+    // A check of the backing's own state (an RBD image's lock), not a device operation:
+    // forwarded untimed, and forwarded at all so that timing never loosens it.
+    fn reads_allowed(&self) -> io::Result<()> {
+        self.inner.reads_allowed()
+    }
     fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<crate::Persistence> {
         let t = Instant::now();
         let r = self.inner.write_durably(buf, offset);
@@ -192,7 +248,7 @@ impl<D: Durable> Durable for Timed<D> {
         r
     }
     fn describe(&self) -> String {
-        format!("{} (timed {:?})", self.inner.describe(), self.profile)
+        format!("{} (timed: {})", self.inner.describe(), self.profile)
     }
 }
 
@@ -210,6 +266,66 @@ mod tests {
         assert!(start.elapsed() >= Duration::from_micros(300));
         assert_eq!(DeviceProfile::parse("hdd"), Some(DeviceProfile::hdd()));
         assert_eq!(DeviceProfile::parse("1,2"), None);
+        assert_eq!(DeviceProfile::parse("18446744073709551615,0,0,0"), None);
         Ok(())
+    }
+
+    #[test]
+    fn transfer_follows_latency() -> io::Result<()> {
+        // 1 ms latency, then 1000 bytes at 1 MB/s: 1 ms more. Lower bound only.
+        let p = DeviceProfile::parse("1000,1000,1000,1").ok_or(io::ErrorKind::InvalidInput)?;
+        let t = Timed::new(SimBacking::new(0), p);
+        t.write_at(&[7u8; 1000], 0)?;
+        let start = Instant::now();
+        let mut buf = [0u8; 1000];
+        assert_eq!(t.read_at(&mut buf, 0)?, 1000);
+        assert!(start.elapsed() >= Duration::from_micros(2000));
+        assert_eq!(buf, [7u8; 1000]);
+        Ok(())
+    }
+
+    #[test]
+    fn describes_its_profile() {
+        assert_eq!(
+            DeviceProfile::hdd().to_string(),
+            "read 8000 us, write 8000 us, sync 10000 us, 150 MB/s"
+        );
+        assert_eq!(
+            DeviceProfile::nvm().to_string(),
+            "read 0.44 us, write 1 us, sync 1 us, 8000 MB/s"
+        );
+        assert_eq!(
+            DeviceProfile::parse("2000,3,4,0").map(|p| p.to_string()),
+            Some("read 2000 us, write 3 us, sync 4 us, unlimited bandwidth".to_string())
+        );
+    }
+
+    /// A backing that refuses reads, as an RBD image does once its lock is in doubt.
+    struct Fenced;
+    impl Durable for Fenced {
+        fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn sync(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> io::Result<u64> {
+            Ok(0)
+        }
+        fn set_len(&self, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn reads_allowed(&self) -> io::Result<()> {
+            Err(io::ErrorKind::PermissionDenied.into())
+        }
+    }
+
+    #[test]
+    fn keeps_the_inner_read_fence() {
+        let t = Timed::new(Fenced, DeviceProfile::ssd());
+        assert!(t.reads_allowed().is_err());
     }
 }

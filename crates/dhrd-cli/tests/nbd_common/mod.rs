@@ -40,6 +40,8 @@ pub struct Dhrd {
     pub child: Child,
     pub sock: PathBuf,
     pub stderr: PathBuf,
+    /// The line printed when the socket listens (what it serves, and how).
+    pub ready_line: String,
 }
 
 impl Dhrd {
@@ -71,13 +73,17 @@ impl Dhrd {
                 let _ = tx.send(line);
             }
         });
-        let me = Self {
+        let mut me = Self {
             child,
             sock,
             stderr,
+            ready_line: String::new(),
         };
         match rx.recv_timeout(READY_TIMEOUT) {
-            Ok(l) if l.contains("dhrd nbd: serving") => me,
+            Ok(l) if l.contains("dhrd nbd: serving") => {
+                me.ready_line = l;
+                me
+            }
             other => panic!(
                 "dhrd nbd did not become ready: {other:?}\nstderr:\n{}",
                 me.stderr_text()
