@@ -24,7 +24,7 @@ mod space;
 pub use bucket::{BucketAllocator, BUCKETS_MAX};
 pub use error::Error;
 pub use extent::{ExtentAllocator, FitPolicy};
-pub use rehypar::{ReHypar, ReHyparConfig, SectionSpec};
+pub use rehypar::{FreePolicy, ReHypar, ReHyparConfig, SectionSpec};
 pub use space::{
     AllocOutcome, BlockAddr, BlockCount, Extent, FreeOutcome, LiveSet, Placement, SpaceAllocator,
     SpaceStats,

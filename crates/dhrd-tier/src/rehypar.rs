@@ -60,6 +60,20 @@ pub const SECTIONS_MAX: usize = 8;
 /// numbers in a u32.
 pub const EXTENTS_PER_SECTION_MAX: u64 = 1 << 24;
 
+/// What freeing an allocation inside a resident extent gives back. The paper does not
+/// say; both choices keep every allocation starting at a chunk boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FreePolicy {
+    /// Freed blocks stay unused until every allocation in the extent is freed; then the
+    /// extent is clean again. The extent's fill offset only ever grows, as in the paper.
+    #[default]
+    WholeExtent,
+    /// As `WholeExtent`, and in addition the fill offset moves back to where MAP puts it
+    /// after the extent's last live allocation, so a freed tail (and any dead space just
+    /// before it) is reusable at once.
+    RewindToLastLive,
+}
+
 /// Number of an extent within its data section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ExtentNo(pub u32);
@@ -91,6 +105,7 @@ pub struct ReHyparConfig {
     /// The flash erase-block size when known: extents are then at least that large (so a
     /// power-of-two multiple of it) and sections start on its boundaries.
     pub flash_block_bytes: Option<u64>,
+    pub free_policy: FreePolicy,
 }
 
 impl ReHyparConfig {
@@ -111,6 +126,7 @@ impl ReHyparConfig {
             reuse_min_blocks: None,
             reuse_window_allocs: None,
             flash_block_bytes: None,
+            free_policy: FreePolicy::WholeExtent,
         }
     }
 }
@@ -354,11 +370,7 @@ impl ReHypar {
     /// offset, and the extent rejoins the list of that chunk if enough is left.
     fn settle(&mut self, sid: usize, x: u32, last: BlockOffset) {
         let reuse_min = self.reuse_min;
-        let expired = |since: u64, tick: u64| {
-            self.config
-                .reuse_window_allocs
-                .is_some_and(|w| tick - since > w)
-        };
+        let window = self.config.reuse_window_allocs;
         let tick = self.tick;
         let sec = &mut self.sections[sid];
         let ExtentState::Resident(mut r) = sec.states[x as usize] else {
@@ -373,7 +385,7 @@ impl ReHypar {
             MapOutcome::Next { next, .. } => {
                 r.fill = next.start;
                 let unused = BlockCount(sec.s() - next.start.0);
-                if unused >= reuse_min && !expired(r.since_tick, tick) {
+                if unused >= reuse_min && window_open(window, r.since_tick, tick) {
                     sec.link(x, next.pos(), unused);
                     r.listed = Some(next.pos());
                 }
@@ -454,13 +466,30 @@ impl ReHypar {
     }
 }
 
+/// Whether an extent resident since `since` may still be reused at `tick`.
+fn window_open(window: Option<u64>, since: u64, tick: u64) -> bool {
+    match window {
+        Some(w) => tick - since <= w,
+        None => true,
+    }
+}
+
 impl SpaceAllocator for ReHypar {
     fn name(&self) -> String {
         let sizes: Vec<String> = self.sections.iter().map(|s| format!("{}", s.s())).collect();
+        let free = match self.config.free_policy {
+            FreePolicy::WholeExtent => "whole-extent",
+            FreePolicy::RewindToLastLive => "rewind",
+        };
+        let window = self
+            .config
+            .reuse_window_allocs
+            .map_or(String::new(), |w| format!(", window={w}"));
         format!(
-            "rehypar(s={} blocks, v={})",
+            "rehypar(s={} blocks, v={}, reuse>={}{window}, free={free})",
             sizes.join("+"),
-            self.config.threshold_blocks.0
+            self.config.threshold_blocks.0,
+            self.reuse_min.0,
         )
     }
 
@@ -490,6 +519,7 @@ impl SpaceAllocator for ReHypar {
         let Some(sid) = self.section_of(extent.start) else {
             unreachable!("live extent {extent} outside every section");
         };
+        let window = self.config.reuse_window_allocs;
         let sec = &mut self.sections[sid];
         let s = sec.s();
         let a = extent.start.0 - sec.info.base.0;
@@ -512,6 +542,10 @@ impl SpaceAllocator for ReHypar {
                 reclaimed += 1;
             } else {
                 sec.states[x as usize] = ExtentState::Resident(r);
+                if self.config.free_policy == FreePolicy::RewindToLastLive {
+                    let listable = window_open(window, r.since_tick, self.tick);
+                    sec.rewind(x, &self.live, self.reuse_min, listable);
+                }
             }
         }
         Ok(if reclaimed > 0 {
@@ -571,6 +605,7 @@ mod tests {
             reuse_min_blocks: None,
             reuse_window_allocs: None,
             flash_block_bytes: None,
+            free_policy: FreePolicy::WholeExtent,
         })
         .unwrap()
     }
@@ -638,6 +673,24 @@ mod tests {
         assert_eq!(st.free_blocks, st.managed_blocks);
         assert!(r.reuse_lists(0).is_empty());
         r.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn rewinding_makes_a_freed_tail_reusable() {
+        let mut c = one_section(64, 8, 2).config().clone();
+        c.free_policy = FreePolicy::RewindToLastLive;
+        let mut r = ReHypar::new(c).unwrap();
+        let a = r.allocate(BlockCount(5), None).unwrap(); // [0, 5), next chunk at 8
+        let b = r.allocate(BlockCount(7), None).unwrap(); // [8, 15), next chunk at 16
+        let c = r.allocate(BlockCount(3), None).unwrap(); // [16, 19), next chunk at 20
+                                                          // Freeing b (not the last) changes nothing; freeing c then rewinds past both.
+        r.free(b).unwrap();
+        assert_eq!(r.reuse_lists(0)[0].1[0].next_free, BlockAddr(20));
+        r.free(c).unwrap();
+        assert_eq!(r.reuse_lists(0)[0].1[0].next_free, BlockAddr(8));
+        assert_eq!(r.allocate(BlockCount(9), None).unwrap().start, BlockAddr(8));
+        r.check_invariants().unwrap();
+        assert_eq!(r.free(a), Ok(FreeOutcome::HeldUntilUnitEmpty));
     }
 
     #[test]

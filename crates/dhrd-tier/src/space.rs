@@ -229,6 +229,14 @@ impl LiveSet {
         self.by_start.len() as u64
     }
 
+    /// The live extent with the highest start below `addr`.
+    pub fn last_starting_before(&self, addr: BlockAddr) -> Option<Extent> {
+        self.by_start
+            .range(..addr.0)
+            .next_back()
+            .map(|(&s, &l)| Extent::new(BlockAddr(s), BlockCount(l)))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_start.is_empty()
     }

@@ -157,6 +157,7 @@ fn figure2_through_the_allocator() {
         reuse_min_blocks: None,
         reuse_window_allocs: None,
         flash_block_bytes: None,
+        free_policy: Default::default(),
     })
     .unwrap();
     let f = r.allocate(BlockCount(108), None).unwrap();

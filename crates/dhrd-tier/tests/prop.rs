@@ -12,7 +12,7 @@
 use dhrd_tier::rehypar::{BlockOffset, ChunkGeometry, MapOutcome};
 use dhrd_tier::{
     AllocOutcome, BlockAddr, BlockCount, BucketAllocator, Extent, ExtentAllocator, FitPolicy,
-    ReHypar, ReHyparConfig, SectionSpec, SpaceAllocator,
+    FreePolicy, ReHypar, ReHyparConfig, SectionSpec, SpaceAllocator,
 };
 use proptest::prelude::*;
 
@@ -25,6 +25,7 @@ enum Kind {
         extents: Vec<u64>,
         v: u64,
         window: Option<u64>,
+        rewind: bool,
     },
     Extent(FitPolicy),
     Bucket(u64),
@@ -36,34 +37,52 @@ fn kind() -> impl Strategy<Value = Kind> {
             prop::sample::subsequence(vec![16u64, 64, 256], 1..=3),
             1u32..=4,
             prop_oneof![Just(None), (1u64..20).prop_map(Some)],
+            any::<bool>(),
         )
-            .prop_map(|(extents, vs, window)| Kind::ReHypar { extents, v: 1 << vs, window }),
+            .prop_map(|(extents, vs, window, rewind)| Kind::ReHypar {
+                extents,
+                v: 1 << vs,
+                window,
+                rewind
+            }),
         1 => Just(Kind::Extent(FitPolicy::FirstFit)),
         1 => Just(Kind::Extent(FitPolicy::BestFit)),
         1 => prop_oneof![Just(16u64), Just(64), Just(100)].prop_map(Kind::Bucket),
     ]
 }
 
+fn rehypar_config(extents: &[u64], v: u64, window: Option<u64>, rewind: bool) -> ReHyparConfig {
+    ReHyparConfig {
+        block_bytes: 1024,
+        device_blocks: BlockCount(DEVICE_BLOCKS),
+        sections: extents
+            .iter()
+            .map(|&s| SectionSpec {
+                extent_bytes: s * 1024,
+                weight: 1,
+            })
+            .collect(),
+        // v may not exceed the smallest extent.
+        threshold_blocks: BlockCount(v.min(extents.iter().copied().min().unwrap_or(16))),
+        reuse_min_blocks: None,
+        reuse_window_allocs: window,
+        flash_block_bytes: None,
+        free_policy: if rewind {
+            FreePolicy::RewindToLastLive
+        } else {
+            FreePolicy::WholeExtent
+        },
+    }
+}
+
 fn build(k: &Kind) -> Box<dyn SpaceAllocator> {
     match k {
-        Kind::ReHypar { extents, v, window } => Box::new(
-            ReHypar::new(ReHyparConfig {
-                block_bytes: 1024,
-                device_blocks: BlockCount(DEVICE_BLOCKS),
-                sections: extents
-                    .iter()
-                    .map(|&s| SectionSpec {
-                        extent_bytes: s * 1024,
-                        weight: 1,
-                    })
-                    .collect(),
-                threshold_blocks: BlockCount((*v).min(extents.iter().copied().min().unwrap_or(16))),
-                reuse_min_blocks: None,
-                reuse_window_allocs: *window,
-                flash_block_bytes: None,
-            })
-            .unwrap(),
-        ),
+        Kind::ReHypar {
+            extents,
+            v,
+            window,
+            rewind,
+        } => Box::new(ReHypar::new(rehypar_config(extents, *v, *window, *rewind)).unwrap()),
         Kind::Extent(p) => Box::new(ExtentAllocator::new(BlockCount(DEVICE_BLOCKS), *p).unwrap()),
         Kind::Bucket(b) => {
             Box::new(BucketAllocator::new(BlockCount(DEVICE_BLOCKS), BlockCount(*b)).unwrap())
@@ -178,19 +197,10 @@ proptest! {
     fn rehypar_lists_stay_ordered(
         extents in prop::sample::subsequence(vec![16u64, 64, 256], 1..=3),
         vs in 1u32..=4,
+        rewind in any::<bool>(),
         ops in prop::collection::vec(op(), 1..200),
     ) {
-        let k = Kind::ReHypar { extents, v: 1 << vs, window: None };
-        let Kind::ReHypar { extents, v, .. } = &k else { unreachable!() };
-        let mut r = ReHypar::new(ReHyparConfig {
-            block_bytes: 1024,
-            device_blocks: BlockCount(DEVICE_BLOCKS),
-            sections: extents.iter().map(|&s| SectionSpec { extent_bytes: s * 1024, weight: 1 }).collect(),
-            threshold_blocks: BlockCount((*v).min(extents.iter().copied().min().unwrap_or(16))),
-            reuse_min_blocks: None,
-            reuse_window_allocs: None,
-            flash_block_bytes: None,
-        }).unwrap();
+        let mut r = ReHypar::new(rehypar_config(&extents, 1 << vs, None, rewind)).unwrap();
         let mut live: Vec<Extent> = Vec::new();
         for o in &ops {
             match *o {

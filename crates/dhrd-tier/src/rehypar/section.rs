@@ -2,7 +2,7 @@
 //! keep them consistent. The invariants are stated in `rehypar.rs`; [`Section::check`]
 //! verifies them.
 
-use super::chunk::BlockOffset;
+use super::chunk::{BlockOffset, MapOutcome};
 use super::{ChunkPos, ExtentNo, SectionInfo};
 use crate::space::{BlockAddr, BlockCount, LiveSet};
 use crate::Error;
@@ -101,6 +101,44 @@ impl Section {
             (Some(b), Some(a)) => Some(if n - b < a - n { b } else { a }),
             (b, a) => a.or(b),
         }
+    }
+
+    /// Moves resident extent `x`'s fill offset back to the chunk MAP gives after its last
+    /// live allocation (`FreePolicy::RewindToLastLive`), relisting it under the new chunk.
+    /// `listable` is false when its reuse window has expired.
+    pub(super) fn rewind(&mut self, x: u32, live: &LiveSet, reuse_min: BlockCount, listable: bool) {
+        let ExtentState::Resident(mut r) = self.states[x as usize] else {
+            unreachable!("rewinding clean extent {x}");
+        };
+        let s = self.s();
+        let base = self.extent_addr(x).0;
+        let Some(last) = live
+            .last_starting_before(BlockAddr(base + s))
+            .filter(|e| e.end().0 > base)
+        else {
+            unreachable!("resident extent {x} without a live allocation");
+        };
+        let last_block = BlockOffset(last.end().0.min(base + s) - 1 - base);
+        let fill = match self.info.geometry.map(last_block) {
+            Some(MapOutcome::Next { next, .. }) => next.start,
+            Some(MapOutcome::Full { .. }) => BlockOffset(s),
+            None => unreachable!("block {} outside extent {x}", last_block.0),
+        };
+        if fill >= r.fill {
+            return;
+        }
+        if let Some(pos) = r.listed.take() {
+            self.unlink(x, pos);
+        }
+        r.fill = fill;
+        let unused = BlockCount(s - fill.0);
+        if listable && unused >= reuse_min {
+            if let Some(c) = self.info.geometry.chunk_at(fill) {
+                self.link(x, c.pos(), unused);
+                r.listed = Some(c.pos());
+            }
+        }
+        self.states[x as usize] = ExtentState::Resident(r);
     }
 
     /// Checks this section against the live set (see the invariants in `rehypar.rs`).
