@@ -6,7 +6,7 @@
 //! smaller one goes into the free remainder of an extent that already holds data, chosen
 //! from per-level reuse lists, or else into a clean extent. Inside an extent, allocations
 //! follow one another in address order, each starting at a chunk boundary of the recursive
-//! partitioning ([`chunk`]): after an allocation whose last block is `pos`, MAP gives the
+//! partitioning (`rehypar/chunk.rs`): after an allocation whose last block is `pos`, MAP gives the
 //! chunk where the next one starts, and the rest of `pos`'s leaf chunk stays unused.
 //!
 //! Invariants (checked by [`ReHypar::check_invariants`]):
@@ -23,10 +23,12 @@
 //!   space in the order they joined (the paper: "in the decreasing order of the unused
 //!   space size").
 //!
-//! The paper says nothing about deleting files. Here, freeing an allocation only lowers its
-//! extents' live counts: the freed blocks are not reused until every allocation in the
-//! extent is freed (as a fixed-bucket allocator does). Reusing holes inside an extent would
-//! need per-extent free maps, which is what the chunk scheme exists to avoid.
+//! The paper says nothing about deleting files. By default ([`FreePolicy::WholeExtent`])
+//! freeing an allocation only lowers its extents' live counts: the freed blocks are not
+//! reused until every allocation in the extent is freed (as a fixed-bucket allocator does).
+//! [`FreePolicy::RewindToLastLive`] also moves the fill offset back behind the last live
+//! allocation. Reusing holes in the middle of an extent would need per-extent free maps,
+//! which is what the chunk scheme exists to avoid.
 
 mod chunk;
 mod section;
@@ -683,7 +685,8 @@ mod tests {
         let a = r.allocate(BlockCount(5), None).unwrap(); // [0, 5), next chunk at 8
         let b = r.allocate(BlockCount(7), None).unwrap(); // [8, 15), next chunk at 16
         let c = r.allocate(BlockCount(3), None).unwrap(); // [16, 19), next chunk at 20
-                                                          // Freeing b (not the last) changes nothing; freeing c then rewinds past both.
+
+        // Freeing b (not the last) changes nothing; freeing c then rewinds past both.
         r.free(b).unwrap();
         assert_eq!(r.reuse_lists(0)[0].1[0].next_free, BlockAddr(20));
         r.free(c).unwrap();

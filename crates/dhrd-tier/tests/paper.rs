@@ -240,9 +240,10 @@ fn algorithm1(pos: u64, v: u64) -> (u32, i64) {
     let mut chunk_start = 1u64 << k;
     // (6) while (k >= log2 v)
     while k >= log_v {
-        level += 1; // (7)
-                    // (8) find j such that 2^j <= pos - start(c_L^H) < 2^(j+1); c_L^H starts where its
-                    // parent does.
+        // (7) L++
+        level += 1;
+        // (8) find j such that 2^j <= pos - start(c_L^H) < 2^(j+1); c_L^H starts where its
+        // parent does.
         let head_start = chunk_start;
         let j = log2(pos - head_start);
         if j < log_v {

@@ -129,7 +129,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn partitions_tile_and_map_finds_the_next_chunk(n in 2u32..=12, t in 1u32..=12, pos in any::<u64>()) {
+    fn partitions_tile_and_map_finds_the_next_chunk(
+        n in 2u32..=12,
+        t in 1u32..=12,
+        pos in any::<u64>(),
+    ) {
         prop_assume!(t <= n);
         let g = ChunkGeometry::new(BlockCount(1 << n), BlockCount(1 << t)).unwrap();
         let mut stack = vec![g.partition_extent()];
@@ -161,7 +165,10 @@ proptest! {
     }
 
     #[test]
-    fn allocations_never_overlap_and_invariants_hold(k in kind(), ops in prop::collection::vec(op(), 1..200)) {
+    fn allocations_never_overlap_and_invariants_hold(
+        k in kind(),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
         let mut a = build(&k);
         let mut live: Vec<Extent> = Vec::new();
         for o in &ops {
@@ -204,7 +211,9 @@ proptest! {
         let mut live: Vec<Extent> = Vec::new();
         for o in &ops {
             match *o {
-                Op::Alloc { len, hint } => live.extend(r.allocate(BlockCount(len), hint_addr(hint))),
+                Op::Alloc { len, hint } => {
+                    live.extend(r.allocate(BlockCount(len), hint_addr(hint)));
+                }
                 Op::Free(i) => {
                     if !live.is_empty() {
                         let e = live.swap_remove(i % live.len());
@@ -235,7 +244,10 @@ proptest! {
     }
 
     #[test]
-    fn freed_space_is_reused(k in kind(), lens in prop::collection::vec((1u64..300, prop::option::of(0u64..1000)), 1..80)) {
+    fn freed_space_is_reused(
+        k in kind(),
+        lens in prop::collection::vec((1u64..300, prop::option::of(0u64..1000)), 1..80),
+    ) {
         let mut a = build(&k);
         let empty = a.stats();
         let run = |a: &mut Box<dyn SpaceAllocator>| -> Vec<Option<Extent>> {

@@ -152,7 +152,8 @@ impl Section {
         let s = sec.s();
         let bad = |what: String| Err(Error::invariant(format!("section {sid}: {what}")));
         // Live allocations per extent, recomputed from the live set.
-        let mut per_extent: BTreeMap<u32, (u32, u64, u64)> = BTreeMap::new(); // allocs, blocks, max end
+        // Per extent: live allocations, their blocks in it, the highest offset they reach.
+        let mut per_extent: BTreeMap<u32, (u32, u64, u64)> = BTreeMap::new();
         for e in live.iter() {
             if e.start < sec.info.base || e.start >= sec.end() {
                 continue;
@@ -186,7 +187,7 @@ impl Section {
                     if sec.clean.contains(&x) || allocs != r.live_allocs || blocks != r.live_blocks
                     {
                         return bad(format!(
-                            "extent {x}: counted {}/{} allocs/blocks, live set says {allocs}/{blocks}",
+                            "extent {x}: counted {}/{} allocs/blocks, live set {allocs}/{blocks}",
                             r.live_allocs, r.live_blocks
                         ));
                     }
