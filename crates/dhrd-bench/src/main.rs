@@ -13,6 +13,7 @@ mod fileserver;
 mod fuse_transport;
 mod machine;
 mod metaops;
+mod rehypar;
 mod replay;
 mod report;
 mod video;
@@ -42,6 +43,9 @@ enum Cmd {
     /// Metadata rate (mdtest-like): threads create, stat and unlink empty files in
     /// directories of their own, on any directory: prints one JSON object on stdout.
     Metaops(metaops::MetaopsArgs),
+    /// Fast-tier space allocators (ReHypar, extent first/best-fit, buckets) on the same
+    /// allocation traces: utilisation and fragmentation as JSON on stdout.
+    Rehypar(rehypar::RehyparArgs),
     /// Replay an SPC, MSR or DiskSim block trace against a file or block device, with
     /// verification against a shadow copy (docs/replay.md).
     Replay(replay::ReplayArgs),
@@ -70,6 +74,7 @@ fn main() {
         Cmd::Fileserver(a) => fileserver::run(a),
         Cmd::FuseTransport(a) => fuse_transport::run(a),
         Cmd::Metaops(a) => metaops::run(a),
+        Cmd::Rehypar(a) => rehypar::run(a),
         Cmd::Replay(a) => replay::run(a),
         Cmd::Video(a) => video::run(a),
     };
