@@ -13,6 +13,7 @@ import time
 
 import configs
 import lib
+import cache
 import rbd
 from lib import BenchError, log, run
 
@@ -846,4 +847,5 @@ EXPERIMENTS = {
     "memory": exp_memory,
     "transport": exp_transport,
     "rbd": rbd.exp_rbd,
+    "cache": cache.exp_cache,
 }

@@ -69,6 +69,8 @@ COLUMNS = {
                ("disk read share", "remount_disk_read_fraction")],
     "rbd": [("config", "config"), ("op", "op"), ("QD", "qd"), ("IOPS", "iops"), ("mean us", "lat_mean_us"),
             ("MiB/s", "mib_s")],
+    "cache": [("config", "config"), ("workload", "workload"), ("IOPS", "iops"), ("hit ratio", "hit_ratio"),
+              ("mean us", "lat_mean_us"), ("MiB/s", "mib_s")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }
@@ -288,6 +290,31 @@ def plot(name, e, out):
         axes[1].set_xlabel("image (GiB)")
         axes[1].set_ylabel("ms")
         axes[1].set_title("start to first read answered")
+        axes[1].legend(fontsize=8)
+        for ax in axes:
+            ax.grid(True, which="both", alpha=0.3)
+    elif name == "cache":
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+        zr = [r for r in rows if "hit_ratio" in r]
+        labels = [f"{r['config']}\n{r['workload']}" for r in zr]
+        axes[0].bar(range(len(zr)), [r["iops"] for r in zr])
+        for i, r in enumerate(zr):
+            axes[0].annotate(f"hit {r['hit_ratio']:.2f}", (i, r["iops"]), ha="center", va="bottom", fontsize=7)
+        axes[0].set_xticks(range(len(zr)))
+        axes[0].set_xticklabels(labels, fontsize=6, rotation=20)
+        axes[0].set_yscale("log")
+        axes[0].set_ylabel("IOPS (4 KiB, QD8)")
+        axes[0].set_title("zipf(1.2), RAM = 1/4 of the export, 2 ms backing")
+        ra = [r for r in rows if r["workload"].startswith("HDD: sequential")]
+        rr = [r for r in rows if r["workload"].startswith("HDD: random")]
+        w = 0.4
+        axes[1].bar([i for i in range(len(ra))], [r["mib_s"] for r in ra], w, label="sequential MiB/s")
+        axes[1].bar([i + w for i in range(len(rr))], [r["iops"] * 4096 / (1 << 20) for r in rr], w,
+                    label="random MiB/s")
+        axes[1].set_xticks([i + w / 2 for i in range(len(ra))])
+        axes[1].set_xticklabels([r["config"] for r in ra], fontsize=8)
+        axes[1].set_ylabel("MiB/s (4 KiB reads, QD1)")
+        axes[1].set_title("read-ahead over the HDD profile")
         axes[1].legend(fontsize=8)
         for ax in axes:
             ax.grid(True, which="both", alpha=0.3)

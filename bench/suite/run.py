@@ -33,6 +33,7 @@ PROFILES = {
         video_rounds=3, warm_bytes=[32 * M],
         warm_rounds=1, mem_bytes=32 * M, transport_bytes=16 * M, transport_rounds=1, transport_runtime_s=1,
         rbd_bytes=[16 * M, 64 * M], rbd_rounds=1,
+        cache_bytes=64 * M, cache_runtime_s=2, cache_rounds=1, ra_bytes=32 * M, ra_runtime_s=1,
     ),
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
@@ -41,6 +42,7 @@ PROFILES = {
         video_bytes=512 * M, video_rounds=3, warm_bytes=[512 * M, 2 * G],
         warm_rounds=1, mem_bytes=1 * G, transport_bytes=256 * M, transport_rounds=3, transport_runtime_s=3,
         rbd_bytes=[64 * M, 1 * G], rbd_rounds=2,
+        cache_bytes=1 * G, cache_runtime_s=20, cache_rounds=1, ra_bytes=512 * M, ra_runtime_s=15,
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
@@ -50,9 +52,10 @@ PROFILES = {
         warm_bytes=[1 * G, 6 * G], warm_rounds=2, mem_bytes=4 * G,
         transport_bytes=256 * M, transport_rounds=5, transport_runtime_s=4,
         rbd_bytes=[256 * M, 4 * G], rbd_rounds=3,
+        cache_bytes=1 * G, cache_runtime_s=40, cache_rounds=2, ra_bytes=1 * G, ra_runtime_s=20,
     ),
 }
-ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd")
+ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 

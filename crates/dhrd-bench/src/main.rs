@@ -7,6 +7,7 @@
 //! directory on any file system and print one JSON object on stdout, for an orchestrator
 //! that runs them on each target and makes the comparison.
 
+mod cachesim;
 mod engine;
 mod fileio;
 mod fileserver;
@@ -30,6 +31,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// The engine's cache policies and Belady's optimum over a fio I/O log or a zipf
+    /// trace, at chunk granularity: prints JSON.
+    CacheSim(cachesim::CacheSimArgs),
     /// Core engine: read_at vs memcpy, sync write vs pwrite+fdatasync/O_DSYNC, load rate vs
     /// O_DIRECT read, open-to-first-read vs size, chunk-size sweep.
     Engine(engine::EngineArgs),
@@ -70,6 +74,7 @@ pub struct Common {
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Cmd::CacheSim(a) => cachesim::run(a),
         Cmd::Engine(a) => engine::run(a),
         Cmd::Fileserver(a) => fileserver::run(a),
         Cmd::FuseTransport(a) => fuse_transport::run(a),

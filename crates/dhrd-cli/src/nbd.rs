@@ -74,9 +74,30 @@ pub struct NbdArgs {
     /// Export name (clients asking for the default export "" get it too).
     #[arg(long, default_value = "")]
     pub name: String,
-    /// RAM budget for the RAM tier (e.g. 2G); beyond it chunks are served from the backing.
+    /// RAM budget for the RAM tier (e.g. 2G). When the export is larger, RAM caches it:
+    /// see --cache-policy, --cache-admit, --read-ahead and --no-prefill.
     #[arg(long, value_parser = parse_size)]
     pub mem: Option<u64>,
+    /// Which chunk leaves RAM when a read needs room once --mem is full: s3fifo (scan
+    /// resistant), clock, or off (RAM keeps what filled it first).
+    #[arg(long, default_value_t = dhrd_engine::CachePolicy::default())]
+    pub cache_policy: dhrd_engine::CachePolicy,
+    /// Which read misses bring their chunk into RAM once --mem is full: second (on a
+    /// second miss, or at once if evicted recently; one-off reads bypass RAM) or always.
+    #[arg(long, default_value_t = dhrd_engine::Admission::default())]
+    pub cache_admit: dhrd_engine::Admission,
+    /// Read-ahead into RAM: none, sequential (a doubling window), or history (on a
+    /// second access with recently read neighbours).
+    #[arg(long, default_value_t = dhrd_engine::ReadAhead::default())]
+    pub read_ahead: dhrd_engine::ReadAhead,
+    /// Largest read-ahead window, in chunks.
+    #[arg(long, default_value_t = dhrd_engine::ahead::WINDOW_MAX_CHUNKS_DEFAULT,
+        value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub read_ahead_max_chunks: u64,
+    /// Do not copy the export into RAM in the background at start: RAM fills only with
+    /// what is read (admission, read-ahead) and written (a pure cache).
+    #[arg(long)]
+    pub no_prefill: bool,
     /// sync (every write durable before its reply), fsync (durable at FLUSH/FUA) or
     /// periodic:N (fsync plus a flush every N seconds).
     #[arg(long, default_value = "sync")]
@@ -214,6 +235,13 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             threads: a.loader_threads.clamp(1, dhrd_engine::LOADER_THREADS_MAX),
             ..Default::default()
         },
+        cache: dhrd_engine::CacheConfig {
+            policy: a.cache_policy,
+            admission: a.cache_admit,
+            read_ahead: a.read_ahead,
+            read_ahead_window_max_chunks: a.read_ahead_max_chunks,
+            prefill: !a.no_prefill,
+        },
         ..Default::default()
     };
     let started = Instant::now();
@@ -240,9 +268,19 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         // the numbers were measured on.
         writeln!(
             out,
-            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}) as export {:?} on {}",
+            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}) as export {:?} on {}",
             target.size(),
             if a.read_only { ", read-only" } else { "" },
+            a.mem
+                .filter(|m| *m < target.size())
+                .map(|m| format!(
+                    ", RAM {m} bytes caching it: evict {}, admit {}, read-ahead {}{}",
+                    a.cache_policy,
+                    a.cache_admit,
+                    a.read_ahead,
+                    if a.no_prefill { ", no prefill" } else { "" }
+                ))
+                .unwrap_or_default(),
             a.backing_timing
                 .map(|p| format!(", backing timing {p}"))
                 .unwrap_or_default(),
@@ -456,6 +494,16 @@ fn status_json<D: Durable>(obj: &HybridObject<D>, h: &ShutdownHandle) -> serde_j
             "bytes_ram": s.bytes_read_ram,
             "bytes_backing": s.bytes_read_backing,
             "ram_share": if reads == 0 { 1.0 } else { s.reads_ram as f64 / reads as f64 },
+        },
+        "cache": {
+            "hit_ratio": s.hit_ratio(),
+            "evictions": s.evictions,
+            "admitted": s.admissions,
+            "bypassed": s.bypasses,
+            "read_ahead_loaded": s.ahead_loaded,
+            "read_ahead_used": s.ahead_used,
+            "read_ahead_wasted": s.ahead_wasted,
+            "bytes_in_ram": p.ram_resident_bytes,
         },
         "writes": {"count": s.writes, "bytes": s.bytes_written, "failed": s.writes_failed},
         "syncs": {"count": s.syncs, "failed": s.sync_failures, "flushes": s.flushes},

@@ -34,14 +34,20 @@ use std::str::FromStr;
 pub const STREAMS_MAX: usize = 8;
 /// Default most chunks a window reads ahead.
 pub const WINDOW_MAX_CHUNKS_DEFAULT: u64 = 8;
-/// Chunks remembered by `History`.
-pub const HISTORY_CHUNKS_MAX: usize = 4096;
+/// Chunks remembered by `History`: a recency window, not a map of everything read. At
+/// chunk granularity a long memory makes random reads look sequential: with 128 chunks
+/// remembered, random 4 KiB reads of a 512 MiB export (1 MiB chunks) over the HDD profile
+/// read ahead about 60 chunks in 15 s for nothing and ran 3% slower than without
+/// read-ahead. 32 chunks still hold the last two chunks of 16 interleaved streams.
+pub const HISTORY_CHUNKS_MAX: usize = 32;
 
+/// The default is `History`: over the HDD profile it read sequential 4 KiB reads 5.8x
+/// faster than `None` and random ones at the same rate (bench/results, experiment 10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReadAhead {
-    #[default]
     None,
     Sequential,
+    #[default]
     History,
 }
 
