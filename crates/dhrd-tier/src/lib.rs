@@ -1,5 +1,9 @@
 //! dhrd-tier: the fast tier of a tiered dhrd device (SPEC section 6).
 //!
+//! [`WriteBack`] ([`writeback`]) puts a non-volatile fast device in front of a slow
+//! backing: writes are acknowledged once on the fast device and written back later (SPEC
+//! M4, and the cache tier's write-back of T1).
+//!
 //! For now this crate holds the fast tier's space allocators, all over one block address
 //! space and behind one trait, [`SpaceAllocator`], so that they can be compared on the same
 //! allocation traces (`dhrd-bench rehypar`, docs/tiering.md):
@@ -20,6 +24,7 @@ mod error;
 mod extent;
 pub mod rehypar;
 mod space;
+pub mod writeback;
 
 pub use bucket::{BucketAllocator, BUCKETS_MAX};
 pub use error::Error;
@@ -29,3 +34,4 @@ pub use space::{
     AllocOutcome, BlockAddr, BlockCount, Extent, FreeOutcome, LiveSet, Placement, SpaceAllocator,
     SpaceStats,
 };
+pub use writeback::{WriteBack, WriteBackStats};

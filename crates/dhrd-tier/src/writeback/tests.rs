@@ -1,0 +1,255 @@
+use super::*;
+use dhrd_io::{SimBacking, SplitMix64};
+use std::time::Instant;
+
+const CB: u64 = 4096;
+const CHUNKS: u64 = 8;
+const SIZE: u64 = CB * CHUNKS;
+const WAIT: Duration = Duration::from_secs(10);
+
+fn initial() -> Vec<u8> {
+    (0..SIZE as usize).map(|i| (i % 251) as u8 | 0x80).collect()
+}
+
+/// A write of a distinct non-zero pattern.
+fn workload(seed: u64, n: usize) -> Vec<(u64, Vec<u8>)> {
+    let mut r = SplitMix64::new(seed);
+    (0..n)
+        .map(|i| {
+            let off = r.below(SIZE);
+            let len = 1 + r.below((SIZE - off).min(2 * CB + 100));
+            let data = (0..len)
+                .map(|j| ((i * 7 + j as usize) % 127) as u8 + 1)
+                .collect();
+            (off, data)
+        })
+        .collect()
+}
+
+fn seeds() -> u64 {
+    if std::env::var_os("DHRD_SOAK").is_some() {
+        40
+    } else {
+        3
+    }
+}
+
+fn same(a: &[u8], b: &[u8], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
+        panic!("{what}: byte {i} is {:#x}, expected {:#x}", a[i], b[i]);
+    }
+}
+
+fn read_all<F: Durable, S: Durable>(wb: &WriteBack<F, S>) -> Vec<u8> {
+    let mut b = vec![0u8; SIZE as usize];
+    let n = wb
+        .read_at(&mut b, 0)
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    assert_eq!(n as u64, SIZE);
+    b
+}
+
+#[test]
+fn writes_read_back_and_reach_the_slow_device() -> io::Result<()> {
+    let fast = Arc::new(SimBacking::new(1));
+    let slow = Arc::new(SimBacking::from_bytes(initial(), 2));
+    let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 2)?;
+    let mut model = initial();
+    for (off, data) in workload(3, 50) {
+        assert_eq!(wb.write_durably(&data, off)?, Persistence::Durable);
+        model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+        same(&read_all(&wb), &model, "read back");
+    }
+    assert!(wb.drain(WAIT), "not drained: {:?}", wb.stats());
+    same(&slow.volatile(), &model, "slow device");
+    let st = wb.stats();
+    assert_eq!(st.chunks_dirty, 0);
+    assert!(st.chunks_written_back > 0 && st.fills > 0, "{st:?}");
+    // Writes past the end are refused, the size is fixed.
+    assert!(wb.write_at(b"x", SIZE).is_err());
+    assert!(wb.set_len(SIZE + 1).is_err());
+    Ok(())
+}
+
+#[test]
+fn a_dead_slow_device_delays_write_back_but_loses_nothing() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    let fast = Arc::new(SimBacking::new(1));
+    let slow = Arc::new(SimBacking::from_bytes(initial(), 2));
+    slow.inject(Fault {
+        at_op: 0,
+        kind: FaultKind::Eio,
+        persist: true,
+        reads: false,
+    });
+    let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 1)?;
+    let mut model = initial();
+    for (off, data) in workload(9, 20) {
+        wb.write_at(&data, off)?;
+        model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+    }
+    assert!(!wb.drain(Duration::from_millis(200)));
+    assert!(wb.stats().writeback_failures > 0);
+    same(&read_all(&wb), &model, "read back");
+    slow.clear_faults();
+    assert!(wb.drain(WAIT), "{:?}", wb.stats());
+    same(&slow.volatile(), &model, "slow device");
+    Ok(())
+}
+
+#[test]
+fn a_header_for_another_backing_is_refused_while_dirty() -> io::Result<()> {
+    let fast = Arc::new(SimBacking::new(1));
+    let slow = Arc::new(SimBacking::from_bytes(initial(), 2));
+    {
+        let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 0)?;
+        // No thread would write back with 0 threads? One is always started; stop it
+        // before it runs by dropping right after the write.
+        wb.write_at(&[1; 10], 0)?;
+    }
+    let img = fast.crash_image();
+    let fast2 = Arc::new(SimBacking::from_image(img, 3));
+    let other = Arc::new(SimBacking::from_bytes(vec![0; 2 * SIZE as usize], 4));
+    match WriteBack::open(fast2.clone(), other, CB, 1) {
+        Ok(w) if w.stats().chunks_dirty_at_open == 0 => {} // written back before the drop
+        Ok(_) => panic!("opened dirty chunks against another backing"),
+        Err(e) => assert!(e.to_string().contains("dirty chunks"), "{e}"),
+    }
+    Ok(())
+}
+
+/// Checks `got` against the acknowledged image, allowing each byte of the one write in
+/// flight at the crash to be old or new.
+fn check(got: &[u8], acked: &[u8], inflight: Option<&(u64, Vec<u8>)>, what: &str) {
+    for (i, (g, a)) in got.iter().zip(acked).enumerate() {
+        if g == a {
+            continue;
+        }
+        let ok = inflight.is_some_and(|(off, d)| {
+            let i = i as u64;
+            i >= *off && i < off + d.len() as u64 && d[(i - off) as usize] == *g
+        });
+        assert!(ok, "{what}: byte {i} is {g:#x}, acknowledged {a:#x}");
+    }
+}
+
+/// Cuts power to the fast device at every mutating operation in turn (the slow device is
+/// cut at the same moment), reopens both and checks every acknowledged write; then lets
+/// the write-back finish and checks the slow device.
+#[test]
+fn crash_enumeration_on_the_fast_device() -> io::Result<()> {
+    let mut points = 0;
+    for seed in 0..seeds() {
+        let ops = workload(seed, 24);
+        for n in 0u64.. {
+            let fast = Arc::new(SimBacking::new(seed * 1000 + n));
+            let slow = Arc::new(SimBacking::from_bytes(initial(), seed * 1000 + n + 1));
+            fast.crash_at_op(n);
+            let Ok(wb) = WriteBack::open(fast.clone(), slow.clone(), CB, 1) else {
+                points += 1;
+                continue; // crashed while formatting: nothing acknowledged
+            };
+            let mut acked = initial();
+            let mut inflight = None;
+            for op in &ops {
+                match wb.write_at(&op.1, op.0) {
+                    Ok(()) => {
+                        acked[op.0 as usize..op.0 as usize + op.1.len()].copy_from_slice(&op.1)
+                    }
+                    Err(_) => {
+                        inflight = Some(op.clone());
+                        break;
+                    }
+                }
+            }
+            let done = inflight.is_none() && fast.crashed_image().is_none();
+            // Power is cut now for both: the fast device at its crash point (or now).
+            let fimg = fast.crashed_image().unwrap_or_else(|| fast.crash_image());
+            let simg = slow.crash_image();
+            drop(wb);
+            let wb = WriteBack::open(
+                Arc::new(SimBacking::from_image(fimg, n + 7)),
+                Arc::new(SimBacking::from_image(simg, n + 8)),
+                CB,
+                1,
+            )?;
+            let got = read_all(&wb);
+            check(
+                &got,
+                &acked,
+                inflight.as_ref(),
+                &format!("seed {seed} crash at {n}"),
+            );
+            assert!(wb.drain(WAIT));
+            check(&read_all(&wb), &got, None, "after write-back");
+            same(
+                &wb.slow().volatile(),
+                &got,
+                &format!("seed {seed} crash at {n}: slow device"),
+            );
+            points += 1;
+            if done {
+                break;
+            }
+        }
+    }
+    assert!(points > 50, "only {points} crash points");
+    Ok(())
+}
+
+/// The slow device dies at each of its operations in turn while writes go on; later the
+/// power is cut. Nothing acknowledged is lost: what was not confirmed by the slow device
+/// is still dirty on the fast one.
+#[test]
+fn crash_enumeration_on_the_slow_device() -> io::Result<()> {
+    let mut points = 0;
+    for seed in 0..seeds() {
+        let ops = workload(seed + 10, 24);
+        for n in 0u64..40 {
+            let fast = Arc::new(SimBacking::new(seed * 1000 + n));
+            let slow = Arc::new(SimBacking::from_bytes(initial(), seed * 1000 + n + 1));
+            slow.crash_at_op(n);
+            let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 1)?;
+            let mut acked = initial();
+            let mut inflight = None;
+            let started = Instant::now();
+            for (i, op) in ops.iter().enumerate() {
+                if wb.write_at(&op.1, op.0).is_err() {
+                    // A partial write to a chunk not on the fast device needs the slow
+                    // device's bytes: it fails (its earlier chunks may be written).
+                    inflight = Some(op.clone());
+                    break;
+                }
+                acked[op.0 as usize..op.0 as usize + op.1.len()].copy_from_slice(&op.1);
+                if i % 4 == 0 {
+                    // Give the write-back a chance to run between writes.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            let _ = wb.drain(Duration::from_millis(20));
+            let fimg = fast.crash_image();
+            let simg = slow.crashed_image().unwrap_or_else(|| slow.crash_image());
+            drop(wb);
+            let wb = WriteBack::open(
+                Arc::new(SimBacking::from_image(fimg, n + 7)),
+                Arc::new(SimBacking::from_image(simg, n + 8)),
+                CB,
+                1,
+            )?;
+            let got = read_all(&wb);
+            check(
+                &got,
+                &acked,
+                inflight.as_ref(),
+                &format!("seed {seed} slow crash at {n}"),
+            );
+            assert!(wb.drain(WAIT));
+            same(&wb.slow().volatile(), &got, "slow device after write-back");
+            points += 1;
+            assert!(started.elapsed() < Duration::from_secs(60));
+        }
+    }
+    assert!(points >= 100);
+    Ok(())
+}
