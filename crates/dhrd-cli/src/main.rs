@@ -6,6 +6,7 @@ mod load;
 mod metrics;
 mod mount;
 mod nbd;
+mod nvm;
 mod timing;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -98,6 +98,22 @@ pub struct NbdArgs {
     /// what is read (admission, read-ahead) and written (a pure cache).
     #[arg(long)]
     pub no_prefill: bool,
+    /// A file on non-volatile memory (a pmem/DAX mount) for writes: with --ram-kind nvm,
+    /// a write is acknowledged once it is in this file and written back to the backing in
+    /// the background; after a crash the dirty chunks are served from it and written back.
+    #[arg(long, requires = "ram_kind")]
+    pub ram_file: Option<PathBuf>,
+    /// What --ram-file is: nvm (non-volatile; enables write-back). DRAM is never treated
+    /// as non-volatile: a --ram-file on tmpfs or ramfs is refused.
+    #[arg(long, value_enum, requires = "ram_file")]
+    pub ram_kind: Option<crate::nvm::RamKind>,
+    /// Device timing of the --ram-file (e.g. nvm), as --backing-timing.
+    #[arg(long, value_name = "PROFILE", value_parser = crate::timing::parse, requires = "ram_file")]
+    pub ram_timing: Option<DeviceProfile>,
+    /// At a clean stop, wait this long for the write-back to finish (what is left stays
+    /// safe in the --ram-file).
+    #[arg(long, default_value_t = 60)]
+    pub writeback_drain_secs: u64,
     /// sync (every write durable before its reply), fsync (durable at FLUSH/FUA) or
     /// periodic:N (fsync plus a flush every N seconds).
     #[arg(long, default_value = "sync")]
@@ -222,9 +238,35 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     // Described before the timing wrapper, which the startup line names on its own.
     let describe = backing.describe();
     let backing = crate::timing::wrap(backing, a.backing_timing);
+    let chunk_bytes = a.chunk.or(preferred_chunk).unwrap_or(DEFAULT_CHUNK_BYTES);
+    let writeback = match (&a.ram_file, a.ram_kind) {
+        (Some(f), Some(crate::nvm::RamKind::Nvm)) => {
+            if a.read_only {
+                bail!("--ram-kind nvm takes writes; it cannot be combined with --read-only");
+            }
+            Some(crate::nvm::wrap(backing.clone(), f, chunk_bytes, a.ram_timing)?)
+        }
+        (Some(_), Some(crate::nvm::RamKind::Dram)) => bail!(
+            "--ram-kind dram: DRAM is volatile, so writes stay write-through and a --ram-file              has no use; give --ram-kind nvm for a file on non-volatile memory"
+        ),
+        _ => None,
+    };
+    if let Some(wb) = &writeback {
+        let s = wb.stats();
+        if s.chunks_dirty_at_open > 0 {
+            eprintln!(
+                "dhrd nbd: {} chunks were dirty in the --ram-file: served from it and written back now",
+                s.chunks_dirty_at_open
+            );
+        }
+    }
+    let backing: Arc<dyn Durable> = match &writeback {
+        Some(wb) => wb.clone(),
+        None => backing,
+    };
     let durability = a.durability;
     let cfg = ObjectConfig {
-        chunk_bytes: a.chunk.or(preferred_chunk).unwrap_or(DEFAULT_CHUNK_BYTES),
+        chunk_bytes,
         durability,
         budget: a.mem.map(RamBudget::new),
         fixed_len: true,
@@ -268,7 +310,7 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         // the numbers were measured on.
         writeln!(
             out,
-            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}) as export {:?} on {}",
+            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}{}) as export {:?} on {}",
             target.size(),
             if a.read_only { ", read-only" } else { "" },
             a.mem
@@ -283,6 +325,15 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
                 .unwrap_or_default(),
             a.backing_timing
                 .map(|p| format!(", backing timing {p}"))
+                .unwrap_or_default(),
+            a.ram_file
+                .as_ref()
+                .filter(|_| writeback.is_some())
+                .map(|f| format!(
+                    ", writes acknowledged on NVM {} and written back{}",
+                    f.display(),
+                    a.ram_timing.map(|p| format!(" (NVM timing {p})")).unwrap_or_default()
+                ))
                 .unwrap_or_default(),
             a.name,
             server.local_addr()
@@ -313,6 +364,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     );
     if a.verbose {
         eprintln!("{}", obj.stats());
+    }
+    if let Some(wb) = &writeback {
+        crate::nvm::drain(wb, Duration::from_secs(a.writeback_drain_secs));
     }
     if let Some(f) = obj.failure() {
         eprintln!("dhrd nbd: the export turned read-only after a backing failure: {f}");

@@ -1,0 +1,117 @@
+//! `--ram-file PATH --ram-kind nvm` (SPEC M4) on the real `dhrd nbd` process: writes are
+//! acknowledged once in the file (a stand-in for non-volatile memory) while the backing
+//! is slow; after a SIGKILL under load a restart serves every acknowledged block (the
+//! dirty ones from the file) and writes them back; a clean stop leaves the backing
+//! complete; and a file on tmpfs is refused, since DRAM is never treated as non-volatile.
+
+use dhrd_nbd::client::Client;
+use std::process::Command;
+
+mod nbd_common;
+use nbd_common::*;
+
+const EXPORT_BLOCKS: u64 = 64; // 4 MiB of 64 KiB blocks
+
+fn read_block(c: &mut Client, i: u64) -> Vec<u8> {
+    c.read(i * BLOCK as u64, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("read block {i}: {e}"))
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill_and_are_written_back() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let backing = dir.path().join("b.img");
+    let nvm = dir.path().join("nvm.img");
+    let mut data = Vec::new();
+    for i in 0..EXPORT_BLOCKS {
+        data.extend_from_slice(&block(i, 1));
+    }
+    std::fs::write(&backing, &data).unwrap_or_else(|e| panic!("{e}"));
+    let nvm_s = nvm.to_string_lossy().to_string();
+    // A slow backing (20 ms per request), so the write-back is far behind the writes
+    // when the process is killed.
+    let args = [
+        "--ram-file",
+        nvm_s.as_str(),
+        "--ram-kind",
+        "nvm",
+        "--backing-timing",
+        "20000,20000,20000,0",
+        "--chunk",
+        "64K",
+    ];
+    let mut d = Dhrd::start(dir.path(), &backing, &args);
+    assert!(
+        d.ready_line.contains("writes acknowledged on NVM"),
+        "{}",
+        d.ready_line
+    );
+    let order: Vec<u64> = (0..EXPORT_BLOCKS).rev().collect();
+    let (acked, unacked) = write_until_killed(&mut d, &order, 2, false, 4, 40);
+    // Restart: the dirty chunks are served from the file.
+    let mut d = Dhrd::start(dir.path(), &backing, &args);
+    let said = d.stderr_text();
+    assert!(
+        said.contains("chunks were dirty in the --ram-file"),
+        "{said}"
+    );
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    for i in 0..EXPORT_BLOCKS {
+        let got = read_block(&mut c, i);
+        if acked.contains(&i) {
+            assert!(got == block(i, 2), "acknowledged block {i} lost");
+        } else if !unacked.contains(&i) {
+            assert!(got == block(i, 1), "block {i} changed without a write");
+        } else {
+            assert!(
+                got == block(i, 1) || got == block(i, 2),
+                "block {i} torn across chunks"
+            );
+        }
+    }
+    drop(c);
+    // A clean stop waits for the write-back: the backing alone then holds everything.
+    let code = d.term();
+    assert_eq!(code, Some(0), "{}", d.stderr_text());
+    assert!(
+        d.stderr_text().contains("write-back complete"),
+        "{}",
+        d.stderr_text()
+    );
+    let on_disk = std::fs::read(&backing).unwrap_or_else(|e| panic!("{e}"));
+    for &i in &acked {
+        let at = i as usize * BLOCK;
+        assert!(
+            on_disk[at..at + BLOCK] == block(i, 2)[..],
+            "block {i} not written back"
+        );
+    }
+}
+
+#[test]
+fn a_ram_file_on_tmpfs_is_refused() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let backing = dir.path().join("b.img");
+    std::fs::write(&backing, vec![0u8; 1 << 20]).unwrap_or_else(|e| panic!("{e}"));
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return; // no tmpfs to try
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+        .args(["nbd", "--backing"])
+        .arg(&backing)
+        .args(["--socket"])
+        .arg(dir.path().join("s.sock"))
+        .args([
+            "--ram-file",
+            "/dev/shm/dhrd-test-nvm.img",
+            "--ram-kind",
+            "nvm",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tmpfs"), "{err}");
+    assert!(!std::path::Path::new("/dev/shm/dhrd-test-nvm.img").exists());
+}
