@@ -45,6 +45,17 @@ typedef struct dhrd_options {
   // empty, else none; "": none, whatever the environment says. A value not in that
   // syntax is `EINVAL`. Read during `dhrd_open` only.
   const char *backing_timing;
+  // Cache mode, when `ram_budget_bytes` is smaller than the data: which chunk leaves RAM
+  // when a read needs room, "s3fifo" (scan resistant), "clock" or "off". NULL: s3fifo.
+  const char *cache_policy;
+  // Which read misses bring their chunk into RAM once the budget is full: "second" (on
+  // a second miss; one-off reads bypass RAM) or "always". NULL: second.
+  const char *cache_admit;
+  // Read-ahead into RAM: "none", "sequential" or "history". NULL: history.
+  const char *read_ahead;
+  // Do not copy the backing into RAM in the background at open: RAM fills only with
+  // what is read and written (a pure cache).
+  bool no_prefill;
 } dhrd_options;
 
 // Load progress of the RAM tier.
@@ -81,6 +92,17 @@ typedef struct dhrd_stats {
   uint64_t commit_batch_writes_max;
   // The object refuses writes after a backing failure (C4).
   bool read_only_after_failure;
+  // Reads served from RAM over all reads.
+  double hit_ratio;
+  // Cache mode: chunks evicted, misses admitted into RAM, misses served from the
+  // backing only.
+  uint64_t evictions;
+  uint64_t admissions;
+  uint64_t bypasses;
+  // Read-ahead: chunks loaded ahead, used by a read, evicted unread.
+  uint64_t read_ahead_loaded;
+  uint64_t read_ahead_used;
+  uint64_t read_ahead_wasted;
 } dhrd_stats;
 
 #ifdef __cplusplus

@@ -71,6 +71,17 @@ pub struct dhrd_options {
     /// empty, else none; "": none, whatever the environment says. A value not in that
     /// syntax is `EINVAL`. Read during `dhrd_open` only.
     pub backing_timing: *const c_char,
+    /// Cache mode, when `ram_budget_bytes` is smaller than the data: which chunk leaves RAM
+    /// when a read needs room, "s3fifo" (scan resistant), "clock" or "off". NULL: s3fifo.
+    pub cache_policy: *const c_char,
+    /// Which read misses bring their chunk into RAM once the budget is full: "second" (on
+    /// a second miss; one-off reads bypass RAM) or "always". NULL: second.
+    pub cache_admit: *const c_char,
+    /// Read-ahead into RAM: "none", "sequential" or "history". NULL: history.
+    pub read_ahead: *const c_char,
+    /// Do not copy the backing into RAM in the background at open: RAM fills only with
+    /// what is read and written (a pure cache).
+    pub no_prefill: bool,
 }
 
 /// What `dhrd_options_default` fills in, and what a null `opts` means.
@@ -83,6 +94,10 @@ const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
     min_len_bytes: 0,
     read_only: false,
     backing_timing: std::ptr::null(),
+    cache_policy: std::ptr::null(),
+    cache_admit: std::ptr::null(),
+    read_ahead: std::ptr::null(),
+    no_prefill: false,
 };
 
 /// The environment variable a NULL `dhrd_options.backing_timing` defers to, so that an
@@ -127,6 +142,17 @@ pub struct dhrd_stats {
     pub commit_batch_writes_max: u64,
     /// The object refuses writes after a backing failure (C4).
     pub read_only_after_failure: bool,
+    /// Reads served from RAM over all reads.
+    pub hit_ratio: f64,
+    /// Cache mode: chunks evicted, misses admitted into RAM, misses served from the
+    /// backing only.
+    pub evictions: u64,
+    pub admissions: u64,
+    pub bypasses: u64,
+    /// Read-ahead: chunks loaded ahead, used by a read, evicted unread.
+    pub read_ahead_loaded: u64,
+    pub read_ahead_used: u64,
+    pub read_ahead_wasted: u64,
 }
 
 /// An open hybrid object. Opaque to C.
@@ -172,7 +198,9 @@ pub unsafe extern "C" fn dhrd_options_default(opts: *mut dhrd_options) -> c_int 
     })
 }
 
-fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int> {
+/// # Safety
+/// The string fields of `o` are null or NUL-terminated.
+unsafe fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int> {
     let durability = match o.durability {
         DHRD_DURABILITY_SYNC => Durability::Sync,
         DHRD_DURABILITY_FSYNC => Durability::Fsync,
@@ -191,7 +219,34 @@ fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int> {
     if o.chunk_bytes > 0 {
         cfg.chunk_bytes = o.chunk_bytes;
     }
+    // SAFETY: null or NUL-terminated (this function's contract).
+    if let Some(p) = unsafe { enum_of(o.cache_policy) }? {
+        cfg.cache.policy = p;
+    }
+    // SAFETY: as above.
+    if let Some(a) = unsafe { enum_of(o.cache_admit) }? {
+        cfg.cache.admission = a;
+    }
+    // SAFETY: as above.
+    if let Some(r) = unsafe { enum_of(o.read_ahead) }? {
+        cfg.cache.read_ahead = r;
+    }
+    cfg.cache.prefill = !o.no_prefill;
     Ok(cfg)
+}
+
+/// Parses an optional C string option; NULL is `None`, a bad value `EINVAL`.
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn enum_of<T: std::str::FromStr>(p: *const c_char) -> Result<Option<T>, c_int> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null and NUL-terminated per the function contract.
+    let c = unsafe { CStr::from_ptr(p) };
+    let s = c.to_str().map_err(|_| libc::EINVAL)?;
+    s.parse().map(Some).map_err(|_| libc::EINVAL)
 }
 
 /// The device timing `o` asks for: its `backing_timing`, else `$DHRD_BACKING_TIMING`.
@@ -275,7 +330,8 @@ pub unsafe extern "C" fn dhrd_open(
             read_only: o.read_only,
             ..Default::default()
         };
-        let mut cfg = config_of(&o, path)?;
+        // SAFETY: dhrd_open's contract: the option strings are null or NUL-terminated.
+        let mut cfg = unsafe { config_of(&o, path) }?;
         // SAFETY: `o` came from the caller's options, whose string is valid per the
         // function contract. Parsed before the backing is opened, so a bad value creates
         // nothing and takes no RBD lock.
@@ -493,6 +549,13 @@ pub unsafe extern "C" fn dhrd_get_stats(obj: *const dhrd_object, out: *mut dhrd_
             commit_batch_writes_mean: s.commit_batch_writes_mean,
             commit_batch_writes_max: s.commit_batch_writes_max,
             read_only_after_failure: o.obj.failure().is_some(),
+            hit_ratio: s.hit_ratio(),
+            evictions: s.evictions,
+            admissions: s.admissions,
+            bypasses: s.bypasses,
+            read_ahead_loaded: s.ahead_loaded,
+            read_ahead_used: s.ahead_used,
+            read_ahead_wasted: s.ahead_wasted,
         };
         Ok(())
     })
