@@ -34,10 +34,8 @@ fn read(h: *mut dhrd_object, offset: u64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
     let mut n = 0usize;
     // SAFETY: a live handle; `buf` is writable for its length; out-pointer.
-    assert_eq!(
-        unsafe { dhrd_read(h, buf.as_mut_ptr().cast(), len, offset, &mut n) },
-        0
-    );
+    let r = unsafe { dhrd_read(h, buf.as_mut_ptr().cast(), len, offset, &mut n) };
+    assert_eq!(r, 0);
     buf.truncate(n);
     buf
 }
