@@ -1510,6 +1510,13 @@ impl<D: Durable> Inner<D> {
             0.0
         };
         let remaining = (total - loaded) * self.geo.chunk_bytes();
+        // In cache mode the background pass stops at the first chunk over budget: every
+        // chunk not in RAM, not failed and not retrying is then on the backing by choice.
+        let over_budget = if self.cache_full() {
+            total.saturating_sub(loaded + q.failed.len() as u64 + q.retries.len() as u64)
+        } else {
+            q.over_budget.len() as u64
+        };
         let eta = (rate > 0.0 && self.loader.is_some())
             .then(|| Duration::from_secs_f64(remaining as f64 / rate));
         LoadProgress {
@@ -1518,7 +1525,7 @@ impl<D: Durable> Inner<D> {
             chunks_loaded: loaded,
             chunks_retrying: q.retries.len() as u64,
             chunks_failed: q.failed.len() as u64,
-            chunks_over_budget: q.over_budget.len() as u64,
+            chunks_over_budget: over_budget,
             bytes_total: len,
             bytes_loaded: q.bytes_loaded,
             elapsed,

@@ -364,6 +364,35 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
             "syncs": sh.committer.syncs.load(Ordering::Relaxed),
         },
     });
+    if let Some(Tier::Engine(t)) = sh.tier_if_set() {
+        // Cache mode (SPEC M1-M3) and read-ahead, summed over the files' objects.
+        let (mut ram, mut backing) = (0u64, 0u64);
+        let mut c = [0u64; 6];
+        for o in t.objects.snapshot() {
+            let st = o.stats();
+            ram += st.reads_ram;
+            backing += st.reads_backing;
+            for (acc, v) in c.iter_mut().zip([
+                st.evictions,
+                st.admissions,
+                st.bypasses,
+                st.ahead_loaded,
+                st.ahead_used,
+                st.ahead_wasted,
+            ]) {
+                *acc += v;
+            }
+        }
+        doc["cache"] = json!({
+            "hit_ratio": if ram + backing == 0 { 0.0 } else { ram as f64 / (ram + backing) as f64 },
+            "evictions": c[0],
+            "admitted": c[1],
+            "bypassed": c[2],
+            "read_ahead_loaded": c[3],
+            "read_ahead_used": c[4],
+            "read_ahead_wasted": c[5],
+        });
+    }
     if let Some(Tier::Page(t)) = sh.tier_if_set() {
         let r = t.resident.stats();
         let ps = &t.stats;
