@@ -1,5 +1,7 @@
 //! dhrd-tier: the fast tier of a tiered dhrd device (SPEC section 6).
 //!
+//! [`Tiered`] ([`tiered`]) is the tiered device of T1: an SSD cache tier of chunk slots in
+//! front of a large slow lower tier, with promotion of hot chunks and write-back.
 //! [`WriteBack`] ([`writeback`]) puts a non-volatile fast device in front of a slow
 //! backing: writes are acknowledged once on the fast device and written back later (SPEC
 //! M4, and the cache tier's write-back of T1).
@@ -24,6 +26,7 @@ mod error;
 mod extent;
 pub mod rehypar;
 mod space;
+pub mod tiered;
 pub mod writeback;
 
 pub use bucket::{BucketAllocator, BUCKETS_MAX};
@@ -34,4 +37,5 @@ pub use space::{
     AllocOutcome, BlockAddr, BlockCount, Extent, FreeOutcome, LiveSet, Placement, SpaceAllocator,
     SpaceStats,
 };
+pub use tiered::{TierMode, TierStats, Tiered};
 pub use writeback::{WriteBack, WriteBackStats};
