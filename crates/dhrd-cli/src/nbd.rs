@@ -111,9 +111,23 @@ pub struct NbdArgs {
     #[arg(long, value_name = "PROFILE", value_parser = crate::timing::parse, requires = "ram_file")]
     pub ram_timing: Option<DeviceProfile>,
     /// At a clean stop, wait this long for the write-back to finish (what is left stays
-    /// safe in the --ram-file).
+    /// safe in the --ram-file or --tier-ssd).
     #[arg(long, default_value_t = 60)]
     pub writeback_drain_secs: u64,
+    /// Tiered device (SPEC T1): an SSD file caching the --backing (the slow lower tier)
+    /// in chunk slots: hot chunks are promoted, writes are durable on the SSD and written
+    /// back (or written through, --tier-mode).
+    #[arg(long, requires = "tier_ssd_size", conflicts_with = "ram_file")]
+    pub tier_ssd: Option<PathBuf>,
+    /// Size of the SSD cache tier (e.g. 10G).
+    #[arg(long, value_parser = parse_size, requires = "tier_ssd")]
+    pub tier_ssd_size: Option<u64>,
+    /// writeback (durable on the SSD, written back later) or writethrough.
+    #[arg(long, default_value = "writeback", requires = "tier_ssd")]
+    pub tier_mode: dhrd_tier::TierMode,
+    /// Device timing of the --tier-ssd, as --backing-timing.
+    #[arg(long, value_name = "PROFILE", value_parser = crate::timing::parse, requires = "tier_ssd")]
+    pub tier_ssd_timing: Option<DeviceProfile>,
     /// sync (every write durable before its reply), fsync (durable at FLUSH/FUA) or
     /// periodic:N (fsync plus a flush every N seconds).
     #[arg(long, default_value = "sync")]
@@ -260,9 +274,35 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let backing: Arc<dyn Durable> = match &writeback {
-        Some(wb) => wb.clone(),
-        None => backing,
+    let tier = match (&a.tier_ssd, a.tier_ssd_size) {
+        (Some(f), Some(size)) => {
+            if a.read_only {
+                bail!("--tier-ssd takes writes; it cannot be combined with --read-only");
+            }
+            Some(crate::nvm::tier(
+                backing.clone(),
+                f,
+                size,
+                chunk_bytes,
+                a.tier_mode,
+                a.tier_ssd_timing,
+            )?)
+        }
+        _ => None,
+    };
+    if let Some(t) = &tier {
+        let s = t.stats();
+        if s.dirty_at_open > 0 {
+            eprintln!(
+                "dhrd nbd: {} chunks were dirty on the --tier-ssd: served from it and written back now",
+                s.dirty_at_open
+            );
+        }
+    }
+    let backing: Arc<dyn Durable> = match (&writeback, &tier) {
+        (Some(wb), _) => wb.clone(),
+        (None, Some(t)) => t.clone(),
+        (None, None) => backing,
     };
     let durability = a.durability;
     let cfg = ObjectConfig {
@@ -310,7 +350,7 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         // the numbers were measured on.
         writeln!(
             out,
-            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}{}) as export {:?} on {}",
+            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}{}{}) as export {:?} on {}",
             target.size(),
             if a.read_only { ", read-only" } else { "" },
             a.mem
@@ -325,6 +365,16 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
                 .unwrap_or_default(),
             a.backing_timing
                 .map(|p| format!(", backing timing {p}"))
+                .unwrap_or_default(),
+            a.tier_ssd
+                .as_ref()
+                .filter(|_| tier.is_some())
+                .map(|f| format!(
+                    ", cached on SSD tier {} ({}{})",
+                    f.display(),
+                    a.tier_mode,
+                    a.tier_ssd_timing.map(|p| format!(", SSD timing {p}")).unwrap_or_default()
+                ))
                 .unwrap_or_default(),
             a.ram_file
                 .as_ref()
@@ -367,6 +417,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     }
     if let Some(wb) = &writeback {
         crate::nvm::drain(wb, Duration::from_secs(a.writeback_drain_secs));
+    }
+    if let Some(t) = &tier {
+        crate::nvm::drain_tier(t, Duration::from_secs(a.writeback_drain_secs));
     }
     if let Some(f) = obj.failure() {
         eprintln!("dhrd nbd: the export turned read-only after a backing failure: {f}");

@@ -1,5 +1,8 @@
-//! `--ram-file PATH --ram-kind nvm`: writes acknowledged once on non-volatile memory and
-//! written back to the backing in the background (SPEC M4, `dhrd_tier::writeback`).
+//! The fast tiers in front of a backing, from `dhrd_tier`:
+//! - `--ram-file PATH --ram-kind nvm`: writes acknowledged once on non-volatile memory and
+//!   written back to the backing in the background (SPEC M4, `dhrd_tier::writeback`);
+//! - `--tier-ssd PATH --tier-ssd-size SIZE`: an SSD cache tier over a slow backing (SPEC
+//!   T1, `dhrd_tier::tiered`).
 //!
 //! DRAM is never treated as non-volatile: the file must be on a file system that keeps
 //! its contents without power (a pmem/DAX mount, or any disk file system for testing);
@@ -8,7 +11,7 @@
 
 use anyhow::{bail, Context, Result};
 use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions};
-use dhrd_tier::{WriteBack, WriteBackStats};
+use dhrd_tier::{TierMode, TierStats, Tiered, WriteBack, WriteBackStats};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +107,66 @@ pub fn drain(wb: &NvmTier, timeout: Duration) {
              --ram-file and are written back at the next start",
             timeout.as_secs(),
             describe(&s)
+        );
+    }
+}
+
+/// The tiered device over whatever backing the export opened.
+pub type SsdTier = Tiered<Arc<dyn Durable>, Arc<dyn Durable>>;
+
+/// Puts an SSD cache tier of `ssd_bytes` in `ssd_file` in front of `lower`.
+pub fn tier(
+    lower: Arc<dyn Durable>,
+    ssd_file: &Path,
+    ssd_bytes: u64,
+    chunk_bytes: u64,
+    mode: TierMode,
+    timing: Option<DeviceProfile>,
+) -> Result<Arc<SsdTier>> {
+    let ssd = FileBacking::open(
+        ssd_file,
+        &FileOptions {
+            create: true,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("opening --tier-ssd {}", ssd_file.display()))?;
+    let ssd: Arc<dyn Durable> = crate::timing::wrap(Arc::new(ssd), timing);
+    let t = Tiered::open(ssd, lower, ssd_bytes, chunk_bytes, mode, WRITEBACK_THREADS)
+        .with_context(|| format!("opening the SSD tier on {}", ssd_file.display()))?;
+    Ok(Arc::new(t))
+}
+
+pub fn describe_tier(s: &TierStats) -> String {
+    format!(
+        "{} of {} slots used, {} dirty ({} at start); reads {} from the SSD, {} from the lower tier; \
+         {} promoted, {} evicted, {} written back ({} failures), {} writes bypassed the SSD",
+        s.slots_used,
+        s.slots,
+        s.slots_dirty,
+        s.dirty_at_open,
+        s.reads_ssd,
+        s.reads_lower,
+        s.promotions,
+        s.evictions,
+        s.written_back,
+        s.writeback_failures,
+        s.writes_bypassed
+    )
+}
+
+/// At a clean stop: waits up to `timeout` for the SSD tier's write-back.
+pub fn drain_tier(t: &SsdTier, timeout: Duration) {
+    let done = t.drain(timeout);
+    let s = t.stats();
+    if done {
+        eprintln!("dhrd nbd: SSD tier written back: {}", describe_tier(&s));
+    } else {
+        eprintln!(
+            "dhrd nbd: SSD tier write-back not finished after {} s: {}; the dirty chunks are \
+             safe on the SSD and are written back at the next start",
+            timeout.as_secs(),
+            describe_tier(&s)
         );
     }
 }
