@@ -15,6 +15,7 @@ import configs
 import lib
 import cache
 import rbd
+import seed002
 from lib import BenchError, log, run
 
 BLOCK_OPS = ("randread", "randwrite")
@@ -848,4 +849,5 @@ EXPERIMENTS = {
     "transport": exp_transport,
     "rbd": rbd.exp_rbd,
     "cache": cache.exp_cache,
+    "seed002": seed002.exp_seed002,
 }

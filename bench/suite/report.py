@@ -71,6 +71,9 @@ COLUMNS = {
             ("MiB/s", "mib_s")],
     "cache": [("config", "config"), ("workload", "workload"), ("IOPS", "iops"), ("hit ratio", "hit_ratio"),
               ("mean us", "lat_mean_us"), ("MiB/s", "mib_s")],
+    "seed002": [("config", "config"), ("workload", "workload"), ("files", "files"), ("read MiB/s", "mib_s"),
+                ("read s", "secs"), ("write MiB/s", "write_mib_s"), ("pgbench scale", "scale"), ("TPS", "tps"),
+                ("mean latency ms", "lat_mean_ms"), ("init s", "init_secs")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }
@@ -318,6 +321,28 @@ def plot(name, e, out):
         axes[1].legend(fontsize=8)
         for ax in axes:
             ax.grid(True, which="both", alpha=0.3)
+    elif name == "seed002":
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+        cfgs = list(dict.fromkeys(r["config"] for r in rows))
+        dr = [r for r in rows if r.get("workload") == "dfsio-read"]
+        counts = sorted({r["files"] for r in dr})
+        w = 0.8 / max(1, len(cfgs))
+        for i, c in enumerate(cfgs):
+            ys = [next((r["mib_s"] for r in dr if r["config"] == c and r["files"] == n), 0) for n in counts]
+            axes[0].bar([j + i * w for j in range(len(counts))], ys, w, label=c)
+        axes[0].set_xticks([j + 0.4 - w / 2 for j in range(len(counts))])
+        fsz = dr[0]["file_bytes"] / (1 << 20) if dr else 0
+        axes[0].set_xticklabels([f"{n} x {fsz:.0f} MiB" for n in counts])
+        axes[0].set_yscale("log")
+        axes[0].set_ylabel("read MiB/s (all files, in parallel)")
+        axes[0].set_title("TestDFSIO-like read after a cache drop, HDD profile")
+        axes[0].legend(fontsize=8)
+        pg = [r for r in rows if r.get("workload") == "pgbench"]
+        axes[1].bar([r["config"] for r in pg], [r["tps"] for r in pg], color=[f"C{cfgs.index(r['config'])}" for r in pg])
+        axes[1].set_ylabel("transactions per second")
+        axes[1].set_title(f"pgbench -c 4 (scale {pg[0]['scale'] if pg else '?'}), cold cache, HDD profile")
+        for ax in axes:
+            ax.grid(True, axis="y", which="both", alpha=0.3)
     else:
         return None
     fig.tight_layout()

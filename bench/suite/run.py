@@ -34,6 +34,9 @@ PROFILES = {
         warm_rounds=1, mem_bytes=32 * M, transport_bytes=16 * M, transport_rounds=1, transport_runtime_s=1,
         rbd_bytes=[16 * M, 64 * M], rbd_rounds=1,
         cache_bytes=64 * M, cache_runtime_s=2, cache_rounds=1, ra_bytes=32 * M, ra_runtime_s=1,
+        seed002_export_bytes=128 * M, seed002_mem_bytes=16 * M, seed002_file_bytes=2 * M, seed002_files=[1, 2],
+        seed002_pg_scale=1, seed002_pg_secs=1, seed002_pg_shared_buffers="16MB", seed002_pg_wal_segsize_mb=1,
+        seed002_configs=["dhrd-cache", "nbdkit-cache"],
     ),
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
@@ -43,6 +46,8 @@ PROFILES = {
         warm_rounds=1, mem_bytes=1 * G, transport_bytes=256 * M, transport_rounds=3, transport_runtime_s=3,
         rbd_bytes=[64 * M, 1 * G], rbd_rounds=2,
         cache_bytes=1 * G, cache_runtime_s=20, cache_rounds=1, ra_bytes=512 * M, ra_runtime_s=15,
+        seed002_export_bytes=2 * G, seed002_mem_bytes=512 * M, seed002_file_bytes=50 * M, seed002_files=[1, 4, 10],
+        seed002_pg_scale=16, seed002_pg_secs=20, seed002_pg_shared_buffers="128MB",
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
@@ -53,9 +58,11 @@ PROFILES = {
         transport_bytes=256 * M, transport_rounds=5, transport_runtime_s=4,
         rbd_bytes=[256 * M, 4 * G], rbd_rounds=3,
         cache_bytes=1 * G, cache_runtime_s=40, cache_rounds=2, ra_bytes=1 * G, ra_runtime_s=20,
+        seed002_export_bytes=4 * G, seed002_mem_bytes=1 * G, seed002_file_bytes=100 * M, seed002_files=[1, 4, 10],
+        seed002_pg_scale=32, seed002_pg_secs=60, seed002_pg_shared_buffers="128MB",
     ),
 }
-ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache")
+ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache", "seed002")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 
