@@ -18,6 +18,10 @@ a time over a fresh sparse backing file of the same size:
   - dhrd-no-prefill: the same with `--no-prefill`, a pure cache: RAM fills only with what is
                   read (second-miss admission, read-ahead); a write to a chunk not in RAM
                   goes to the backing only, so freshly written files are not in RAM;
+  - dhrd-nvm:     dhrd-cache plus `--ram-file F --ram-kind nvm --ram-timing nvm`: writes are
+                  acknowledged once in a file standing in for non-volatile memory (NVM
+                  timing) and written back to the disk in the background, as the paper's
+                  memory storage does (SPEC M4);
   - no-ram:       the same server and timing with `--mem 0` (every request reaches the
                   emulated disk): the paper's bare device, and the same device model as
                   dhrd-cache, so the ratio isolates the RAM;
@@ -51,7 +55,7 @@ import lib
 from lib import BenchError, log, run
 
 K, M, G = 1 << 10, 1 << 20, 1 << 30
-CONFIGS = ("dhrd-cache", "dhrd-no-prefill", "no-ram", "nbdkit-cache")
+CONFIGS = ("dhrd-cache", "dhrd-nvm", "dhrd-no-prefill", "no-ram", "nbdkit-cache")
 HDD_DELAY_MS = 8
 TITLE = "12. Seed 002: RAM cache in front of a slower disk (TestDFSIO reads, TPC-C-like OLTP)"
 PAPER = {"dfsio": "+78% (no SCR) to +266% (SCR) on average over the SSD, i.e. 1.78x-3.66x",
@@ -123,7 +127,12 @@ class Stack:
             cmd = [self.ctx.ws.dhrd, "nbd", "--backing", self.data, "--socket", self.sock,
                    "--mem", str(0 if self.config == "no-ram" else mem),
                    "--backing-timing", "hdd", "--status-file", self.status, "-v"]
-            if self.config != "dhrd-cache":
+            if self.config == "dhrd-nvm":
+                nvm = os.path.join(self.dir, "nvm.img")
+                if os.path.exists(nvm):
+                    os.unlink(nvm)
+                cmd += ["--ram-file", nvm, "--ram-kind", "nvm", "--ram-timing", "nvm"]
+            elif self.config != "dhrd-cache":
                 cmd.append("--no-prefill")
         else:
             tmp = os.path.join(self.dir, "nbdkit-tmp")
@@ -321,6 +330,8 @@ def seed002_ratios(rows, p):
             "no-ram (same HDD profile, no RAM)")
         add(what, get("dhrd-cache", "mib_s", files=n), get("nbdkit-cache", "mib_s", files=n), "dhrd-cache",
             "nbdkit cache + delay filters")
+        add(what, get("dhrd-nvm", "mib_s", files=n), get("no-ram", "mib_s", files=n), "dhrd-nvm",
+            "no-ram (same HDD profile, no RAM)")
         add(what, get("dhrd-no-prefill", "mib_s", files=n), get("no-ram", "mib_s", files=n), "dhrd-no-prefill",
             "no-ram (same HDD profile, no RAM)")
         add(what, get("nbdkit-cache", "mib_s", files=n), get("no-ram", "mib_s", files=n), "nbdkit-cache",
@@ -328,11 +339,13 @@ def seed002_ratios(rows, p):
     what = f"pgbench TPS, scale {p['seed002_pg_scale']} (paper, TPC-C: 2.39x-4.60x)"
     add(what, get("dhrd-cache", "tps"), get("no-ram", "tps"), "dhrd-cache", "no-ram (same HDD profile, no RAM)")
     add(what, get("dhrd-cache", "tps"), get("nbdkit-cache", "tps"), "dhrd-cache", "nbdkit cache + delay filters")
+    add(what, get("dhrd-nvm", "tps"), get("no-ram", "tps"), "dhrd-nvm", "no-ram (same HDD profile, no RAM)")
+    add(what, get("dhrd-nvm", "tps"), get("nbdkit-cache", "tps"), "dhrd-nvm", "nbdkit cache + delay filters")
     add(what, get("dhrd-no-prefill", "tps"), get("no-ram", "tps"), "dhrd-no-prefill",
         "no-ram (same HDD profile, no RAM)")
     add(what, get("nbdkit-cache", "tps"), get("no-ram", "tps"), "nbdkit-cache", "no-ram (same HDD profile, no RAM)")
     what = f"pgbench -i -s {p['seed002_pg_scale']} time, inverted (higher is faster)"
-    for fig in ("dhrd-cache", "dhrd-no-prefill", "nbdkit-cache"):
+    for fig in ("dhrd-cache", "dhrd-nvm", "dhrd-no-prefill", "nbdkit-cache"):
         add(what, get("no-ram", "init_secs"), get(fig, "init_secs"), fig, "no-ram (same HDD profile, no RAM)")
     add(what, get("nbdkit-cache", "init_secs"), get("dhrd-cache", "init_secs"), "dhrd-cache",
         "nbdkit cache + delay filters")

@@ -1098,8 +1098,17 @@ impl<D: Durable> Inner<D> {
         if grew || self.geo.index_of(end - 1) >= last {
             self.settle_rebate(&layout);
         }
+        // M4: in cache mode a write to a chunk not in RAM brings it in when there is room.
+        let missed: Vec<ChunkIndex> = plan
+            .iter()
+            .filter(|(_, how, _)| *how == WritePlan::BackingOnly)
+            .map(|(c, _, _)| *c)
+            .collect();
         drop(plan);
         drop(layout);
+        for c in missed {
+            self.on_write_miss(c);
+        }
         if self.cfg.durability == Durability::Sync {
             let n = buf.len() as u64;
             if self.written_since_drop.fetch_add(n, Ordering::Relaxed) + n >= DROP_BEHIND_BYTES {

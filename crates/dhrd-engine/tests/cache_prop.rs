@@ -306,3 +306,42 @@ fn an_invalidation_under_a_live_view_keeps_its_bytes() -> Result<(), String> {
     assert_eq!(b, sim.volatile()[CB as usize..2 * CB as usize]);
     o.verify_mirror()
 }
+
+/// M4: in cache mode a write to a chunk not in RAM brings it into RAM when the budget has
+/// room (the loader copies it, the write included), and never evicts to do so.
+#[test]
+fn writes_go_to_ram_when_there_is_room() -> Result<(), String> {
+    use dhrd_engine::{ChunkIndex, ChunkState};
+    const CB: u64 = 4096;
+    let sim = Arc::new(SimBacking::from_bytes(vec![1u8; 16 * CB as usize], 5));
+    let budget = RamBudget::new(2 * CB);
+    let cache = CacheConfig {
+        prefill: false,
+        ..CacheConfig::default()
+    };
+    let o = open(&sim, CB, &budget, cache);
+    let wait_loaded = |c: u64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while o.chunk_state(ChunkIndex(c)) != Some(ChunkState::Loaded) {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        true
+    };
+    o.write_at(&[7; 100], 3 * CB + 5)
+        .map_err(|e| e.to_string())?;
+    assert!(wait_loaded(3), "the written chunk did not come into RAM");
+    o.write_at(&[8; 100], 9 * CB).map_err(|e| e.to_string())?;
+    assert!(wait_loaded(9));
+    // The budget is full now: a third write does not evict.
+    o.write_at(&[9; 100], 12 * CB).map_err(|e| e.to_string())?;
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(o.chunk_state(ChunkIndex(12)), Some(ChunkState::Unloaded));
+    assert_eq!(o.stats().evictions, 0);
+    let mut b = vec![0u8; 100];
+    o.read_at(&mut b, 3 * CB + 5).map_err(|e| e.to_string())?;
+    assert_eq!(b, vec![7; 100]);
+    o.verify_mirror()
+}

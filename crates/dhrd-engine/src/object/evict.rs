@@ -82,6 +82,25 @@ impl<D: Durable> Inner<D> {
         self.demand(c);
     }
 
+    /// A write went to the backing only because chunk `c` was not in RAM (M4: "writes go
+    /// to memory when there is room"). In cache mode the chunk is loaded, the write
+    /// included, if the budget has room; a write never evicts (a write-once file would
+    /// otherwise push out what is read).
+    pub(super) fn on_write_miss(&self, c: ChunkIndex) {
+        if !self.admission_active() || self.failure.is_failed() {
+            return;
+        }
+        let limit = self.budget.limit_bytes();
+        if self
+            .budget
+            .used_bytes()
+            .saturating_add(self.geo.chunk_bytes())
+            <= limit
+        {
+            self.demand(c);
+        }
+    }
+
     /// A read was the first to use chunk `c`, which was read ahead.
     pub(super) fn on_ahead_hit(&self, c: ChunkIndex) {
         self.stats.add(C::AheadUsed, 1);
