@@ -14,6 +14,7 @@ import time
 import configs
 import lib
 import cache
+import nvm
 import rbd
 from lib import BenchError, log, run
 
@@ -848,4 +849,5 @@ EXPERIMENTS = {
     "transport": exp_transport,
     "rbd": rbd.exp_rbd,
     "cache": cache.exp_cache,
+    "nvm": nvm.exp_nvm,
 }

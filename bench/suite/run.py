@@ -34,6 +34,8 @@ PROFILES = {
         warm_rounds=1, mem_bytes=32 * M, transport_bytes=16 * M, transport_rounds=1, transport_runtime_s=1,
         rbd_bytes=[16 * M, 64 * M], rbd_rounds=1,
         cache_bytes=64 * M, cache_runtime_s=2, cache_rounds=1, ra_bytes=32 * M, ra_runtime_s=1,
+        nvm_bytes=16 * M, nvm_runtime_s=0.1, nvm_sweep="short",
+        nvm_devices=("nvm", "hdd"),
     ),
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
@@ -43,6 +45,7 @@ PROFILES = {
         warm_rounds=1, mem_bytes=1 * G, transport_bytes=256 * M, transport_rounds=3, transport_runtime_s=3,
         rbd_bytes=[64 * M, 1 * G], rbd_rounds=2,
         cache_bytes=1 * G, cache_runtime_s=20, cache_rounds=1, ra_bytes=512 * M, ra_runtime_s=15,
+        nvm_bytes=256 * M, nvm_runtime_s=3,
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
@@ -53,9 +56,10 @@ PROFILES = {
         transport_bytes=256 * M, transport_rounds=5, transport_runtime_s=4,
         rbd_bytes=[256 * M, 4 * G], rbd_rounds=3,
         cache_bytes=1 * G, cache_runtime_s=40, cache_rounds=2, ra_bytes=1 * G, ra_runtime_s=20,
+        nvm_bytes=512 * M, nvm_runtime_s=8,
     ),
 }
-ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache")
+ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache", "nvm")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 
