@@ -72,7 +72,7 @@ COLUMNS = {
     "cache": [("config", "config"), ("workload", "workload"), ("IOPS", "iops"), ("hit ratio", "hit_ratio"),
               ("mean us", "lat_mean_us"), ("MiB/s", "mib_s")],
     "nvm": [("device", "device"), ("part", "part"), ("workload", "workload"), ("setting", "setting"),
-            ("IOPS", "iops"), ("MiB/s", "mib_s"), ("mean us", "lat_mean_us")],
+            ("IOPS", "iops"), ("MiB/s", "mib_s"), ("mean us", "lat_mean_us"), ("cached after", "cached_after")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }
