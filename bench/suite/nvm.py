@@ -381,9 +381,9 @@ def exp_nvm(ctx):
     pairs = [(a, b) for a, b in (("nvm", "hdd"), ("nvm", "disk")) if a in devices and b in devices]
     for a, b in pairs:
         # Fig. 2: buffered reads alike across devices, buffered writes not.
-        for wl, st, key in (("read 4K", "buffered (warm)", "mib_s"), ("randread 4K", "buffered (warm)", "iops"), ("read 4K", "buffered (cold)", "mib_s"),
-                            ("randread 4K", "buffered (cold)", "iops"), ("write 4K", "buffered (+fsync)", "mib_s"),
-                            ("randwrite 4K", "buffered (+fsync)", "mib_s")):
+        for wl, st, key in (("read 4K", "buffered (warm)", "mib_s"), ("randread 4K", "buffered (warm)", "iops"),
+                            ("read 4K", "buffered (cold)", "mib_s"), ("randread 4K", "buffered (cold)", "iops"),
+                            ("write 4K", "buffered (+fsync)", "mib_s"), ("randwrite 4K", "buffered (+fsync)", "mib_s")):
             add(f"Fig. 2: {wl} {st}", get(a, "mode", wl, st, key), get(b, "mode", wl, st, key), a, b)
     for d in devices:
         # Fig. 4: uncached I/O against the page cache; sync against direct.
@@ -398,12 +398,10 @@ def exp_nvm(ctx):
                 "direct", "sync")
         # Fig. 5: kernel read-ahead.
         seq = "read 4K buffered (cold)"
-        add(f"Fig. 5 ({d}): sequential read, read-ahead 32 pages vs off", get(d, "kernel read-ahead", seq, "setra 256",
-                                                                          "mib_s"),
-            get(d, "kernel read-ahead", seq, "setra 0", "mib_s"), "setra 256", "setra 0")
-        add(f"Fig. 5 ({d}): sequential read, read-ahead 1 MiB vs 32 pages",
-            get(d, "kernel read-ahead", seq, "setra 2048", "mib_s"), get(d, "kernel read-ahead", seq, "setra 256", "mib_s"),
-            "setra 2048", "setra 256")
+        ra = {n: get(d, "kernel read-ahead", seq, f"setra {n}", "mib_s") for n in RA_SECTORS}
+        add(f"Fig. 5 ({d}): sequential read, read-ahead 32 pages vs off", ra[256], ra[0], "setra 256", "setra 0")
+        add(f"Fig. 5 ({d}): sequential read, read-ahead 1 MiB vs 32 pages", ra[2048], ra[256], "setra 2048",
+            "setra 256")
         add(f"Fig. 5 ({d}): random read, read-ahead 32 pages vs off",
             get(d, "kernel read-ahead", "randread 4K buffered (cold)", "setra 256"),
             get(d, "kernel read-ahead", "randread 4K buffered (cold)", "setra 0"), "setra 256", "setra 0")
@@ -438,9 +436,9 @@ def exp_nvm(ctx):
         f"tmpfs ({RAM_DIR}: DRAM with device timing, as the paper emulated NVM), or with no timing over a "
         "backing file on this machine's disk (read with O_DIRECT). Every request also crosses nbdfuse (FUSE) and the "
         "NBD socket, which costs far more than the NVM's own latency: the stack overhead the paper speaks of.",
-        "Block device: nbdfuse file -> `losetup --direct-io=on` -> ext4 (`mkfs.ext4`, default mount); "
-        f"the loop device's default read-ahead was {default_ra} sectors. O_SYNC does nothing for reads on "
-        "Linux, so 'sync (cold)' reads are buffered reads from a cold cache.",
+        "Block device: nbdfuse file -> `losetup --direct-io=on` -> ext4 (`mkfs.ext4`, default mount)"
+        + (f"; the loop device's default read-ahead was {default_ra} sectors" if default_ra is not None else "")
+        + ". O_SYNC does nothing for reads on Linux, so 'sync (cold)' reads are buffered reads from a cold cache.",
         "Buffered writes: a fixed amount (the whole file sequentially, 1/8 of it at random offsets) and the "
         "fsync at the end, on the wall clock. Reads marked 'cold' start with none of the file in the page "
         "cache; 'warm' ones after `vmtouch -t` of the file (and fio told not to drop it).",

@@ -347,7 +347,8 @@ def plot_nvm(plt, rows):
         ax.set_yscale("log")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
 
     def lines(ax, part, workload, xkey, val, title, xlabel, ylabel, logx=True):
         for d in devices:
@@ -362,7 +363,8 @@ def plot_nvm(plt, rows):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
 
     bars(axes[0][0], "mode", lambda r: f"{r['workload']} {r['setting']}", "iops",
          "Fig. 2/4: 4 KiB psync by I/O mode (buffered writes: with the final fsync)", "IOPS")
