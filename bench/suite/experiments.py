@@ -14,6 +14,7 @@ import time
 import configs
 import lib
 import cache
+import nvm
 import rbd
 import seed002
 from lib import BenchError, log, run
@@ -850,4 +851,5 @@ EXPERIMENTS = {
     "rbd": rbd.exp_rbd,
     "cache": cache.exp_cache,
     "seed002": seed002.exp_seed002,
+    "nvm": nvm.exp_nvm,
 }

@@ -74,6 +74,8 @@ COLUMNS = {
     "seed002": [("config", "config"), ("workload", "workload"), ("files", "files"), ("read MiB/s", "mib_s"),
                 ("read s", "secs"), ("write MiB/s", "write_mib_s"), ("pgbench scale", "scale"), ("TPS", "tps"),
                 ("mean latency ms", "lat_mean_ms"), ("init s", "init_secs")],
+    "nvm": [("device", "device"), ("part", "part"), ("workload", "workload"), ("setting", "setting"),
+            ("IOPS", "iops"), ("MiB/s", "mib_s"), ("mean us", "lat_mean_us"), ("cached after", "cached_after")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }
@@ -343,12 +345,69 @@ def plot(name, e, out):
         axes[1].set_title(f"pgbench -c 4 (scale {pg[0]['scale'] if pg else '?'}), cold cache, HDD profile")
         for ax in axes:
             ax.grid(True, axis="y", which="both", alpha=0.3)
+    elif name == "nvm":
+        fig = plot_nvm(plt, rows)
     else:
         return None
     fig.tight_layout()
     fig.savefig(os.path.join(out, fn), dpi=110)
     plt.close(fig)
     return fn
+
+
+def plot_nvm(plt, rows):
+    """Experiment 11: one panel per figure of seed 004, one series (or bar group) per device."""
+    devices = list(dict.fromkeys(r["device"] for r in rows))
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9))
+    w = 0.8 / max(1, len(devices))
+
+    def bars(ax, part, keyf, val, title, ylabel):
+        sel = [r for r in rows if r["part"] == part]
+        groups = list(dict.fromkeys(keyf(r) for r in sel))
+        for i, d in enumerate(devices):
+            ys = [next((r[val] for r in sel if r["device"] == d and keyf(r) == g), 0) for g in groups]
+            ax.bar([j + i * w for j in range(len(groups))], ys, w, label=d)
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
+        ax.set_xticklabels(groups, fontsize=6, rotation=35, ha="right")
+        ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+
+    def lines(ax, part, workload, xkey, val, title, xlabel, ylabel, logx=True):
+        for d in devices:
+            pts = sorted((r[xkey], r[val]) for r in rows
+                         if r["device"] == d and r["part"] == part and r["workload"] == workload and xkey in r)
+            if pts:
+                ax.plot([max(x, 1e-9) if not logx else max(x, 1) for x, _ in pts], [y for _, y in pts],
+                        marker="o", label=d)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+
+    bars(axes[0][0], "mode", lambda r: f"{r['workload']} {r['setting']}", "iops",
+         "Fig. 2/4: 4 KiB psync by I/O mode (buffered writes: with the final fsync)", "IOPS")
+    lines(axes[0][1], "kernel read-ahead", "read 4K buffered (cold)", "ra_sectors", "mib_s",
+          "Fig. 5: sequential 4 KiB reads vs kernel read-ahead", "blockdev --setra (sectors; 0 plotted at 1)",
+          "MiB/s")
+    lines(axes[0][2], "request size", "randread O_DIRECT", "bs", "mib_s",
+          "Fig. 6: O_DIRECT random reads, same bytes in fewer, larger requests", "request size (bytes)", "MiB/s")
+    lines(axes[1][0], "request size", "randread O_DIRECT", "bs", "lat_mean_us",
+          "Fig. 7: time of one O_DIRECT random read by its size", "request size (bytes)", "mean latency (us)")
+    lines(axes[1][1], "memory size", "zipf(1.2) randread 4K QD1", "mem_fraction", "iops",
+          "Fig. 3: zipf(1.2) reads vs dhrd RAM (share of the export)", "RAM / export", "IOPS", logx=False)
+    bars(axes[1][2], "dhrd read-ahead", lambda r: f"{r['workload'].split(' QD')[0]} {r['setting']}", "iops",
+         "dhrd read-ahead, RAM 1/4 of the export, no prefill", "IOPS (4 KiB, QD1)")
+    for row in axes:
+        for ax in row:
+            ax.grid(True, which="both", alpha=0.3)
+    return fig
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ PROFILES = {
         seed002_export_bytes=128 * M, seed002_mem_bytes=16 * M, seed002_file_bytes=2 * M, seed002_files=[1, 2],
         seed002_pg_scale=1, seed002_pg_secs=1, seed002_pg_shared_buffers="16MB", seed002_pg_wal_segsize_mb=1,
         seed002_configs=["dhrd-cache", "nbdkit-cache"],
+        nvm_bytes=16 * M, nvm_runtime_s=0.1, nvm_sweep="short",
+        nvm_devices=("nvm", "hdd"),
     ),
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
@@ -48,6 +50,7 @@ PROFILES = {
         cache_bytes=1 * G, cache_runtime_s=20, cache_rounds=1, ra_bytes=512 * M, ra_runtime_s=15,
         seed002_export_bytes=2 * G, seed002_mem_bytes=512 * M, seed002_file_bytes=50 * M, seed002_files=[1, 4, 10],
         seed002_pg_scale=16, seed002_pg_secs=20, seed002_pg_shared_buffers="128MB",
+        nvm_bytes=256 * M, nvm_runtime_s=3,
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
@@ -60,9 +63,10 @@ PROFILES = {
         cache_bytes=1 * G, cache_runtime_s=40, cache_rounds=2, ra_bytes=1 * G, ra_runtime_s=20,
         seed002_export_bytes=4 * G, seed002_mem_bytes=1 * G, seed002_file_bytes=100 * M, seed002_files=[1, 4, 10],
         seed002_pg_scale=32, seed002_pg_secs=60, seed002_pg_shared_buffers="128MB",
+        nvm_bytes=512 * M, nvm_runtime_s=8,
     ),
 }
-ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache", "seed002")
+ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache", "nvm", "seed002")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 
