@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(fuse3 libfuse3-dev fio nbdkit libnbd-bin python3-libnbd nbdfuse qemu-utils sqlite3
-          e2fsprogs util-linux pkg-config python3-matplotlib vmtouch postmark
+          e2fsprogs util-linux pkg-config python3-matplotlib vmtouch postmark postgresql
           ceph-mon ceph-osd ceph-mgr ceph-common librbd1)
 missing=()
 for p in "${packages[@]}"; do
