@@ -24,8 +24,11 @@
 mod bucket;
 mod error;
 mod extent;
+mod fastdev;
 pub mod rehypar;
 mod space;
+#[cfg(test)]
+mod testutil;
 pub mod tiered;
 pub mod writeback;
 

@@ -32,6 +32,7 @@
 //! has the same size and there is nothing for ReHypar's partitioning to do (it shines on a
 //! file cache with varied sizes; `dhrd-bench rehypar` measures it there).
 
+use crate::fastdev::{self, fnv64, invalid, Background};
 use dhrd_engine::cache::{AccessBits, Admission, Admit, CachePolicy, Residency, ACCESS_COUNT_MAX};
 use dhrd_io::{read_full, Durable, Persistence};
 use parking_lot::{Condvar, Mutex};
@@ -53,8 +54,6 @@ const SLOT_DIRTY: u8 = 2;
 /// Victims looked at before a promotion or an allocation gives up (dirty slots cannot be
 /// evicted).
 const VICTIM_TRIES_MAX: usize = 32;
-const RETRY_BASE: Duration = Duration::from_millis(50);
-const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// How writes reach the lower tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,16 +87,6 @@ impl std::fmt::Display for TierMode {
     }
 }
 
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg)
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Geometry {
     chunk_bytes: u64,
@@ -119,7 +108,7 @@ impl Geometry {
         for v in [self.chunk_bytes, self.slots, self.lower_bytes] {
             h.extend_from_slice(&v.to_le_bytes());
         }
-        let c = fnv(&h);
+        let c = fnv64(&h);
         h.extend_from_slice(&c.to_le_bytes());
         h
     }
@@ -132,7 +121,7 @@ impl Geometry {
             b.copy_from_slice(&h[i..i + 8]);
             u64::from_le_bytes(b)
         };
-        if fnv(&h[..36]) != u64_at(36) {
+        if fnv64(&h[..36]) != u64_at(36) {
             return Err(invalid(
                 "tier SSD: the header's checksum does not match (torn or foreign)".into(),
             ));
@@ -149,7 +138,7 @@ fn encode_entry(chunk: u64, state: u8) -> [u8; ENTRY_BYTES as usize] {
     let mut e = [0u8; ENTRY_BYTES as usize];
     e[..8].copy_from_slice(&chunk.to_le_bytes());
     e[8] = state;
-    let c = (fnv(&e[..9]) & 0xffff_ffff) as u32;
+    let c = (fnv64(&e[..9]) & 0xffff_ffff) as u32;
     e[12..16].copy_from_slice(&c.to_le_bytes());
     e
 }
@@ -159,7 +148,7 @@ fn encode_entry(chunk: u64, state: u8) -> [u8; ENTRY_BYTES as usize] {
 fn decode_entry(e: &[u8]) -> Option<(u64, u8)> {
     let mut c = [0u8; 4];
     c.copy_from_slice(&e[12..16]);
-    if (fnv(&e[..9]) & 0xffff_ffff) as u32 != u32::from_le_bytes(c) {
+    if (fnv64(&e[..9]) & 0xffff_ffff) as u32 != u32::from_le_bytes(c) {
         return None;
     }
     let mut v = [0u8; 8];
@@ -371,13 +360,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
     }
 
     fn format(ssd: &F, g: Geometry) -> io::Result<()> {
-        ssd.set_len(0)?;
-        ssd.set_len(g.ssd_bytes())?;
-        ssd.sync()?;
-        let mut h = g.encode();
-        h.resize(HEADER_BYTES as usize, 0);
-        ssd.write_at(&h, 0)?;
-        ssd.sync()
+        fastdev::format(ssd, g.encode(), HEADER_BYTES, g.ssd_bytes())
     }
 
     pub fn stats(&self) -> TierStats {
@@ -401,26 +384,11 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
 
     /// Waits until no slot is dirty (or `timeout` passes); true when clean.
     pub fn drain(&self, timeout: Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
-        let s = &self.shared;
-        let mut st = s.state.lock();
-        while st.dirty > 0 {
-            s.cv.notify_all();
-            if s.cv.wait_until(&mut st, deadline).timed_out() {
-                return st.dirty == 0;
-            }
-        }
-        true
+        self.shared.background().drain(timeout, |st| st.dirty)
     }
 
     pub fn lower(&self) -> &S {
         &self.shared.lower
-    }
-
-    #[cfg(test)]
-    fn slot_of(&self, c: u64) -> Option<(usize, u8)> {
-        let st = self.shared.state.lock();
-        st.by_chunk.get(&c).map(|&i| (i, st.slots[i].state))
     }
 }
 
@@ -435,6 +403,15 @@ impl<F: Durable, S: Durable> Drop for Tiered<F, S> {
 }
 
 impl<F: Durable, S: Durable> Shared<F, S> {
+    fn background(&self) -> Background<'_, State> {
+        Background {
+            state: &self.state,
+            cv: &self.cv,
+            stop: &self.stop,
+            failures: &self.failures,
+        }
+    }
+
     fn chunk_range(&self, c: u64) -> (u64, u64) {
         let start = c * self.geo.chunk_bytes;
         (
@@ -693,35 +670,11 @@ impl<F: Durable, S: Durable> Shared<F, S> {
 }
 
 fn writeback_loop<F: Durable, S: Durable>(s: &Shared<F, S>) {
-    let mut backoff = RETRY_BASE;
-    loop {
-        let i = {
-            let mut st = s.state.lock();
-            loop {
-                if s.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                if let Some(i) = s.next_dirty(&mut st) {
-                    break i;
-                }
-                s.cv.wait_for(&mut st, Duration::from_millis(500));
-            }
-        };
-        let r = s.write_back(i);
-        s.state.lock().slots[i].busy = false;
-        s.cv.notify_all();
-        match r {
-            Ok(()) => backoff = RETRY_BASE,
-            Err(_) => {
-                s.failures.fetch_add(1, Ordering::Relaxed);
-                let mut st = s.state.lock();
-                if !s.stop.load(Ordering::Acquire) {
-                    s.cv.wait_for(&mut st, backoff);
-                }
-                backoff = (backoff * 2).min(RETRY_MAX);
-            }
-        }
-    }
+    s.background().run(
+        |st| s.next_dirty(st),
+        |i| s.write_back(i),
+        |st, i| st.slots[i].busy = false,
+    );
 }
 
 impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
@@ -827,13 +780,11 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        if len == self.shared.geo.lower_bytes {
-            return Ok(());
-        }
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
+        fastdev::fixed_size(
+            len,
+            self.shared.geo.lower_bytes,
             "a tiered device has the fixed size of its lower tier",
-        ))
+        )
     }
 
     fn writes_are_durable(&self) -> bool {

@@ -38,6 +38,7 @@
 //! that must first fill its chunk from the slow device (a partial write to a chunk whose
 //! fast copy is not current) fails with the slow device's error, having changed nothing.
 
+use crate::fastdev::{self, fnv64, invalid, Background};
 use dhrd_io::{Durable, Persistence};
 use parking_lot::{Condvar, Mutex};
 use std::io;
@@ -59,20 +60,6 @@ const VERSION: u32 = 1;
 const LOCK_STRIPES: usize = 256;
 /// Write-back threads.
 pub const WRITEBACK_THREADS_DEFAULT: usize = 2;
-/// Back-off after a failed write-back, doubling up to the maximum.
-const RETRY_BASE: Duration = Duration::from_millis(50);
-const RETRY_MAX: Duration = Duration::from_secs(5);
-
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg)
-}
-
-/// FNV-1a over the header fields: detects a torn or foreign header.
-fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Geometry {
@@ -96,7 +83,7 @@ impl Geometry {
         h.extend_from_slice(&VERSION.to_le_bytes());
         h.extend_from_slice(&self.chunk_bytes.to_le_bytes());
         h.extend_from_slice(&self.data_bytes.to_le_bytes());
-        let c = checksum(&h);
+        let c = fnv64(&h);
         h.extend_from_slice(&c.to_le_bytes());
         h
     }
@@ -118,7 +105,7 @@ impl Geometry {
                 u32::from_le_bytes(v)
             )));
         }
-        if checksum(&h[..28]) != u64_at(28) {
+        if fnv64(&h[..28]) != u64_at(28) {
             return Err(invalid(
                 "write-back device: the header's checksum does not match (torn or foreign)".into(),
             ));
@@ -268,15 +255,8 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
     }
 
     fn format(fast: &F, g: Geometry) -> io::Result<()> {
-        // Map first (all INVALID), then the header, each synced: a crash in between
-        // leaves no header, so the next open formats again.
-        fast.set_len(0)?;
-        fast.set_len(g.fast_bytes())?;
-        fast.sync()?;
-        let mut h = g.encode();
-        h.resize(HEADER_BYTES as usize, 0);
-        fast.write_at(&h, 0)?;
-        fast.sync()
+        // Map first (all INVALID), then the header: a crash in between leaves no header.
+        fastdev::format(fast, g.encode(), HEADER_BYTES, g.fast_bytes())
     }
 
     pub fn stats(&self) -> WriteBackStats {
@@ -294,16 +274,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
 
     /// Waits until no chunk is dirty (or `timeout` passes); true when clean.
     pub fn drain(&self, timeout: Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
-        let s = &self.shared;
-        let mut st = s.state.lock();
-        while st.dirty > 0 {
-            s.cv.notify_all();
-            if s.cv.wait_until(&mut st, deadline).timed_out() {
-                return st.dirty == 0;
-            }
-        }
-        true
+        self.shared.background().drain(timeout, |st| st.dirty)
     }
 
     pub fn fast(&self) -> &F {
@@ -326,6 +297,15 @@ impl<F: Durable, S: Durable> Drop for WriteBack<F, S> {
 }
 
 impl<F: Durable, S: Durable> Shared<F, S> {
+    fn background(&self) -> Background<'_, State> {
+        Background {
+            state: &self.state,
+            cv: &self.cv,
+            stop: &self.stop,
+            failures: &self.failures,
+        }
+    }
+
     fn lock_of(&self, c: u64) -> &Mutex<()> {
         &self.locks[(c % LOCK_STRIPES as u64) as usize]
     }
@@ -444,36 +424,11 @@ impl<F: Durable, S: Durable> Shared<F, S> {
 }
 
 fn writeback_loop<F: Durable, S: Durable>(s: &Shared<F, S>) {
-    let mut backoff = RETRY_BASE;
-    loop {
-        let c = {
-            let mut st = s.state.lock();
-            loop {
-                if s.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                if let Some(c) = s.next_dirty(&mut st) {
-                    break c;
-                }
-                s.cv.wait_for(&mut st, Duration::from_millis(500));
-            }
-        };
-        let r = s.write_back(c);
-        s.state.lock().busy[c as usize] = false;
-        s.cv.notify_all();
-        match r {
-            Ok(()) => backoff = RETRY_BASE,
-            Err(_) => {
-                s.failures.fetch_add(1, Ordering::Relaxed);
-                // Interruptible: dropping the device must not wait out a back-off.
-                let mut st = s.state.lock();
-                if !s.stop.load(Ordering::Acquire) {
-                    s.cv.wait_for(&mut st, backoff);
-                }
-                backoff = (backoff * 2).min(RETRY_MAX);
-            }
-        }
-    }
+    s.background().run(
+        |st| s.next_dirty(st).map(|c| c as usize),
+        |c| s.write_back(c as u64),
+        |st, c| st.busy[c] = false,
+    );
 }
 
 impl<F: Durable, S: Durable> Durable for WriteBack<F, S> {
@@ -538,13 +493,11 @@ impl<F: Durable, S: Durable> Durable for WriteBack<F, S> {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        if len == self.shared.geo.data_bytes {
-            return Ok(());
-        }
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
+        fastdev::fixed_size(
+            len,
+            self.shared.geo.data_bytes,
             "a write-back device has the fixed size of its backing",
-        ))
+        )
     }
 
     fn writes_are_durable(&self) -> bool {

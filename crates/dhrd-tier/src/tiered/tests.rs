@@ -1,4 +1,5 @@
 use super::*;
+use crate::testutil::{check, read_all, same, seeds};
 use dhrd_io::{SimBacking, SplitMix64};
 
 const CB: u64 = 4096;
@@ -10,14 +11,6 @@ const WAIT: Duration = Duration::from_secs(10);
 
 fn initial() -> Vec<u8> {
     (0..SIZE as usize).map(|i| (i % 251) as u8 | 0x80).collect()
-}
-
-fn seeds() -> u64 {
-    if std::env::var_os("DHRD_SOAK").is_some() {
-        30
-    } else {
-        3
-    }
 }
 
 /// Mixed reads (hot chunks twice, so they are promoted) and writes.
@@ -53,33 +46,6 @@ fn workload(seed: u64, n: usize) -> Vec<Op> {
         .collect()
 }
 
-fn same(a: &[u8], b: &[u8], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
-        panic!("{what}: byte {i} is {:#x}, expected {:#x}", a[i], b[i]);
-    }
-}
-
-fn read_all<F: Durable, S: Durable>(t: &Tiered<F, S>) -> Vec<u8> {
-    let mut b = vec![0u8; SIZE as usize];
-    let n = t.read_at(&mut b, 0).unwrap_or_else(|e| panic!("read: {e}"));
-    assert_eq!(n as u64, SIZE);
-    b
-}
-
-fn check(got: &[u8], acked: &[u8], inflight: Option<&(u64, Vec<u8>)>, what: &str) {
-    for (i, (g, a)) in got.iter().zip(acked).enumerate() {
-        if g == a {
-            continue;
-        }
-        let ok = inflight.is_some_and(|(off, d)| {
-            let i = i as u64;
-            i >= *off && i < off + d.len() as u64 && d[(i - off) as usize] == *g
-        });
-        assert!(ok, "{what}: byte {i} is {g:#x}, acknowledged {a:#x}");
-    }
-}
-
 #[test]
 fn reads_and_writes_match_the_model_in_both_modes() -> io::Result<()> {
     for mode in [TierMode::WriteBack, TierMode::WriteThrough] {
@@ -100,7 +66,7 @@ fn reads_and_writes_match_the_model_in_both_modes() -> io::Result<()> {
                 }
             }
         }
-        same(&read_all(&t), &model, "all");
+        same(&read_all(&t, SIZE), &model, "all");
         let st = t.stats();
         assert!(st.promotions > 0 && st.reads_ssd > 0, "{mode}: {st:?}");
         assert!(st.slots_used <= st.slots);
@@ -124,7 +90,7 @@ fn crash_enumeration() -> io::Result<()> {
         let (a, b) = v.split_once(',')?;
         Some((a.parse().ok()?, b.parse().ok()?))
     });
-    for seed in 0..seeds() {
+    for seed in 0..seeds(30) {
         if only.is_some_and(|(s, _)| s != seed) {
             continue;
         }
@@ -156,17 +122,8 @@ fn crash_enumeration() -> io::Result<()> {
                 match op {
                     Op::Read(off, len) => {
                         let mut b = vec![0u8; *len as usize];
-                        if let Err(e) = t.read_at(&mut b, *off) {
-                            if only.is_some() {
-                                eprintln!(
-                                    "read {off} +{len} failed: {e}; chunk 1 in {:?}",
-                                    t.slot_of(1)
-                                );
-                            }
+                        if t.read_at(&mut b, *off).is_err() {
                             break;
-                        }
-                        if only.is_some() {
-                            eprintln!("read {off} +{len}; chunk 1 in {:?}", t.slot_of(1));
                         }
                         check(
                             &b,
@@ -176,12 +133,7 @@ fn crash_enumeration() -> io::Result<()> {
                         );
                     }
                     Op::Write(off, d) => match t.write_at(d, *off) {
-                        Ok(()) => {
-                            if only.is_some() {
-                                eprintln!("acked write {off} +{} ({:?})", d.len(), t.stats());
-                            }
-                            acked[*off as usize..*off as usize + d.len()].copy_from_slice(d)
-                        }
+                        Ok(()) => acked[*off as usize..*off as usize + d.len()].copy_from_slice(d),
                         Err(_) => {
                             inflight = Some((*off, d.clone()));
                             break;
@@ -201,14 +153,7 @@ fn crash_enumeration() -> io::Result<()> {
                 TierMode::WriteBack,
                 1,
             )?;
-            if only.is_some() {
-                eprintln!(
-                    "after reopen: chunk 1 in {:?}; lower byte 4694 = {:#x}",
-                    t.slot_of(1),
-                    t.lower().volatile()[4694]
-                );
-            }
-            let got = read_all(&t);
+            let got = read_all(&t, SIZE);
             check(
                 &got,
                 &acked,
@@ -216,7 +161,7 @@ fn crash_enumeration() -> io::Result<()> {
                 &format!("seed {seed} crash at {n}"),
             );
             assert!(t.drain(WAIT));
-            same(&read_all(&t), &got, "after write-back");
+            same(&read_all(&t, SIZE), &got, "after write-back");
             same(
                 &t.lower().volatile(),
                 &got,
@@ -258,7 +203,7 @@ fn a_full_ssd_of_dirty_slots_writes_through() -> io::Result<()> {
     t.write_at(&[9; 10], 8 * CB)?;
     model[(8 * CB) as usize..(8 * CB + 10) as usize].fill(9);
     assert!(t.stats().writes_bypassed >= 1);
-    same(&read_all(&t), &model, "read back");
+    same(&read_all(&t, SIZE), &model, "read back");
     assert!(t.drain(WAIT));
     same(&lower.volatile(), &model, "lower tier");
     Ok(())

@@ -1,4 +1,5 @@
 use super::*;
+use crate::testutil::{check, read_all, same, seeds};
 use dhrd_io::{SimBacking, SplitMix64};
 use std::time::Instant;
 
@@ -26,30 +27,6 @@ fn workload(seed: u64, n: usize) -> Vec<(u64, Vec<u8>)> {
         .collect()
 }
 
-fn seeds() -> u64 {
-    if std::env::var_os("DHRD_SOAK").is_some() {
-        40
-    } else {
-        3
-    }
-}
-
-fn same(a: &[u8], b: &[u8], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
-        panic!("{what}: byte {i} is {:#x}, expected {:#x}", a[i], b[i]);
-    }
-}
-
-fn read_all<F: Durable, S: Durable>(wb: &WriteBack<F, S>) -> Vec<u8> {
-    let mut b = vec![0u8; SIZE as usize];
-    let n = wb
-        .read_at(&mut b, 0)
-        .unwrap_or_else(|e| panic!("read: {e}"));
-    assert_eq!(n as u64, SIZE);
-    b
-}
-
 #[test]
 fn writes_read_back_and_reach_the_slow_device() -> io::Result<()> {
     let fast = Arc::new(SimBacking::new(1));
@@ -59,7 +36,7 @@ fn writes_read_back_and_reach_the_slow_device() -> io::Result<()> {
     for (off, data) in workload(3, 50) {
         assert_eq!(wb.write_durably(&data, off)?, Persistence::Durable);
         model[off as usize..off as usize + data.len()].copy_from_slice(&data);
-        same(&read_all(&wb), &model, "read back");
+        same(&read_all(&wb, SIZE), &model, "read back");
     }
     assert!(wb.drain(WAIT), "not drained: {:?}", wb.stats());
     same(&slow.volatile(), &model, "slow device");
@@ -91,7 +68,7 @@ fn a_dead_slow_device_delays_write_back_but_loses_nothing() -> io::Result<()> {
     }
     assert!(!wb.drain(Duration::from_millis(200)));
     assert!(wb.stats().writeback_failures > 0);
-    same(&read_all(&wb), &model, "read back");
+    same(&read_all(&wb, SIZE), &model, "read back");
     slow.clear_faults();
     assert!(wb.drain(WAIT), "{:?}", wb.stats());
     same(&slow.volatile(), &model, "slow device");
@@ -119,28 +96,13 @@ fn a_header_for_another_backing_is_refused_while_dirty() -> io::Result<()> {
     Ok(())
 }
 
-/// Checks `got` against the acknowledged image, allowing each byte of the one write in
-/// flight at the crash to be old or new.
-fn check(got: &[u8], acked: &[u8], inflight: Option<&(u64, Vec<u8>)>, what: &str) {
-    for (i, (g, a)) in got.iter().zip(acked).enumerate() {
-        if g == a {
-            continue;
-        }
-        let ok = inflight.is_some_and(|(off, d)| {
-            let i = i as u64;
-            i >= *off && i < off + d.len() as u64 && d[(i - off) as usize] == *g
-        });
-        assert!(ok, "{what}: byte {i} is {g:#x}, acknowledged {a:#x}");
-    }
-}
-
 /// Cuts power to the fast device at every mutating operation in turn (the slow device is
 /// cut at the same moment), reopens both and checks every acknowledged write; then lets
 /// the write-back finish and checks the slow device.
 #[test]
 fn crash_enumeration_on_the_fast_device() -> io::Result<()> {
     let mut points = 0;
-    for seed in 0..seeds() {
+    for seed in 0..seeds(40) {
         let ops = workload(seed, 24);
         for n in 0u64.. {
             let fast = Arc::new(SimBacking::new(seed * 1000 + n));
@@ -174,7 +136,7 @@ fn crash_enumeration_on_the_fast_device() -> io::Result<()> {
                 CB,
                 1,
             )?;
-            let got = read_all(&wb);
+            let got = read_all(&wb, SIZE);
             check(
                 &got,
                 &acked,
@@ -182,7 +144,7 @@ fn crash_enumeration_on_the_fast_device() -> io::Result<()> {
                 &format!("seed {seed} crash at {n}"),
             );
             assert!(wb.drain(WAIT));
-            check(&read_all(&wb), &got, None, "after write-back");
+            check(&read_all(&wb, SIZE), &got, None, "after write-back");
             same(
                 &wb.slow().volatile(),
                 &got,
@@ -204,7 +166,7 @@ fn crash_enumeration_on_the_fast_device() -> io::Result<()> {
 #[test]
 fn crash_enumeration_on_the_slow_device() -> io::Result<()> {
     let mut points = 0;
-    for seed in 0..seeds() {
+    for seed in 0..seeds(40) {
         let ops = workload(seed + 10, 24);
         for n in 0u64..40 {
             let fast = Arc::new(SimBacking::new(seed * 1000 + n));
@@ -237,7 +199,7 @@ fn crash_enumeration_on_the_slow_device() -> io::Result<()> {
                 CB,
                 1,
             )?;
-            let got = read_all(&wb);
+            let got = read_all(&wb, SIZE);
             check(
                 &got,
                 &acked,

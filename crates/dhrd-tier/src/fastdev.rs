@@ -1,0 +1,119 @@
+//! What the two fast-device layers (`writeback.rs`, `tiered.rs`) share: the header
+//! checksum, formatting a device, the fixed-size rule, and the background write-back
+//! loop with its drain.
+//!
+//! Invariants: a device is formatted by truncating it, sizing it, syncing, then writing
+//! and syncing the header, so a crash in between leaves no header and the next open
+//! formats again. The write-back loop holds no lock while it works on a unit, retries a
+//! failed unit with doubling back-off, and can always be stopped within one wait.
+//!
+//! Crash semantics: none of its own; the callers' modules state theirs.
+
+use dhrd_io::Durable;
+use parking_lot::{Condvar, Mutex};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Back-off after a failed write-back, doubling up to the maximum.
+const RETRY_BASE: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long an idle write-back thread sleeps before it looks again (it is also woken).
+const IDLE_WAIT: Duration = Duration::from_millis(500);
+
+pub(crate) fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// FNV-1a: detects a torn or foreign header or table entry.
+pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Formats `dev` to `dev_bytes` of zeros with `header` (padded to `header_bytes`) at 0.
+pub(crate) fn format<F: Durable>(
+    dev: &F,
+    mut header: Vec<u8>,
+    header_bytes: u64,
+    dev_bytes: u64,
+) -> io::Result<()> {
+    dev.set_len(0)?;
+    dev.set_len(dev_bytes)?;
+    dev.sync()?;
+    header.resize(header_bytes as usize, 0);
+    dev.write_at(&header, 0)?;
+    dev.sync()
+}
+
+/// `set_len` of a device whose size is its backing's: only the same size is accepted.
+pub(crate) fn fixed_size(len: u64, size: u64, msg: &'static str) -> io::Result<()> {
+    if len == size {
+        return Ok(());
+    }
+    Err(io::Error::new(io::ErrorKind::Unsupported, msg))
+}
+
+/// The shared parts of a layer with background write-back.
+pub(crate) struct Background<'a, S> {
+    pub state: &'a Mutex<S>,
+    pub cv: &'a Condvar,
+    pub stop: &'a AtomicBool,
+    pub failures: &'a AtomicU64,
+}
+
+impl<S> Background<'_, S> {
+    /// Runs until `stop`: `pick` claims a unit under the state lock, `work` writes it back
+    /// with no lock held, `release` gives the claim back under the lock.
+    pub(crate) fn run(
+        &self,
+        mut pick: impl FnMut(&mut S) -> Option<usize>,
+        work: impl Fn(usize) -> io::Result<()>,
+        release: impl Fn(&mut S, usize),
+    ) {
+        let mut backoff = RETRY_BASE;
+        loop {
+            let unit = {
+                let mut st = self.state.lock();
+                loop {
+                    if self.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if let Some(u) = pick(&mut st) {
+                        break u;
+                    }
+                    self.cv.wait_for(&mut st, IDLE_WAIT);
+                }
+            };
+            let r = work(unit);
+            release(&mut self.state.lock(), unit);
+            self.cv.notify_all();
+            match r {
+                Ok(()) => backoff = RETRY_BASE,
+                Err(_) => {
+                    self.failures.fetch_add(1, Ordering::Relaxed);
+                    // Interruptible: dropping the device must not wait out a back-off.
+                    let mut st = self.state.lock();
+                    if !self.stop.load(Ordering::Acquire) {
+                        self.cv.wait_for(&mut st, backoff);
+                    }
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Waits until `dirty` says nothing is left (or `timeout` passes); true when clean.
+    pub(crate) fn drain(&self, timeout: Duration, dirty: impl Fn(&S) -> u64) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock();
+        while dirty(&st) > 0 {
+            self.cv.notify_all();
+            if self.cv.wait_until(&mut st, deadline).timed_out() {
+                return dirty(&st) == 0;
+            }
+        }
+        true
+    }
+}
