@@ -12,21 +12,12 @@ use nbd_common::*;
 
 const EXPORT_BLOCKS: u64 = 64; // 4 MiB of 64 KiB blocks
 
-fn read_block(c: &mut Client, i: u64) -> Vec<u8> {
-    c.read(i * BLOCK as u64, BLOCK as u32)
-        .unwrap_or_else(|e| panic!("read block {i}: {e}"))
-}
-
 #[test]
 fn acknowledged_writes_survive_sigkill_and_are_written_back() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let backing = dir.path().join("b.img");
     let nvm = dir.path().join("nvm.img");
-    let mut data = Vec::new();
-    for i in 0..EXPORT_BLOCKS {
-        data.extend_from_slice(&block(i, 1));
-    }
-    std::fs::write(&backing, &data).unwrap_or_else(|e| panic!("{e}"));
+    blocks_file(&backing, EXPORT_BLOCKS, 1);
     let nvm_s = nvm.to_string_lossy().to_string();
     // A slow backing (20 ms per request), so the write-back is far behind the writes
     // when the process is killed.
@@ -56,19 +47,7 @@ fn acknowledged_writes_survive_sigkill_and_are_written_back() {
         "{said}"
     );
     let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
-    for i in 0..EXPORT_BLOCKS {
-        let got = read_block(&mut c, i);
-        if acked.contains(&i) {
-            assert!(got == block(i, 2), "acknowledged block {i} lost");
-        } else if !unacked.contains(&i) {
-            assert!(got == block(i, 1), "block {i} changed without a write");
-        } else {
-            assert!(
-                got == block(i, 1) || got == block(i, 2),
-                "block {i} torn across chunks"
-            );
-        }
-    }
+    check_after_kill(&mut c, EXPORT_BLOCKS, &acked, &unacked, 1, 2);
     drop(c);
     // A clean stop waits for the write-back: the backing alone then holds everything.
     let code = d.term();
@@ -78,14 +57,7 @@ fn acknowledged_writes_survive_sigkill_and_are_written_back() {
         "{}",
         d.stderr_text()
     );
-    let on_disk = std::fs::read(&backing).unwrap_or_else(|e| panic!("{e}"));
-    for &i in &acked {
-        let at = i as usize * BLOCK;
-        assert!(
-            on_disk[at..at + BLOCK] == block(i, 2)[..],
-            "block {i} not written back"
-        );
-    }
+    check_file_blocks(&backing, &acked, 2);
 }
 
 #[test]

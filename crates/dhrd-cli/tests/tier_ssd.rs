@@ -14,11 +14,7 @@ fn acknowledged_writes_survive_sigkill_on_the_ssd_tier() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let backing = dir.path().join("lower.img");
     let ssd = dir.path().join("ssd.img");
-    let mut data = Vec::new();
-    for i in 0..EXPORT_BLOCKS {
-        data.extend_from_slice(&block(i, 1));
-    }
-    std::fs::write(&backing, &data).unwrap_or_else(|e| panic!("{e}"));
+    blocks_file(&backing, EXPORT_BLOCKS, 1);
     let ssd_s = ssd.to_string_lossy().to_string();
     // The SSD holds half the export; the lower tier takes 20 ms per request, so the
     // write-back is far behind when the process is killed.
@@ -46,21 +42,7 @@ fn acknowledged_writes_survive_sigkill_on_the_ssd_tier() {
     let said = d.stderr_text();
     assert!(said.contains("dirty on the --tier-ssd"), "{said}");
     let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
-    for i in 0..EXPORT_BLOCKS {
-        let got = c
-            .read(i * BLOCK as u64, BLOCK as u32)
-            .unwrap_or_else(|e| panic!("read block {i}: {e}"));
-        if acked.contains(&i) {
-            assert!(got == block(i, 2), "acknowledged block {i} lost");
-        } else if !unacked.contains(&i) {
-            assert!(got == block(i, 1), "block {i} changed without a write");
-        } else {
-            assert!(
-                got == block(i, 1) || got == block(i, 2),
-                "block {i} torn across chunks"
-            );
-        }
-    }
+    check_after_kill(&mut c, EXPORT_BLOCKS, &acked, &unacked, 1, 2);
     drop(c);
     assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
     assert!(
@@ -68,12 +50,5 @@ fn acknowledged_writes_survive_sigkill_on_the_ssd_tier() {
         "{}",
         d.stderr_text()
     );
-    let on_disk = std::fs::read(&backing).unwrap_or_else(|e| panic!("{e}"));
-    for &i in &acked {
-        let at = i as usize * BLOCK;
-        assert!(
-            on_disk[at..at + BLOCK] == block(i, 2)[..],
-            "block {i} not written back"
-        );
-    }
+    check_file_blocks(&backing, &acked, 2);
 }

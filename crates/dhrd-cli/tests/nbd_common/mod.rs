@@ -170,3 +170,52 @@ pub fn write_until_killed(
     assert!(killed, "ran out of blocks before the kill point");
     (acked, handle_to_block.into_values().collect())
 }
+
+/// Writes a file of `blocks` blocks of generation `gen`.
+pub fn blocks_file(path: &Path, blocks: u64, gen: u64) {
+    let mut data = Vec::with_capacity(blocks as usize * BLOCK);
+    for i in 0..blocks {
+        data.extend_from_slice(&block(i, gen));
+    }
+    std::fs::write(path, &data).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// After a SIGKILL under `write_until_killed` of generation `new` over generation `old`:
+/// every acknowledged block reads as new, every block never sent as old, and a block in
+/// flight as one or the other (a block is one chunk, so never a mix).
+pub fn check_after_kill(
+    c: &mut Client,
+    blocks: u64,
+    acked: &[u64],
+    unacked: &[u64],
+    old: u64,
+    new: u64,
+) {
+    for i in 0..blocks {
+        let got = c
+            .read(i * BLOCK as u64, BLOCK as u32)
+            .unwrap_or_else(|e| panic!("read block {i}: {e}"));
+        if acked.contains(&i) {
+            assert!(got == block(i, new), "acknowledged block {i} lost");
+        } else if !unacked.contains(&i) {
+            assert!(got == block(i, old), "block {i} changed without a write");
+        } else {
+            assert!(
+                got == block(i, old) || got == block(i, new),
+                "block {i} torn across chunks"
+            );
+        }
+    }
+}
+
+/// Every block in `blocks` of the file at `path` is of generation `gen`.
+pub fn check_file_blocks(path: &Path, blocks: &[u64], gen: u64) {
+    let on_disk = std::fs::read(path).unwrap_or_else(|e| panic!("{e}"));
+    for &i in blocks {
+        let at = i as usize * BLOCK;
+        assert!(
+            on_disk[at..at + BLOCK] == block(i, gen)[..],
+            "block {i} not written back"
+        );
+    }
+}
