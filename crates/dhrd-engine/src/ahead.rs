@@ -125,31 +125,10 @@ impl Ahead {
                     return 0..0;
                 }
                 match self.streams.iter().position(|s| s.last + 1 == c) {
-                    Some(i) => {
-                        let s = &mut self.streams[i];
-                        s.last = c;
-                        s.window = (s.window * 2).clamp(1, self.window_max_chunks);
-                        let r = Self::issue(s, c, chunks_total);
-                        self.touch(i);
-                        r
-                    }
-                    None => {
-                        // A new stream: nothing ahead until it proves sequential, unless it
-                        // starts at the beginning (as the kernel reads ahead at offset 0).
-                        let mut s = Stream {
-                            last: c,
-                            issued_to: c + 1,
-                            window: 0,
-                        };
-                        let r = if c == 0 {
-                            s.window = 1;
-                            Self::issue(&mut s, c, chunks_total)
-                        } else {
-                            0..0
-                        };
-                        self.push_stream(s);
-                        r
-                    }
+                    Some(i) => self.advance(i, c, chunks_total, |w| w * 2),
+                    // A new stream: nothing ahead until it proves sequential, unless it
+                    // starts at the beginning (as the kernel reads ahead at offset 0).
+                    None => self.start(c, u64::from(c == 0), chunks_total),
                 }
             }
             ReadAhead::History => {
@@ -173,24 +152,8 @@ impl Ahead {
                     .iter()
                     .position(|s| s.last == c || s.last + 1 == c)
                 {
-                    Some(i) => {
-                        let s = &mut self.streams[i];
-                        s.last = c;
-                        s.window = s.window.max(window);
-                        let r = Self::issue(s, c, chunks_total);
-                        self.touch(i);
-                        r
-                    }
-                    None => {
-                        let mut s = Stream {
-                            last: c,
-                            issued_to: c + 1,
-                            window,
-                        };
-                        let r = Self::issue(&mut s, c, chunks_total);
-                        self.push_stream(s);
-                        r
-                    }
+                    Some(i) => self.advance(i, c, chunks_total, |w| w.max(window)),
+                    None => self.start(c, window, chunks_total),
                 }
             }
         }
@@ -209,25 +172,43 @@ impl Ahead {
             .iter()
             .position(|s| s.last < c && c < s.issued_to);
         match found {
-            Some(i) => {
-                let s = &mut self.streams[i];
-                s.last = c;
-                s.window = (s.window * 2).clamp(1, self.window_max_chunks);
-                let r = Self::issue(s, c, chunks_total);
-                self.touch(i);
-                r
-            }
-            None => {
-                let mut s = Stream {
-                    last: c,
-                    issued_to: c + 1,
-                    window: 1,
-                };
-                let r = Self::issue(&mut s, c, chunks_total);
-                self.push_stream(s);
-                r
-            }
+            Some(i) => self.advance(i, c, chunks_total, |w| w * 2),
+            None => self.start(c, 1, chunks_total),
         }
+    }
+
+    /// Moves stream `i` to chunk `c` with the window `grow` makes of its current one
+    /// (kept within `1..=window_max_chunks`) and issues it.
+    fn advance(
+        &mut self,
+        i: usize,
+        c: u64,
+        chunks_total: u64,
+        grow: impl FnOnce(u64) -> u64,
+    ) -> Range<u64> {
+        let max = self.window_max_chunks;
+        let s = &mut self.streams[i];
+        s.last = c;
+        s.window = grow(s.window).clamp(1, max);
+        let r = Self::issue(s, c, chunks_total);
+        self.touch(i);
+        r
+    }
+
+    /// Starts a stream at chunk `c` with `window` chunks (0: nothing ahead yet).
+    fn start(&mut self, c: u64, window: u64, chunks_total: u64) -> Range<u64> {
+        let mut s = Stream {
+            last: c,
+            issued_to: c + 1,
+            window,
+        };
+        let r = if window == 0 {
+            0..0
+        } else {
+            Self::issue(&mut s, c, chunks_total)
+        };
+        self.push_stream(s);
+        r
     }
 
     /// Issues the window after `c`: the chunks in `[max(issued_to, c+1), c+1+window)`.
