@@ -1099,11 +1099,15 @@ impl<D: Durable> Inner<D> {
             self.settle_rebate(&layout);
         }
         // M4: in cache mode a write to a chunk not in RAM brings it in when there is room.
-        let missed: Vec<ChunkIndex> = plan
-            .iter()
-            .filter(|(_, how, _)| *how == WritePlan::BackingOnly)
-            .map(|(c, _, _)| *c)
-            .collect();
+        // Collected only in cache mode: outside it this costs writes nothing.
+        let missed: Vec<ChunkIndex> = if self.admission_active() {
+            plan.iter()
+                .filter(|(_, how, _)| *how == WritePlan::BackingOnly)
+                .map(|(c, _, _)| *c)
+                .collect()
+        } else {
+            Vec::new()
+        };
         drop(plan);
         drop(layout);
         for c in missed {

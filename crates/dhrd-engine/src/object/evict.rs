@@ -55,7 +55,7 @@ impl<D: Durable> Inner<D> {
 
     /// Misses go through admission: a pure cache (no prefill), or a hybrid whose budget
     /// ran out.
-    fn admission_active(&self) -> bool {
+    pub(super) fn admission_active(&self) -> bool {
         self.eviction_enabled()
             && (!self.cfg.cache.prefill || self.cache_active.load(Ordering::Acquire))
     }
@@ -87,7 +87,7 @@ impl<D: Durable> Inner<D> {
     /// included, if the budget has room; a write never evicts (a write-once file would
     /// otherwise push out what is read).
     pub(super) fn on_write_miss(&self, c: ChunkIndex) {
-        if !self.admission_active() || self.failure.is_failed() {
+        if self.failure.is_failed() {
             return;
         }
         let limit = self.budget.limit_bytes();
