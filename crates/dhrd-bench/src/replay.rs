@@ -19,7 +19,10 @@
 //!   exactly the writes that precede it in the trace, whatever the queue depth; and the
 //!   shadow is updated before the write's range is released.
 //! - Latencies cover only the system calls (pread/pwrite, plus fdatasync with
-//!   `--fsync-writes`); pattern generation and verification are outside them.
+//!   `--fsync-writes`), or with `--nbd` the request's round trip (plus NBD_CMD_FLUSH);
+//!   pattern generation and verification are outside them.
+//! - With `--nbd` every worker has its own connection, and requests are aligned as with
+//!   `--direct`, as a block device's consumer would send them.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -32,6 +35,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use dhrd_nbd::client::Client;
 
 /// Requests one replay holds in memory at most (after --repeat): 32 bytes each.
 pub const MAX_REPLAY_REQUESTS: u64 = 1 << 24;
@@ -97,8 +102,16 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub format: TraceFormat,
     /// Target: a regular file (created/extended with --size) or a block device.
-    #[arg(long)]
-    pub target: PathBuf,
+    #[arg(long, required_unless_present = "nbd", conflicts_with = "nbd")]
+    pub target: Option<PathBuf>,
+    /// Target: the default export of an NBD server on this Unix socket (dhrd nbd, nbdkit,
+    /// qemu-nbd), one connection per worker; --size may narrow the span.
+    #[arg(long, value_name = "SOCKET")]
+    pub nbd: Option<PathBuf>,
+    /// Also report the share of requests that completed in under this many microseconds
+    /// (a cache-hit measure when a miss costs more, as on a slow lower tier).
+    #[arg(long, value_name = "US")]
+    pub fast_below_us: Option<u64>,
     /// Size of the target span (e.g. 1G); a regular file is created or extended to it.
     /// Default: the target's current size. Trace offsets are folded into this span: offset
     /// mod span, aligned down (512, or 4096 with --direct), clipped at the end.
@@ -716,8 +729,79 @@ fn record(h: &mut Histogram<u64>, d: Duration) {
     h.saturating_record(ns);
 }
 
+/// Where the requests go.
+enum Io<'a> {
+    File(&'a File),
+    Nbd(&'a Path),
+}
+
+/// One worker's handle on the target.
+enum Conn<'a> {
+    File(&'a File),
+    Nbd(Client),
+}
+
+impl Io<'_> {
+    fn connect(&self) -> Result<Conn<'_>> {
+        Ok(match self {
+            Io::File(f) => Conn::File(f),
+            Io::Nbd(p) => Conn::Nbd(
+                Client::connect(p).with_context(|| format!("connecting to {}", p.display()))?,
+            ),
+        })
+    }
+}
+
+impl Conn<'_> {
+    fn write(&mut self, b: &[u8], offset: u64, sync: bool) -> std::io::Result<()> {
+        match self {
+            Conn::File(f) => {
+                f.write_all_at(b, offset)?;
+                if sync {
+                    f.sync_data()?;
+                }
+                Ok(())
+            }
+            Conn::Nbd(c) => {
+                c.write(offset, b, false).map_err(nbd_io)?;
+                if sync {
+                    c.flush().map_err(nbd_io)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn read(&mut self, b: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Conn::File(f) => f.read_exact_at(b, offset),
+            Conn::Nbd(c) => {
+                let len = u32::try_from(b.len()).map_err(std::io::Error::other)?;
+                let data = c.read(offset, len).map_err(nbd_io)?;
+                if data.len() != b.len() {
+                    return Err(std::io::Error::other(format!(
+                        "NBD read returned {} of {} bytes",
+                        data.len(),
+                        b.len()
+                    )));
+                }
+                b.copy_from_slice(&data);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn nbd_io(e: dhrd_nbd::NbdError) -> std::io::Error {
+    match e {
+        dhrd_nbd::NbdError::Io(e) => e,
+        dhrd_nbd::NbdError::Errno(n) => std::io::Error::from_raw_os_error(n),
+        e => std::io::Error::other(e.to_string()),
+    }
+}
+
 struct Shared<'a> {
-    file: &'a File,
+    io: Io<'a>,
     reqs: &'a [Request],
     verify: Option<Verifier>,
     order: Option<RangeOrder>,
@@ -738,7 +822,7 @@ impl Shared<'_> {
     }
 
     /// Executes request `i` with the worker's buffer, recording its latency.
-    fn execute(&self, i: usize, buf: &mut AlignedBuf, st: &mut WorkerStats) {
+    fn execute(&self, i: usize, conn: &mut Conn<'_>, buf: &mut AlignedBuf, st: &mut WorkerStats) {
         let r = self.reqs[i];
         let b = buf.slice(r.len as usize);
         let res = match r.op {
@@ -747,10 +831,7 @@ impl Shared<'_> {
                     fill_pattern(b, i as u64, r.offset);
                 }
                 let t = Instant::now();
-                let mut res = self.file.write_all_at(b, r.offset);
-                if res.is_ok() && self.fsync_writes {
-                    res = self.file.sync_data();
-                }
+                let res = conn.write(b, r.offset, self.fsync_writes);
                 record(&mut st.write_lat, t.elapsed());
                 st.write_bytes += r.len;
                 if let (Ok(()), Some(v)) = (&res, &self.verify) {
@@ -760,7 +841,7 @@ impl Shared<'_> {
             }
             Op::Read => {
                 let t = Instant::now();
-                let res = self.file.read_exact_at(b, r.offset);
+                let res = conn.read(b, r.offset);
                 record(&mut st.read_lat, t.elapsed());
                 st.read_bytes += r.len;
                 if let (Ok(()), Some(v)) = (&res, &self.verify) {
@@ -795,9 +876,38 @@ impl Shared<'_> {
 }
 
 struct Target {
-    file: File,
+    /// `None` for an NBD export (each worker connects itself).
+    file: Option<File>,
     span: u64,
     kind: &'static str,
+    name: String,
+}
+
+/// Sizes the export behind `sock`; the span is --size (at most the export) or the export's
+/// size, aligned down to `align`.
+fn open_nbd_target(sock: &Path, size: Option<u64>, align: u64) -> Result<Target> {
+    let c = Client::connect(sock).with_context(|| format!("connecting to {}", sock.display()))?;
+    let export = c.size;
+    // A polite goodbye; the export's size is all this connection was for.
+    let _ = c.disconnect();
+    let raw = match size {
+        Some(s) if s > export => bail!("--size {s} exceeds the NBD export's {export} bytes"),
+        Some(s) => s,
+        None => export,
+    };
+    let span = raw / align * align;
+    if span == 0 {
+        bail!(
+            "the NBD export at {} has {raw} bytes, less than {align}",
+            sock.display()
+        );
+    }
+    Ok(Target {
+        file: None,
+        span,
+        kind: "NBD export",
+        name: sock.display().to_string(),
+    })
 }
 
 /// Opens (and with --size creates/extends) the target; the span is --size or the target's
@@ -872,7 +982,12 @@ fn open_target(path: &Path, size: Option<u64>, direct: bool, align: u64) -> Resu
             format!("opening {}", path.display())
         }
     })?;
-    Ok(Target { file, span, kind })
+    Ok(Target {
+        file: Some(file),
+        span,
+        kind,
+        name: path.display().to_string(),
+    })
 }
 
 fn run_workers(
@@ -893,6 +1008,7 @@ fn run_workers(
                 for _ in 0..qd {
                     handles.push(s.spawn(move || -> Result<WorkerStats> {
                         let mut st = WorkerStats::new()?;
+                        let mut conn = shared.io.connect()?;
                         let mut buf = AlignedBuf::new(buf_len);
                         if shared.verify.is_none() {
                             fill_pattern(buf.slice(buf_len), 0, 0);
@@ -914,7 +1030,7 @@ fn run_workers(
                             if let Some(o) = &shared.order {
                                 o.wait_clear(i, &shared.reqs[i]);
                             }
-                            shared.execute(i, &mut buf, &mut st);
+                            shared.execute(i, &mut conn, &mut buf, &mut st);
                             if let Some(o) = &shared.order {
                                 o.complete(i);
                             }
@@ -928,6 +1044,7 @@ fn run_workers(
                 for _ in 0..qd {
                     handles.push(s.spawn(move || -> Result<WorkerStats> {
                         let mut st = WorkerStats::new()?;
+                        let mut conn = shared.io.connect()?;
                         let mut buf = AlignedBuf::new(buf_len);
                         if shared.verify.is_none() {
                             fill_pattern(buf.slice(buf_len), 0, 0);
@@ -949,7 +1066,7 @@ fn run_workers(
                             if late > LATE_THRESHOLD {
                                 st.late += 1;
                             }
-                            shared.execute(i, &mut buf, &mut st);
+                            shared.execute(i, &mut conn, &mut buf, &mut st);
                             if let Some(o) = &shared.order {
                                 o.complete(i);
                             }
@@ -1024,6 +1141,34 @@ fn lat_line(h: &Histogram<u64>) -> String {
     )
 }
 
+/// Share of requests that completed under a latency threshold.
+struct FastShare {
+    threshold_us: u64,
+    all: f64,
+    reads: f64,
+    writes: f64,
+}
+
+impl FastShare {
+    fn of(st: &WorkerStats, threshold_us: u64) -> Self {
+        let below = |h: &Histogram<u64>| -> (u64, u64) {
+            if h.is_empty() {
+                return (0, 0);
+            }
+            let limit = threshold_us.saturating_mul(1000).saturating_sub(1).max(1);
+            (h.count_between(1, limit), h.len())
+        };
+        let share = |(n, d): (u64, u64)| if d == 0 { 0.0 } else { n as f64 / d as f64 };
+        let (r, w) = (below(&st.read_lat), below(&st.write_lat));
+        FastShare {
+            threshold_us,
+            all: share((r.0 + w.0, r.1 + w.1)),
+            reads: share(r),
+            writes: share(w),
+        }
+    }
+}
+
 const GIB: f64 = (1u64 << 30) as f64;
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -1047,9 +1192,15 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         a.max_requests,
     )?;
 
-    let align = if a.direct { DIRECT_ALIGN } else { SECTOR_BYTES };
-    let target = open_target(&a.target, a.size, a.direct, align)?;
-    let (one_pass, fst) = fold(&trace.records, target.span, align, a.direct);
+    // An NBD export is aligned like a block device opened with O_DIRECT.
+    let aligned = a.direct || a.nbd.is_some();
+    let align = if aligned { DIRECT_ALIGN } else { SECTOR_BYTES };
+    let target = match (&a.target, &a.nbd) {
+        (_, Some(sock)) => open_nbd_target(sock, a.size, align)?,
+        (Some(path), None) => open_target(path, a.size, a.direct, align)?,
+        (None, None) => bail!("pass --target or --nbd"),
+    };
+    let (one_pass, fst) = fold(&trace.records, target.span, align, aligned);
     if (one_pass.len() as u64).saturating_mul(u64::from(a.repeat)) > MAX_REPLAY_REQUESTS {
         bail!(
             "{} requests x --repeat {} is over the limit of {MAX_REPLAY_REQUESTS} requests in one replay",
@@ -1061,7 +1212,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let buf_len = reqs.iter().map(|r| r.len).max().unwrap_or(align) as usize;
 
     let shared = Shared {
-        file: &target.file,
+        io: match (&target.file, &a.nbd) {
+            (Some(f), _) => Io::File(f),
+            (None, Some(sock)) => Io::Nbd(sock),
+            (None, None) => unreachable!("a file target always has its file"),
+        },
         reqs: &reqs,
         verify: a.verify.then(Verifier::default),
         order: a.verify.then(RangeOrder::default),
@@ -1082,7 +1237,13 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let secs = elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
     let iops = n as f64 / secs;
     let mibs = (st.read_bytes + st.write_bytes) as f64 / MIB / secs;
-    let mode = if a.direct { "O_DIRECT" } else { "buffered" };
+    let mode = if a.nbd.is_some() {
+        "NBD"
+    } else if a.direct {
+        "O_DIRECT"
+    } else {
+        "buffered"
+    };
     let timing = match a.timing {
         Timing::Fast => String::from("fast"),
         Timing::Original => format!("original, speedup {}", a.speedup),
@@ -1096,7 +1257,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     );
     println!(
         "target         {} ({}), span {} bytes ({:.2} GiB), {mode}{}, timing {timing}, queue depth {}",
-        a.target.display(),
+        target.name,
         target.kind,
         target.span,
         target.span as f64 / GIB,
@@ -1110,7 +1271,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         trace.max_end,
         trace.max_end as f64 / GIB,
         target.span,
-        if a.direct {
+        if aligned {
             ", lengths rounded up to 4096"
         } else {
             ""
@@ -1125,6 +1286,16 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         st.write_bytes as f64 / MIB
     );
     println!("elapsed        {secs:.3} s, {iops:.0} IOPS, {mibs:.1} MiB/s");
+    let fast = a.fast_below_us.map(|us| FastShare::of(&st, us));
+    if let Some(f) = &fast {
+        println!(
+            "under {} us    {:.1}% of requests ({:.1}% of reads, {:.1}% of writes)",
+            f.threshold_us,
+            f.all * 100.0,
+            f.reads * 100.0,
+            f.writes * 100.0
+        );
+    }
     println!("read latency   {}", lat_line(&st.read_lat));
     println!("write latency  {}", lat_line(&st.write_lat));
     if a.timing == Timing::Original {
@@ -1183,7 +1354,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         let j = serde_json::json!({
             "trace": name,
             "format": trace.format.name(),
-            "target": a.target.display().to_string(),
+            "target": target.name,
             "target_kind": target.kind,
             "span_bytes": target.span,
             "direct": a.direct,
@@ -1202,7 +1373,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             "folding": {
                 "rule": "offset mod span, aligned down; clipped at the end",
                 "align": align,
-                "lengths_rounded_up": a.direct,
+                "lengths_rounded_up": aligned,
                 "trace_min_offset": trace.min_offset,
                 "trace_max_end": trace.max_end,
                 "wrapped": fst.wrapped,
@@ -1219,6 +1390,9 @@ pub fn run(a: ReplayArgs) -> Result<()> {
                 serde_json::Value::Null
             },
             "verify": verify_json,
+            "fast_share": fast.map(|f| serde_json::json!({
+                "threshold_us": f.threshold_us, "all": f.all, "reads": f.reads, "writes": f.writes,
+            })),
         });
         let text = serde_json::to_string_pretty(&j).context("encoding JSON")?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;

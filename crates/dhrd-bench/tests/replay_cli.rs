@@ -284,3 +284,80 @@ fn malformed_trace_fails_with_its_line_number() -> TestResult {
     assert_eq!(j["zero_size_skipped"].as_u64(), Some(1));
     Ok(())
 }
+
+/// `--nbd`: a verified replay of a trace with writes through an in-process NBD server over
+/// a real engine object, one connection per worker, and the fast-request share reported.
+#[test]
+fn replay_through_an_nbd_export_is_verified() -> TestResult {
+    let Some(dir) = traces_dir() else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let export_bytes: u64 = 16 << 20;
+    let fb = dhrd_io::FileBacking::open(
+        &tmp.path().join("backing.img"),
+        &dhrd_io::FileOptions {
+            min_len: Some(export_bytes),
+            ..Default::default()
+        },
+    )?;
+    let cfg = dhrd_engine::ObjectConfig {
+        fixed_len: true,
+        ..Default::default()
+    };
+    let obj = dhrd_engine::HybridObject::open(fb, cfg)?;
+    let sock = tmp.path().join("nbd.sock");
+    let server = dhrd_nbd::Server::bind(
+        dhrd_nbd::EngineTarget::new(obj, false),
+        dhrd_nbd::ServerConfig::new(dhrd_nbd::ListenAddr::Unix(sock.clone())),
+    )?;
+    let stop = server.shutdown_handle();
+    let thread = std::thread::spawn(move || server.run());
+    let json = tmp.path().join("out.json");
+    let o = dhrd(&[
+        "--trace",
+        s(&dir.join(HM0)),
+        "--nbd",
+        s(&sock),
+        "--queue-depth",
+        "4",
+        "--verify",
+        "--fast-below-us",
+        "60000000",
+        "--json",
+        s(&json),
+    ])?;
+    // --size larger than the export is refused, naming the export's size.
+    let too_big = dhrd(&[
+        "--trace",
+        s(&dir.join(HM0)),
+        "--nbd",
+        s(&sock),
+        "--size",
+        "1G",
+    ])?;
+    stop.shutdown();
+    let served = thread.join().map_err(|_| "the server thread panicked")?;
+    assert!(o.status.success(), "{}", text(&o));
+    served?;
+    assert!(!too_big.status.success());
+    assert!(
+        String::from_utf8_lossy(&too_big.stderr)
+            .contains("exceeds the NBD export's 16777216 bytes"),
+        "{}",
+        text(&too_big)
+    );
+    let j = read_json(&json)?;
+    assert_eq!(j["target_kind"], "NBD export");
+    assert_eq!(j["span_bytes"].as_u64(), Some(export_bytes));
+    assert_eq!(j["requests"].as_u64(), Some(1000));
+    assert_eq!(j["verify"]["ok"], true, "{j}");
+    assert!(
+        j["verify"]["checked_bytes"].as_u64().unwrap_or(0) > 0,
+        "{j}"
+    );
+    // Every request of an in-memory export completes within a minute.
+    assert_eq!(j["fast_share"]["all"].as_f64(), Some(1.0), "{j}");
+
+    Ok(())
+}
