@@ -146,6 +146,11 @@ pub struct ReplayArgs {
     /// Skip malformed lines (counted) instead of failing.
     #[arg(long)]
     pub skip_bad: bool,
+    /// Write the folded requests (after --max-requests and --repeat) to this file, one
+    /// `R|W offset length` line each, and exit without issuing any I/O: what a benchmark
+    /// needs to place data before a replay, folded exactly as the replay folds it.
+    #[arg(long, value_name = "FILE")]
+    pub write_plan: Option<PathBuf>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -1147,6 +1152,8 @@ struct FastShare {
     all: f64,
     reads: f64,
     writes: f64,
+    /// Mean latency of the requests under the threshold (the hits' service time).
+    mean_us: f64,
 }
 
 impl FastShare {
@@ -1160,11 +1167,23 @@ impl FastShare {
         };
         let share = |(n, d): (u64, u64)| if d == 0 { 0.0 } else { n as f64 / d as f64 };
         let (r, w) = (below(&st.read_lat), below(&st.write_lat));
+        let limit_ns = threshold_us.saturating_mul(1000);
+        let (mut sum_ns, mut n) = (0f64, 0u64);
+        for h in [&st.read_lat, &st.write_lat] {
+            for v in h.iter_recorded() {
+                let ns = h.median_equivalent(v.value_iterated_to());
+                if ns < limit_ns {
+                    sum_ns += ns as f64 * v.count_at_value() as f64;
+                    n += v.count_at_value();
+                }
+            }
+        }
         FastShare {
             threshold_us,
             all: share((r.0 + w.0, r.1 + w.1)),
             reads: share(r),
             writes: share(w),
+            mean_us: if n == 0 { 0.0 } else { sum_ns / n as f64 / 1e3 },
         }
     }
 }
@@ -1209,6 +1228,21 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         );
     }
     let reqs = repeat_passes(&one_pass, a.repeat);
+    if let Some(path) = &a.write_plan {
+        let mut text = String::with_capacity(reqs.len() * 24);
+        for r in &reqs {
+            let op = if r.op == Op::Read { 'R' } else { 'W' };
+            text.push_str(&format!("{op} {} {}\n", r.offset, r.len));
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!(
+            "plan           {} requests, span {} bytes, written to {}",
+            reqs.len(),
+            target.span,
+            path.display()
+        );
+        return Ok(());
+    }
     let buf_len = reqs.iter().map(|r| r.len).max().unwrap_or(align) as usize;
 
     let shared = Shared {
@@ -1289,11 +1323,12 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let fast = a.fast_below_us.map(|us| FastShare::of(&st, us));
     if let Some(f) = &fast {
         println!(
-            "under {} us    {:.1}% of requests ({:.1}% of reads, {:.1}% of writes)",
+            "under {} us    {:.1}% of requests ({:.1}% of reads, {:.1}% of writes), mean {:.1} us",
             f.threshold_us,
             f.all * 100.0,
             f.reads * 100.0,
-            f.writes * 100.0
+            f.writes * 100.0,
+            f.mean_us
         );
     }
     println!("read latency   {}", lat_line(&st.read_lat));
@@ -1392,6 +1427,7 @@ pub fn run(a: ReplayArgs) -> Result<()> {
             "verify": verify_json,
             "fast_share": fast.map(|f| serde_json::json!({
                 "threshold_us": f.threshold_us, "all": f.all, "reads": f.reads, "writes": f.writes,
+                "mean_us": f.mean_us,
             })),
         });
         let text = serde_json::to_string_pretty(&j).context("encoding JSON")?;

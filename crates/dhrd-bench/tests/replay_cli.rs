@@ -327,6 +327,32 @@ fn replay_through_an_nbd_export_is_verified() -> TestResult {
         "--json",
         s(&json),
     ])?;
+    // --write-plan: the folded requests, and no I/O.
+    let plan = tmp.path().join("plan.txt");
+    let planned = dhrd(&[
+        "--trace",
+        s(&dir.join(HM0)),
+        "--nbd",
+        s(&sock),
+        "--write-plan",
+        s(&plan),
+    ])?;
+    assert!(planned.status.success(), "{}", text(&planned));
+    let lines: Vec<String> = std::fs::read_to_string(&plan)?
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 1000);
+    for l in &lines {
+        let f: Vec<&str> = l.split(' ').collect();
+        let (off, len): (u64, u64) = (f[1].parse()?, f[2].parse()?);
+        assert!(f[0] == "R" || f[0] == "W", "{l}");
+        assert!(
+            off % 4096 == 0 && len % 4096 == 0 && off + len <= export_bytes,
+            "{l}"
+        );
+    }
+
     // --size larger than the export is refused, naming the export's size.
     let too_big = dhrd(&[
         "--trace",
@@ -358,6 +384,10 @@ fn replay_through_an_nbd_export_is_verified() -> TestResult {
     );
     // Every request of an in-memory export completes within a minute.
     assert_eq!(j["fast_share"]["all"].as_f64(), Some(1.0), "{j}");
+    assert!(
+        j["fast_share"]["mean_us"].as_f64().unwrap_or(0.0) > 0.0,
+        "{j}"
+    );
 
     Ok(())
 }
