@@ -341,7 +341,34 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     scfg.poll_before_block = Duration::from_micros(a.poll_us);
     let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
     if let Some(path) = &a.status_file {
-        spawn_status_writer(path.clone(), obj.clone(), server.shutdown_handle())?;
+        let (wb, t) = (writeback.clone(), tier.clone());
+        let layers: LayerStatus = Box::new(move || {
+            let mut v = serde_json::Map::new();
+            if let Some(wb) = &wb {
+                let s = wb.stats();
+                v.insert(
+                    "writeback".into(),
+                    serde_json::json!({"chunks": s.chunks, "chunks_dirty": s.chunks_dirty,
+                        "chunks_written_back": s.chunks_written_back,
+                        "chunks_dirty_at_open": s.chunks_dirty_at_open,
+                        "failures": s.writeback_failures, "fills": s.fills}),
+                );
+            }
+            if let Some(t) = &t {
+                let s = t.stats();
+                v.insert(
+                    "tier".into(),
+                    serde_json::json!({"slots": s.slots, "slots_used": s.slots_used,
+                        "slots_dirty": s.slots_dirty, "chunk_reads_ssd": s.reads_ssd,
+                        "chunk_reads_lower": s.reads_lower, "promotions": s.promotions,
+                        "evictions": s.evictions, "written_back": s.written_back,
+                        "writeback_failures": s.writeback_failures,
+                        "writes_bypassed": s.writes_bypassed, "dirty_at_open": s.dirty_at_open}),
+                );
+            }
+            v
+        });
+        spawn_status_writer(path.clone(), obj.clone(), server.shutdown_handle(), layers)?;
     }
     spawn_signal_thread(sigset, server.shutdown_handle())?;
     {
@@ -571,6 +598,9 @@ fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
 /// How often `--status-file` is rewritten.
 const STATUS_FILE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The status of the layers under the engine (`writeback`, `tier`), as top-level fields.
+type LayerStatus = Box<dyn Fn() -> serde_json::Map<String, serde_json::Value> + Send>;
+
 /// The export's status under stable names (docs/nbd.md); fields are only ever added.
 fn status_json<D: Durable>(obj: &HybridObject<D>, h: &ShutdownHandle) -> serde_json::Value {
     let p = obj.progress();
@@ -636,13 +666,17 @@ fn spawn_status_writer<D: Durable + 'static>(
     path: PathBuf,
     obj: HybridObject<D>,
     h: ShutdownHandle,
+    layers: LayerStatus,
 ) -> anyhow::Result<()> {
     let mut prom = path.as_os_str().to_owned();
     prom.push(".prom");
     let prom = PathBuf::from(prom);
     // The first write happens before serving starts, so a bad path fails the start.
     let write = move || -> std::io::Result<()> {
-        let doc = status_json(&obj, &h);
+        let mut doc = status_json(&obj, &h);
+        if let Some(m) = doc.as_object_mut() {
+            m.extend(layers());
+        }
         replace_file(&path, &format!("{doc}\n"))?;
         let text = crate::metrics::prometheus_text("dhrd_nbd", &[], &doc);
         replace_file(&prom, &text)

@@ -38,9 +38,24 @@ fn acknowledged_writes_survive_sigkill_on_the_ssd_tier() {
     );
     let order: Vec<u64> = (0..EXPORT_BLOCKS).collect();
     let (acked, unacked) = write_until_killed(&mut d, &order, 2, false, 4, 24);
-    let mut d = Dhrd::start(dir.path(), &backing, &args);
+    let status = dir.path().join("status.json");
+    let status_s = status.to_string_lossy().to_string();
+    let mut with_status = args.to_vec();
+    with_status.extend(["--status-file", status_s.as_str()]);
+    let mut d = Dhrd::start(dir.path(), &backing, &with_status);
     let said = d.stderr_text();
     assert!(said.contains("dirty on the --tier-ssd"), "{said}");
+    // The status file shows the tier: its slots and what was dirty at open.
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&status).unwrap_or_else(|e| panic!("status: {e}")),
+    )
+    .unwrap_or_else(|e| panic!("status JSON: {e}"));
+    // (2,200 KiB - the 4 KiB header) / (64 KiB + a 16-byte entry) = 34 slots.
+    assert_eq!(doc["tier"]["slots"].as_u64(), Some(34), "{doc}");
+    assert!(
+        doc["tier"]["dirty_at_open"].as_u64().unwrap_or(0) > 0,
+        "{doc}"
+    );
     let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
     check_after_kill(&mut c, EXPORT_BLOCKS, &acked, &unacked, 1, 2);
     drop(c);
