@@ -208,3 +208,145 @@ fn a_full_ssd_of_dirty_slots_writes_through() -> io::Result<()> {
     same(&lower.volatile(), &model, "lower tier");
     Ok(())
 }
+
+/// Runs `ops` on `t` until the first failed write; returns the acknowledged image and the
+/// failed write (each of its bytes may be old or new). Every successful read must match
+/// what was acknowledged: a fault may fail a request, never return stale bytes.
+fn run_until_failure<F: Durable, S: Durable>(
+    t: &Tiered<F, S>,
+    ops: &[Op],
+    what: &str,
+) -> (Vec<u8>, Option<(u64, Vec<u8>)>) {
+    let mut acked = initial();
+    for op in ops {
+        match op {
+            Op::Read(off, len) => {
+                let mut b = vec![0u8; *len as usize];
+                if t.read_at(&mut b, *off).is_ok() {
+                    check(&b, &acked[*off as usize..(off + len) as usize], None, what);
+                }
+            }
+            Op::Write(off, d) => match t.write_at(d, *off) {
+                Ok(()) => acked[*off as usize..*off as usize + d.len()].copy_from_slice(d),
+                Err(_) => return (acked, Some((*off, d.clone()))),
+            },
+        }
+    }
+    (acked, None)
+}
+
+/// Reopens a tier on power-cut images of both devices and checks it serves `acked`
+/// (`inflight` old or new), then that the write-back brings the lower tier to the same.
+fn check_recovery(
+    ssd: &SimBacking,
+    lower: &SimBacking,
+    mode: TierMode,
+    acked: &[u8],
+    inflight: Option<&(u64, Vec<u8>)>,
+    what: &str,
+) -> io::Result<()> {
+    let simg = ssd.crashed_image().unwrap_or_else(|| ssd.crash_image());
+    let limg = lower.crashed_image().unwrap_or_else(|| lower.crash_image());
+    let t = Tiered::open(
+        Arc::new(SimBacking::from_image(simg, 91)),
+        Arc::new(SimBacking::from_image(limg, 92)),
+        SSD_BYTES,
+        CB,
+        mode,
+        1,
+    )?;
+    let got = read_all(&t, SIZE);
+    check(&got, acked, inflight, what);
+    assert!(t.drain(WAIT), "{what}: write-back did not finish");
+    same(&t.lower().volatile(), &got, &format!("{what}: lower tier"));
+    Ok(())
+}
+
+/// The lower tier loses power at each of its operations (write-back copies, write-through
+/// writes, syncs) while the SSD keeps going; then power is cut on both. Every
+/// acknowledged write is served after the restart, in both modes.
+#[test]
+fn crash_of_the_lower_tier_at_every_operation() -> io::Result<()> {
+    let mut points = 0;
+    for mode in [TierMode::WriteBack, TierMode::WriteThrough] {
+        for seed in 0..seeds(20) {
+            let ops = workload(seed + 40, 60);
+            for n in 0u64.. {
+                let ssd = Arc::new(SimBacking::new(seed * 1000 + n));
+                let lower = Arc::new(SimBacking::from_bytes(initial(), seed * 1000 + n + 1));
+                lower.crash_at_op(n);
+                let what = format!("{mode:?} seed {seed} lower crash at {n}");
+                let t = Tiered::open(ssd.clone(), lower.clone(), SSD_BYTES, CB, mode, 1)?;
+                let (acked, inflight) = run_until_failure(&t, &ops, &what);
+                // Give the write-back its chance to reach the crash point.
+                let _ = t.drain(Duration::from_millis(50));
+                drop(t);
+                let reached = lower.crashed_image().is_some();
+                check_recovery(&ssd, &lower, mode, &acked, inflight.as_ref(), &what)?;
+                points += 1;
+                if !reached {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(points > 50, "only {points} crash points");
+    Ok(())
+}
+
+/// EIO or ENOSPC from either device at an operation, once or from then on: requests fail
+/// cleanly, no read returns stale bytes, a failed SSD write refuses later writes (sticky),
+/// and after a restart on power-cut images every acknowledged write is there.
+#[test]
+fn eio_and_enospc_on_either_device() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    let mut r = SplitMix64::new(7);
+    let mut cases = 0;
+    for seed in 0..seeds(12) {
+        let ops = workload(seed + 60, 60);
+        for on_ssd in [true, false] {
+            for kind in [FaultKind::Eio, FaultKind::Enospc] {
+                for at_op in (0..120).step_by(7) {
+                    let persist = r.chance(1, 2);
+                    let reads = r.chance(1, 3);
+                    let mode = if r.chance(1, 4) {
+                        TierMode::WriteThrough
+                    } else {
+                        TierMode::WriteBack
+                    };
+                    let ssd = Arc::new(SimBacking::new(seed * 100 + at_op));
+                    let lower = Arc::new(SimBacking::from_bytes(initial(), seed * 100 + at_op + 1));
+                    let t = Tiered::open(ssd.clone(), lower.clone(), SSD_BYTES, CB, mode, 1)?;
+                    let fault = Fault {
+                        at_op,
+                        kind,
+                        persist,
+                        reads,
+                    };
+                    if on_ssd {
+                        ssd.inject(fault);
+                    } else {
+                        lower.inject(fault);
+                    }
+                    let what = format!(
+                        "seed {seed} {} {kind:?} at {at_op} persist {persist} reads {reads} {mode:?}",
+                        if on_ssd { "ssd" } else { "lower" }
+                    );
+                    let (acked, inflight) = run_until_failure(&t, &ops, &what);
+                    if on_ssd && inflight.is_some() {
+                        // The SSD failed a write or sync: the tier must refuse later writes.
+                        ssd.clear_faults();
+                        assert!(t.write_at(&[1], 0).is_err(), "{what}: not sticky");
+                    }
+                    ssd.clear_faults();
+                    lower.clear_faults();
+                    drop(t);
+                    check_recovery(&ssd, &lower, mode, &acked, inflight.as_ref(), &what)?;
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases > 100, "only {cases} cases");
+    Ok(())
+}
