@@ -65,9 +65,9 @@ def fio_json(uri, jobs, runtime_s, extra=()):
 class Server:
     """A dhrd nbd or nbdkit process serving one Unix socket."""
 
-    def __init__(self, ctx, name, cmd, sock):
+    def __init__(self, ctx, name, cmd, sock, log_prefix="cache"):
         self.sock, self.name = sock, name
-        self.logp = os.path.join(ctx.out, "logs", f"cache-{name}.log")
+        self.logp = os.path.join(ctx.out, "logs", f"{log_prefix}-{name}.log")
         self.log = open(self.logp, "w")
         if os.path.exists(sock):
             os.unlink(sock)

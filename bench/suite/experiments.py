@@ -17,6 +17,7 @@ import cache
 import nvm
 import rbd
 import seed002
+import tier
 from lib import BenchError, log, run
 
 BLOCK_OPS = ("randread", "randwrite")
@@ -852,4 +853,5 @@ EXPERIMENTS = {
     "cache": cache.exp_cache,
     "seed002": seed002.exp_seed002,
     "nvm": nvm.exp_nvm,
+    "tier": tier.exp_tier,
 }
