@@ -79,7 +79,8 @@ COLUMNS = {
     "tier": [("trace", "trace"), ("cache tier", "level"), ("QD", "qd"), ("config", "config"), ("IOPS", "iops"),
              ("hit share", "hit_share"), ("hit mean us", "hit_mean_us"), ("read p50 us", "read_p50_us"),
              ("read p99 us", "read_p99_us"), ("write p50 us", "write_p50_us"), ("write p99 us", "write_p99_us"),
-             ("written back MiB", "written_back_mib"), ("RAM hit ratio", "ram_hit_ratio")],
+             ("written back MiB", "written_back_mib"), ("RAM hit ratio", "ram_hit_ratio"),
+             ("writes that waited for a load", "write_waits_on_load")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }

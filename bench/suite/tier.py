@@ -252,6 +252,9 @@ def exp_tier(ctx):
                                 row["written_back_mib"] = round(
                                     (ta.get("written_back", 0) - tb.get("written_back", 0)) * CHUNK / M, 2)
                                 row["promotions"] = ta.get("promotions", 0) - tb.get("promotions", 0)
+                            if "waits_on_load" in after.get("writes", {}):
+                                row["write_waits_on_load"] = (after["writes"]["waits_on_load"]
+                                                              - before.get("writes", {}).get("waits_on_load", 0))
                             if after.get("cache"):
                                 row["ram_hit_ratio"] = round(after["cache"].get("hit_ratio", 0.0), 3)
                             rows.append(row)
@@ -280,7 +283,8 @@ def exp_tier(ctx):
                         continue
                     row = dict(trace=tname, level=f"{int(level * 100)}%", qd=qd, config=config)
                     for key in ("iops", "hit_share", "hit_mean_us", "read_p50_us", "read_p99_us",
-                                "write_p50_us", "write_p99_us", "written_back_mib", "ram_hit_ratio"):
+                                "write_p50_us", "write_p99_us", "written_back_mib", "ram_hit_ratio",
+                                "write_waits_on_load"):
                         v = med(tname, level, qd, config, key)
                         if v is not None:
                             row[key] = round(v, 3 if key in ("hit_share", "ram_hit_ratio") else 1)
