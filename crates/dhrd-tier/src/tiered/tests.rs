@@ -173,7 +173,8 @@ fn crash_enumeration() -> io::Result<()> {
             }
         }
     }
-    assert!(points > 50, "only {points} crash points");
+    // One case picked with DHRD_TIER_CASE (to debug it) is one point.
+    assert!(only.is_some() || points > 50, "only {points} crash points");
     Ok(())
 }
 
