@@ -56,6 +56,21 @@ typedef struct dhrd_options {
   // Do not copy the backing into RAM in the background at open: RAM fills only with
   // what is read and written (a pure cache).
   bool no_prefill;
+  // Tiered device (T1): an SSD cache tier in this file (created if missing) between the
+  // RAM tier and the backing, which becomes the slow lower tier. Hot chunks are
+  // promoted to it; writes are durable on it before they return and are written back
+  // in the background. Its contents survive a crash and are used at the next open.
+  // NULL: no SSD tier.
+  const char *tier_ssd_path;
+  // Size of the SSD tier in bytes (header and slot table included); required with
+  // `tier_ssd_path`.
+  uint64_t tier_ssd_bytes;
+  // How writes reach the backing through the SSD tier: "writeback" or "writethrough".
+  // NULL: writeback.
+  const char *tier_mode;
+  // Device timing of the SSD tier's file, in `backing_timing`'s syntax. NULL or "":
+  // none (no environment variable applies).
+  const char *tier_ssd_timing;
 } dhrd_options;
 
 // Load progress of the RAM tier.
@@ -103,6 +118,13 @@ typedef struct dhrd_stats {
   uint64_t read_ahead_loaded;
   uint64_t read_ahead_used;
   uint64_t read_ahead_wasted;
+  // SSD tier (all 0 without one): chunk reads it served and the lower tier served,
+  // chunks promoted, dirty slots now, chunks written back to the lower tier.
+  uint64_t tier_chunk_reads_ssd;
+  uint64_t tier_chunk_reads_lower;
+  uint64_t tier_promotions;
+  uint64_t tier_slots_dirty;
+  uint64_t tier_written_back;
 } dhrd_stats;
 
 #ifdef __cplusplus

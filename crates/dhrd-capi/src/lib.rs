@@ -28,6 +28,7 @@
 use dhrd_engine::{Durability, Error, HybridObject, ObjectConfig, RamBudget};
 use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions, Timed};
 use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
+use dhrd_tier::{SsdTier, TierMode};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -82,6 +83,21 @@ pub struct dhrd_options {
     /// Do not copy the backing into RAM in the background at open: RAM fills only with
     /// what is read and written (a pure cache).
     pub no_prefill: bool,
+    /// Tiered device (T1): an SSD cache tier in this file (created if missing) between the
+    /// RAM tier and the backing, which becomes the slow lower tier. Hot chunks are
+    /// promoted to it; writes are durable on it before they return and are written back
+    /// in the background. Its contents survive a crash and are used at the next open.
+    /// NULL: no SSD tier.
+    pub tier_ssd_path: *const c_char,
+    /// Size of the SSD tier in bytes (header and slot table included); required with
+    /// `tier_ssd_path`.
+    pub tier_ssd_bytes: u64,
+    /// How writes reach the backing through the SSD tier: "writeback" or "writethrough".
+    /// NULL: writeback.
+    pub tier_mode: *const c_char,
+    /// Device timing of the SSD tier's file, in `backing_timing`'s syntax. NULL or "":
+    /// none (no environment variable applies).
+    pub tier_ssd_timing: *const c_char,
 }
 
 /// What `dhrd_options_default` fills in, and what a null `opts` means.
@@ -98,6 +114,10 @@ const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
     cache_admit: std::ptr::null(),
     read_ahead: std::ptr::null(),
     no_prefill: false,
+    tier_ssd_path: std::ptr::null(),
+    tier_ssd_bytes: 0,
+    tier_mode: std::ptr::null(),
+    tier_ssd_timing: std::ptr::null(),
 };
 
 /// The environment variable a NULL `dhrd_options.backing_timing` defers to, so that an
@@ -153,11 +173,19 @@ pub struct dhrd_stats {
     pub read_ahead_loaded: u64,
     pub read_ahead_used: u64,
     pub read_ahead_wasted: u64,
+    /// SSD tier (all 0 without one): chunk reads it served and the lower tier served,
+    /// chunks promoted, dirty slots now, chunks written back to the lower tier.
+    pub tier_chunk_reads_ssd: u64,
+    pub tier_chunk_reads_lower: u64,
+    pub tier_promotions: u64,
+    pub tier_slots_dirty: u64,
+    pub tier_written_back: u64,
 }
 
 /// An open hybrid object. Opaque to C.
 pub struct dhrd_object {
     obj: HybridObject<Arc<dyn Durable>>,
+    tier: Option<Arc<SsdTier>>,
 }
 
 /// The errno of an engine error: the one mapping used by every function.
@@ -254,21 +282,60 @@ unsafe fn enum_of<T: std::str::FromStr>(p: *const c_char) -> Result<Option<T>, c
 /// # Safety
 /// `o.backing_timing` is null or a NUL-terminated string.
 unsafe fn timing_of(o: &dhrd_options) -> Result<Option<DeviceProfile>, c_int> {
-    let spec = if o.backing_timing.is_null() {
-        match std::env::var_os(BACKING_TIMING_ENV) {
+    // SAFETY: null or NUL-terminated (this function's contract).
+    unsafe { profile_of(o.backing_timing, Some(BACKING_TIMING_ENV)) }
+}
+
+/// A device timing option: `p`, else (when `p` is null) the environment variable `env`.
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn profile_of(p: *const c_char, env: Option<&str>) -> Result<Option<DeviceProfile>, c_int> {
+    let spec = if p.is_null() {
+        let Some(env) = env else {
+            return Ok(None);
+        };
+        match std::env::var_os(env) {
             // Not valid UTF-8 cannot be a profile; parse refuses the replacement chars.
             Some(v) => v.to_string_lossy().into_owned(),
             None => return Ok(None),
         }
     } else {
         // SAFETY: non-null and NUL-terminated per the function contract.
-        let c = unsafe { CStr::from_ptr(o.backing_timing) };
+        let c = unsafe { CStr::from_ptr(p) };
         c.to_str().map_err(|_| libc::EINVAL)?.to_owned()
     };
     if spec.is_empty() {
         return Ok(None);
     }
     DeviceProfile::parse(&spec).map(Some).ok_or(libc::EINVAL)
+}
+
+/// The SSD file, write mode and device timing of an SSD tier.
+type TierOptions = (std::path::PathBuf, TierMode, Option<DeviceProfile>);
+
+/// The SSD tier `o` asks for: its file, write mode and device timing; `None` without
+/// `tier_ssd_path`. A size of 0 with a path, a read-only object, or a bad mode or timing
+/// is `EINVAL`.
+///
+/// # Safety
+/// The tier fields of `o` are null or NUL-terminated strings.
+unsafe fn tier_options_of(o: &dhrd_options) -> Result<Option<TierOptions>, c_int> {
+    if o.tier_ssd_path.is_null() {
+        return Ok(None);
+    }
+    // The SSD tier takes writes; without a size there is no tier.
+    if o.tier_ssd_bytes == 0 || o.read_only {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: non-null and NUL-terminated per the function contract.
+    let p = unsafe { CStr::from_ptr(o.tier_ssd_path) };
+    let path = Path::new(std::ffi::OsStr::from_bytes(p.to_bytes())).to_path_buf();
+    // SAFETY: as above.
+    let mode = unsafe { enum_of(o.tier_mode) }?.unwrap_or_default();
+    // SAFETY: as above.
+    let timing = unsafe { profile_of(o.tier_ssd_timing, None) }?;
+    Ok(Some((path, mode, timing)))
 }
 
 /// The backing `path` names: a Ceph RBD image for `rbd:POOL/IMAGE` (the cluster from
@@ -336,6 +403,8 @@ pub unsafe extern "C" fn dhrd_open(
         // function contract. Parsed before the backing is opened, so a bad value creates
         // nothing and takes no RBD lock.
         let timing = unsafe { timing_of(&o) }?;
+        // SAFETY: as above.
+        let tier_opts = unsafe { tier_options_of(&o) }?;
         let (backing, preferred_chunk) = open_backing(path, &o, &fopts)?;
         let backing: Arc<dyn Durable> = match timing {
             Some(p) => Arc::new(Timed::new(backing, p)),
@@ -344,8 +413,24 @@ pub unsafe extern "C" fn dhrd_open(
         if let (0, Some(c)) = (o.chunk_bytes, preferred_chunk) {
             cfg.chunk_bytes = c;
         }
+        let (backing, tier): (Arc<dyn Durable>, _) = match tier_opts {
+            Some((ssd, mode, timing)) => {
+                let t = dhrd_tier::open_ssd_file(
+                    backing,
+                    &ssd,
+                    o.tier_ssd_bytes,
+                    cfg.chunk_bytes,
+                    mode,
+                    timing,
+                )
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+                let t = Arc::new(t);
+                (t.clone(), Some(t))
+            }
+            None => (backing, None),
+        };
         let obj = HybridObject::open(backing, cfg).map_err(|e| errno_of(&e))?;
-        let handle = Box::into_raw(Box::new(dhrd_object { obj }));
+        let handle = Box::into_raw(Box::new(dhrd_object { obj, tier }));
         // SAFETY: `out` is non-null and writable per the function contract.
         unsafe { out.write(handle) };
         Ok(())
@@ -556,7 +641,16 @@ pub unsafe extern "C" fn dhrd_get_stats(obj: *const dhrd_object, out: *mut dhrd_
             read_ahead_loaded: s.ahead_loaded,
             read_ahead_used: s.ahead_used,
             read_ahead_wasted: s.ahead_wasted,
+            ..Default::default()
         };
+        if let Some(t) = &o.tier {
+            let ts = t.stats();
+            out.tier_chunk_reads_ssd = ts.reads_ssd;
+            out.tier_chunk_reads_lower = ts.reads_lower;
+            out.tier_promotions = ts.promotions;
+            out.tier_slots_dirty = ts.slots_dirty;
+            out.tier_written_back = ts.written_back;
+        }
         Ok(())
     })
 }

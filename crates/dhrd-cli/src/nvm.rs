@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Context, Result};
 use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions};
-use dhrd_tier::{TierMode, TierStats, Tiered, WriteBack, WriteBackStats};
+use dhrd_tier::{TierMode, TierStats, WriteBack, WriteBackStats};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,8 +111,7 @@ pub fn drain(wb: &NvmTier, timeout: Duration) {
     }
 }
 
-/// The tiered device over whatever backing the export opened.
-pub type SsdTier = Tiered<Arc<dyn Durable>, Arc<dyn Durable>>;
+pub use dhrd_tier::SsdTier;
 
 /// Puts an SSD cache tier of `ssd_bytes` in `ssd_file` in front of `lower`.
 pub fn tier(
@@ -123,16 +122,7 @@ pub fn tier(
     mode: TierMode,
     timing: Option<DeviceProfile>,
 ) -> Result<Arc<SsdTier>> {
-    let ssd = FileBacking::open(
-        ssd_file,
-        &FileOptions {
-            create: true,
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("opening --tier-ssd {}", ssd_file.display()))?;
-    let ssd: Arc<dyn Durable> = crate::timing::wrap(Arc::new(ssd), timing);
-    let t = Tiered::open(ssd, lower, ssd_bytes, chunk_bytes, mode, WRITEBACK_THREADS)
+    let t = dhrd_tier::open_ssd_file(lower, ssd_file, ssd_bytes, chunk_bytes, mode, timing)
         .with_context(|| format!("opening the SSD tier on {}", ssd_file.display()))?;
     Ok(Arc::new(t))
 }

@@ -232,6 +232,38 @@ pub struct Tiered<F: Durable, S: Durable> {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
+/// The tiered device over any backing, with its SSD a file: what `dhrd nbd --tier-ssd`
+/// and the C API's `tier_ssd_path` open.
+pub type SsdTier = Tiered<Arc<dyn Durable>, Arc<dyn Durable>>;
+
+/// Write-back threads of a tier opened by [`open_ssd_file`].
+pub const SSD_TIER_THREADS: usize = crate::writeback::WRITEBACK_THREADS_DEFAULT;
+
+/// Opens (creating it if missing) the SSD file `ssd_path` as a cache tier of `ssd_bytes`
+/// in front of `lower`, slowed to `timing` if given. One place for every frontend, so the
+/// file options and the thread count cannot drift apart between them.
+pub fn open_ssd_file(
+    lower: Arc<dyn Durable>,
+    ssd_path: &std::path::Path,
+    ssd_bytes: u64,
+    chunk_bytes: u64,
+    mode: TierMode,
+    timing: Option<dhrd_io::DeviceProfile>,
+) -> io::Result<SsdTier> {
+    let ssd = dhrd_io::FileBacking::open(
+        ssd_path,
+        &dhrd_io::FileOptions {
+            create: true,
+            ..Default::default()
+        },
+    )?;
+    let ssd: Arc<dyn Durable> = match timing {
+        Some(p) => Arc::new(dhrd_io::Timed::new(ssd, p)),
+        None => Arc::new(ssd),
+    };
+    Tiered::open(ssd, lower, ssd_bytes, chunk_bytes, mode, SSD_TIER_THREADS)
+}
+
 impl<F: Durable, S: Durable> Tiered<F, S> {
     /// Opens (or formats) the SSD `ssd` of `ssd_bytes` as the cache of `lower`.
     pub fn open(
