@@ -104,6 +104,11 @@ fn viewer(o: Obj, seed: u64, stop: Arc<AtomicBool>) {
             Ok(View::NotLoaded(_) | View::Eof) => {}
             Err(e) => panic!("view: {e}"),
         }
+        // A view holds the layout's read lock. Taken back to back, the next one can get in
+        // between a waiting resize being woken and it running, so on two CPUs a resize
+        // could starve for minutes (docs/design.md, "Layout lock fairness"). Real clients
+        // send a view before asking for the next; the pause stands for that.
+        std::thread::yield_now();
     }
 }
 
