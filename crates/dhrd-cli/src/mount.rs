@@ -154,6 +154,8 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
             pin: !a.no_pin,
             readdirplus: a.readdirplus,
             object_cache: a.object_cache,
+            dir_fds_max: dhrd_fuse::nodes::DIR_FDS_MAX,
+            linger_max: dhrd_fuse::page_tier::LINGER_MAX,
         },
         allow_other: a.allow_other,
         threads: a.threads.max(1),

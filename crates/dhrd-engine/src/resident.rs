@@ -418,6 +418,16 @@ impl Resident {
     /// walk, unless it is known already. `file` is a descriptor the caller keeps; a
     /// duplicate is queued.
     pub fn demand(&self, key: u64, file: &File) {
+        self.demand_inner(key, file, None);
+    }
+
+    /// `demand` of a file whose size the caller knows (one it just created: 0), which
+    /// spares the stat.
+    pub fn demand_sized(&self, key: u64, file: &File, size: u64) {
+        self.demand_inner(key, file, Some(size));
+    }
+
+    fn demand_inner(&self, key: u64, file: &File, size: Option<u64>) {
         let inner = &self.inner;
         let mut q = inner.q.lock();
         if q.shutdown || q.entries.contains_key(&key) {
@@ -428,7 +438,7 @@ impl Resident {
             inner.demands_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let Ok(size) = file.metadata().map(|m| m.len()) else {
+        let Some(size) = size.or_else(|| file_size(file).ok()) else {
             return;
         };
         // Nothing to read or pin in an empty file (one just created, typically): it is
@@ -459,16 +469,20 @@ impl Resident {
     /// The file may have changed size (a writer closed it, a truncate): warm and pin what
     /// grew within the budget, give back what shrank. A file not known yet is demanded.
     pub fn refresh(&self, key: u64, file: &File) {
+        if let Ok(size) = file_size(file) {
+            self.refresh_sized(key, file, size);
+        }
+    }
+
+    /// `refresh` of a file whose size the caller has just read.
+    pub fn refresh_sized(&self, key: u64, file: &File, size: u64) {
         let inner = &self.inner;
-        let Ok(size) = file.metadata().map(|m| m.len()) else {
-            return;
-        };
         let mut q = inner.q.lock();
         let Some(Entry::Done { reserved, .. }) = q.entries.get(&key) else {
             let known = q.entries.contains_key(&key);
             drop(q);
             if !known {
-                self.demand(key, file);
+                self.demand_inner(key, file, Some(size));
             }
             return;
         };
@@ -581,6 +595,12 @@ impl Drop for Resident {
         self.inner.work.notify_all();
         self.inner.state.notify_all();
     }
+}
+
+/// The size of an open file without asking for its timestamps (`pagecache::file_size`).
+fn file_size(file: &File) -> io::Result<u64> {
+    use std::os::fd::AsFd;
+    dhrd_io::pagecache::file_size(file.as_fd())
 }
 
 fn release_done(inner: &Inner, q: &mut Queues, reserved: u64, pin: Option<Pin>) {

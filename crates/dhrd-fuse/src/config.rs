@@ -155,6 +155,12 @@ pub struct FsConfig {
     pub readdirplus: ReaddirPlus,
     /// Engine objects kept after their last close (`objects::CLOSED_OBJECTS_MAX`).
     pub object_cache: usize,
+    /// Directory descriptors kept (`nodes::DIR_FDS_MAX`; lowered to fit the descriptor
+    /// limit at start).
+    pub dir_fds_max: usize,
+    /// Page cache path: registrations kept after their last close
+    /// (`page_tier::LINGER_MAX`; lowered to fit the descriptor limit at start).
+    pub linger_max: usize,
 }
 
 #[cfg(test)]

@@ -239,8 +239,11 @@ pub fn prepare(cfg: &MountConfig) -> Result<(BackingDir, PathBuf)> {
 
 /// Raises the soft descriptor limit to the hard one: each cached object holds descriptors.
 /// Fails when even that cannot hold a full object cache, rather than letting opens fail
-/// with EMFILE once the cache fills.
-fn raise_nofile(object_cache: usize) -> Result<()> {
+/// with EMFILE once the cache fills. The other caches of descriptors (kept directories,
+/// idle registrations) take what is left, half and a quarter of it at most, so that they
+/// can never starve the opens that need descriptors.
+fn raise_nofile(fs: &mut crate::FsConfig) -> Result<()> {
+    let object_cache = fs.object_cache;
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let _ = rustix::process::setrlimit(
         rustix::process::Resource::Nofile,
@@ -258,7 +261,13 @@ fn raise_nofile(object_cache: usize) -> Result<()> {
             "--object-cache {object_cache} needs up to {need} file descriptors, but this \
              process may open {have} (ulimit -n); lower --object-cache or raise the limit"
         ))),
-        _ => Ok(()),
+        Some(have) => {
+            let spare = usize::try_from(have - need).unwrap_or(usize::MAX);
+            fs.dir_fds_max = fs.dir_fds_max.min(spare / 2);
+            fs.linger_max = fs.linger_max.min(spare / 4);
+            Ok(())
+        }
+        None => Ok(()),
     }
 }
 
@@ -354,7 +363,7 @@ fn control_server(
 
 /// Mounts and serves until SIGTERM, SIGINT or `dhrd umount`. Returns Ok after a clean
 /// flush and unmount.
-pub fn run(cfg: MountConfig) -> Result<()> {
+pub fn run(mut cfg: MountConfig) -> Result<()> {
     let (dir, mnt) = prepare(&cfg)?;
     // Each engine object allocates a few hundred KiB of histograms; with glibc's dynamic
     // mmap threshold those end up in per-thread arenas that never shrink while objects
@@ -368,7 +377,7 @@ pub fn run(cfg: MountConfig) -> Result<()> {
         .backing
         .canonicalize()
         .unwrap_or_else(|_| cfg.backing.clone());
-    raise_nofile(cfg.fs.object_cache)?;
+    raise_nofile(&mut cfg.fs)?;
 
     // Block the stop signals in every thread (the mask is inherited); one thread waits for
     // them with sigwait so they never interrupt a request half-way.

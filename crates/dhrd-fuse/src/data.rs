@@ -27,7 +27,7 @@ use crate::fs::Shared;
 use crate::killpriv::{Caller, Fsetid};
 use crate::nodes::{Fh, Ino};
 use crate::objects::{Obj, OpenKind};
-use crate::page_tier::{PageOpen, PageTier, Service};
+use crate::page_tier::{Opened, PageOpen, PageTier, Service};
 use crate::sys;
 use crate::walk::BackingOpener;
 use dhrd_engine::resident::{Resident, ResidentConfig};
@@ -92,7 +92,11 @@ impl Shared {
                             Arc::new(BackingOpener(self.dir.clone())),
                         )
                         .map_err(|e| format!("starting the warm-up threads: {e}"))?;
-                        self.set_tier(Tier::Page(PageTier::new(self.sync_mode(), resident)));
+                        self.set_tier(Tier::Page(PageTier::new(
+                            self.sync_mode(),
+                            resident,
+                            self.cfg.linger_max,
+                        )));
                         return Ok(());
                     }
                     Some(why) if wanted == ReadPath::PageCache => {
@@ -148,7 +152,14 @@ impl Shared {
                     key,
                     flags.0,
                     writable,
-                    || self.open_backing_file(ino),
+                    || {
+                        let (file, st) = self.open_backing_file_stat(ino)?;
+                        Ok(Opened {
+                            file,
+                            mode: st.st_mode,
+                            fresh: false,
+                        })
+                    },
                     register,
                 )?;
                 self.count_page_open(&open);
@@ -226,9 +237,14 @@ impl Shared {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let (pfd, made) = (c.pfd, c.made);
         let file = c.file;
+        let opened = Opened {
+            file,
+            mode: c.mode,
+            fresh: made,
+        };
         let r = match self.tier() {
             Tier::Page(t) => {
-                t.open(key, flags, writable, || Ok(file), register)
+                t.open(key, flags, writable, || Ok(opened), register)
                     .map(|(open, reply)| {
                         self.count_page_open(&open);
                         (HandleData::Page(open), reply)
@@ -237,7 +253,7 @@ impl Shared {
             Tier::Engine(t) => {
                 let label = self.display_name(Ino(c.attr.ino.0));
                 t.objects
-                    .acquire(key, &label, true, || Ok(file))
+                    .acquire(key, &label, true, || Ok(opened.file))
                     .map(|obj| {
                         (
                             HandleData::Engine {
@@ -572,7 +588,7 @@ impl Shared {
     pub(crate) fn data_unlinked(&self, key: u64) {
         match self.tier_if_set() {
             Some(Tier::Engine(t)) => t.objects.forget_if_closed(key),
-            Some(Tier::Page(t)) => t.resident.forget(key),
+            Some(Tier::Page(t)) => t.unlinked(key),
             None => {}
         }
     }

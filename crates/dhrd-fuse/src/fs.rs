@@ -89,6 +89,8 @@ pub struct Shared {
     pub committer: Arc<Committer>,
     /// First failure of the flush at unmount; makes the daemon exit non-zero.
     final_error: Mutex<Option<String>>,
+    /// The daemon runs as root: it gives new inodes to their callers (`chown_new`).
+    pub(crate) daemon_is_root: bool,
 }
 
 pub(crate) fn kind_of(mode: u32) -> FileType {
@@ -153,6 +155,12 @@ pub(crate) fn errno(e: &FsError) -> Errno {
 impl Shared {
     pub fn new(dir: BackingDir, cfg: FsConfig) -> Result<Arc<Self>> {
         let budget = RamBudget::new(cfg.mem_bytes);
+        let mut nodes = NodeTable::with_dir_fds_max(cfg.dir_fds_max);
+        let root = dir
+            .root_fd()
+            .try_clone_to_owned()
+            .map_err(|e| FsError::io("dup of the backing root", e))?;
+        nodes.keep_dir(Ino(sys::FUSE_ROOT_INO), Arc::new(root));
         // The page cache path needs the flag only to make writes durable (`sync` mode).
         let sync_flag_probe = if cfg.durability == Durability::Sync {
             dhrd_io::pagecache::probe_sync_flag(dir.root_fd()).map_err(|e| {
@@ -171,7 +179,7 @@ impl Shared {
             tier_ready: (Mutex::new(false), Condvar::new()),
             fallback: Mutex::new(None),
             sync_flag_probe,
-            nodes: Mutex::new(NodeTable::new()),
+            nodes: Mutex::new(nodes),
             handles: RwLock::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -185,6 +193,7 @@ impl Shared {
             committer: Committer::start()
                 .map_err(|e| FsError::Setup(format!("starting the metadata committer: {e}")))?,
             final_error: Mutex::new(None),
+            daemon_is_root: rustix::process::geteuid().is_root(),
         }))
     }
 
@@ -329,29 +338,47 @@ impl Shared {
         Fh(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Opens node `ino` confined and checks it is still the same backing inode.
+    /// Opens node `ino` confined and checks it is still the same backing inode. The path
+    /// is resolved from the nearest kept directory on it (nodes.rs), else from the root.
+    /// Always a descriptor of its own: an open directory's read position is its own.
     pub(crate) fn node_fd(&self, ino: Ino, flags: OFlags) -> Result<(OwnedFd, libc::stat)> {
-        let path = self.nodes.lock().path(ino)?;
-        let fd = self
-            .dir
-            .open_rel(&path, flags)
-            .map_err(|e| match e.raw_os_error() {
+        let a = self.nodes.lock().anchor(ino)?;
+        let base = match &a.dir {
+            Some(d) => d.as_fd(),
+            None => self.dir.root_fd(),
+        };
+        let fd = sys::open_confined(base, a.rel.as_os_str(), flags, Mode::empty()).map_err(
+            |e| match e.raw_os_error() {
                 Some(libc::ENOENT) => FsError::Stale,
                 _ => FsError::io("open below the backing directory", e),
-            })?;
+            },
+        )?;
         let st = sys::fstat(fd.as_fd())?;
-        if self.dir.fuse_ino(st.st_ino) != ino.0 || st.st_dev != self.dir.dev() {
-            return Err(FsError::Stale);
-        }
+        self.check_same_node(ino, &st)?;
         Ok((fd, st))
     }
 
-    /// Opens the directory `parent` (readable, so it can be fsync'ed).
-    pub(crate) fn dir_fd(&self, parent: Ino) -> Result<OwnedFd> {
-        let (fd, st) = self.node_fd(parent, OFlags::RDONLY | OFlags::DIRECTORY)?;
+    /// ESTALE unless `st` is node `ino`'s backing inode.
+    fn check_same_node(&self, ino: Ino, st: &libc::stat) -> Result<()> {
+        if self.dir.fuse_ino(st.st_ino) != ino.0 || st.st_dev != self.dir.dev() {
+            return Err(FsError::Stale);
+        }
+        Ok(())
+    }
+
+    /// The descriptor of directory `ino` (readable, so it can be fsync'ed), kept from its
+    /// first use while the node lives (nodes.rs): a lookup, create or unlink in it is then
+    /// one system call on the backing.
+    pub(crate) fn dir_fd(&self, ino: Ino) -> Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.nodes.lock().kept_dir(ino) {
+            return Ok(fd);
+        }
+        let (fd, st) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(FsError::Errno(libc::ENOTDIR));
         }
+        let fd = Arc::new(fd);
+        self.nodes.lock().keep_dir(ino, fd.clone());
         Ok(fd)
     }
 
@@ -421,11 +448,16 @@ impl Shared {
 
     /// Opens the backing file of regular-file node `ino` read-write (for either data path).
     pub(crate) fn open_backing_file(&self, ino: Ino) -> Result<File> {
+        self.open_backing_file_stat(ino).map(|(f, _)| f)
+    }
+
+    /// `open_backing_file`, with the status the check took.
+    pub(crate) fn open_backing_file_stat(&self, ino: Ino) -> Result<(File, libc::stat)> {
         let (fd, st) = self.node_fd(ino, OFlags::RDWR)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(FsError::Errno(libc::EINVAL));
         }
-        Ok(File::from(fd))
+        Ok((File::from(fd), st))
     }
 
     pub(crate) fn display_name(&self, ino: Ino) -> String {
@@ -435,43 +467,81 @@ impl Shared {
         }
     }
 
-    /// gone (an unlinked file that is still open).
+    /// The backing inode's status of node `ino`, or of its open file when its name is
+    /// gone (an unlinked file that is still open). A kept directory is one `fstat`, a node
+    /// one name below a kept directory one `fstatat`; deeper ones are opened by path.
     pub(crate) fn stat_node(&self, ino: Ino) -> Result<libc::stat> {
-        match self.node_fd(ino, OFlags::PATH) {
-            Ok((_, st)) => Ok(st),
+        let r = (|| {
+            let a = self.nodes.lock().anchor(ino)?;
+            let base = match &a.dir {
+                Some(d) => d.as_fd(),
+                None => self.dir.root_fd(),
+            };
+            let mut parts = a.rel.components();
+            match (parts.next(), parts.next()) {
+                (None, _) => Ok(sys::fstat(base)?),
+                (Some(one), None) => {
+                    let st = sys::stat_at(base, one.as_os_str()).map_err(|e| {
+                        match e.raw_os_error() {
+                            Some(libc::ENOENT) => FsError::Stale,
+                            _ => FsError::from(e),
+                        }
+                    })?;
+                    self.check_same_node(ino, &st)?;
+                    Ok(st)
+                }
+                _ => self.node_fd(ino, OFlags::PATH).map(|(_, st)| st),
+            }
+        })();
+        match r {
             Err(FsError::Stale) => {
                 let key = self.dir.backing_ino(ino.0);
                 self.data_stat(key).ok_or(FsError::Stale)
             }
-            Err(e) => Err(e),
+            r => r,
         }
     }
 
     /// Gives a newly created inode to the caller (the daemon runs as root), inheriting the
-    /// group of a set-group-id parent directory as the kernel would.
+    /// group of a set-group-id parent directory as the kernel would. `made`: the new
+    /// inode's status, if the caller has it; then nothing is changed (and the parent not
+    /// even looked at) where the backing file system already gave the inode the right
+    /// owner: a root caller in an ordinary directory, most of all. Returns whether the
+    /// owner changed (the inode's ctime then changed too).
     pub(crate) fn chown_new(
         &self,
         req: &Request,
         pfd: &OwnedFd,
         fd: Option<&OwnedFd>,
         name: &OsStr,
-    ) -> Result<()> {
-        if !rustix::process::geteuid().is_root() {
-            return Ok(());
+        made: Option<&libc::stat>,
+    ) -> Result<bool> {
+        if !self.daemon_is_root {
+            return Ok(false);
         }
-        let pst = sys::fstat(pfd.as_fd())?;
-        let gid = if pst.st_mode & libc::S_ISGID != 0 {
-            pst.st_gid
-        } else {
-            req.gid()
+        // The group the inode got equals the caller's: right whether or not the parent
+        // is set-group-id (it would have given its own group, which is then the same).
+        let gid = match made {
+            Some(st) if st.st_gid == req.gid() => st.st_gid,
+            _ => {
+                let pst = sys::fstat(pfd.as_fd())?;
+                if pst.st_mode & libc::S_ISGID != 0 {
+                    pst.st_gid
+                } else {
+                    req.gid()
+                }
+            }
         };
+        if made.is_some_and(|st| st.st_uid == req.uid() && st.st_gid == gid) {
+            return Ok(false);
+        }
         let uid = Some(rustix::fs::Uid::from_raw(req.uid()));
         let gid = Some(rustix::fs::Gid::from_raw(gid));
         match fd {
             Some(fd) => rustix::fs::fchown(fd, uid, gid)?,
             None => rustix::fs::chownat(pfd, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?,
         }
-        Ok(())
+        Ok(true)
     }
 
     /// `chown` clears S_ISUID and S_ISGID of a non-directory even when root makes it, so a
@@ -479,9 +549,7 @@ impl Shared {
     /// `chown_new`. What the caller may not set the kernel has stripped already
     /// (`vfs_prepare_mode`) before the request reached the daemon.
     pub(crate) fn restore_setid_bits(&self, pfd: &OwnedFd, name: &OsStr, perm: Mode) -> Result<()> {
-        if perm.bits() & (libc::S_ISUID | libc::S_ISGID) == 0
-            || !rustix::process::geteuid().is_root()
-        {
+        if perm.bits() & (libc::S_ISUID | libc::S_ISGID) == 0 || !self.daemon_is_root {
             return Ok(());
         }
         let st = sys::stat_at(pfd.as_fd(), name)?;

@@ -18,6 +18,7 @@
 //! system recovers, which is either the old or the new state of that one operation.
 
 use crate::commit::SyncSet;
+use crate::data::Tier;
 use crate::error::{FsError, Result};
 use crate::fs::{kind_of, kind_of_dirent, Shared};
 use crate::nodes::{Fh, Ino};
@@ -87,7 +88,7 @@ impl Shared {
                     OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
                     perm,
                 )?;
-                self.chown_new(req, &pfd, Some(&fd), name)?;
+                self.chown_new(req, &pfd, Some(&fd), name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
                 self.meta_durable(set, &[&fd, &pfd])?;
             }
@@ -104,7 +105,7 @@ impl Shared {
                     0
                 };
                 rustix::fs::mknodat(&pfd, name, ft, perm, dev)?;
-                self.chown_new(req, &pfd, None, name)?;
+                self.chown_new(req, &pfd, None, name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
                 self.meta_durable(set, &[&pfd])?;
             }
@@ -131,7 +132,7 @@ impl Shared {
             OFlags::RDONLY | OFlags::DIRECTORY,
             Mode::empty(),
         )?;
-        self.chown_new(req, &pfd, Some(&fd), name)?;
+        self.chown_new(req, &pfd, Some(&fd), name, None)?;
         self.meta_durable(set, &[&fd, &pfd])?;
         self.lookup_in(parent, &pfd, name)
     }
@@ -172,7 +173,7 @@ impl Shared {
         sys::check_name(name)?;
         let pfd = self.dir_fd(parent)?;
         rustix::fs::symlinkat(target, &pfd, name)?;
-        self.chown_new(req, &pfd, None, name)?;
+        self.chown_new(req, &pfd, None, name, None)?;
         self.meta_durable(set, &[&pfd])?;
         self.lookup_in(parent, &pfd, name)
     }
@@ -270,18 +271,27 @@ impl Shared {
             ),
             Err(e) => return Err(e.into()),
         };
-        let st = sys::fstat(fd.as_fd())?;
+        let mut st = sys::fstat(fd.as_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(FsError::Errno(libc::EINVAL));
         }
         let mut looked_up = false;
         let r = (|| {
             if created {
-                self.chown_new(req, &pfd, Some(&fd), name)?;
-                self.restore_setid_bits(&pfd, name, perm)?;
+                let mut changed = self.chown_new(req, &pfd, Some(&fd), name, Some(&st))?;
+                if perm.bits() & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                    self.restore_setid_bits(&pfd, name, perm)?;
+                    changed = true;
+                }
+                if changed {
+                    st = sys::fstat(fd.as_fd())?;
+                }
             }
             self.meta_durable(set, &[&fd, &pfd])?;
-            let attr = self.lookup_in(parent, &pfd, name)?;
+            // The entry from the descriptor's status: the name cannot lead elsewhere while
+            // the kernel holds the parent's lock for this create.
+            let attr = self.attr(&st);
+            self.nodes.lock().remember(Ino(attr.ino.0), parent, name);
             looked_up = true;
             Ok(attr)
         })();
@@ -289,6 +299,7 @@ impl Shared {
             Ok(attr) => Ok(Created {
                 attr,
                 key: st.st_ino,
+                mode: st.st_mode,
                 file: File::from(fd),
                 made: created,
                 pfd,
@@ -424,13 +435,24 @@ impl Shared {
     }
 
     /// Descriptor for xattr calls: only regular files and directories carry user xattrs
-    /// reachable without following a link.
-    fn xattr_fd(&self, ino: Ino) -> Result<Option<OwnedFd>> {
+    /// reachable without following a link. A kept directory descriptor or the page cache
+    /// path's descriptor of a file it holds open serves without opening anything: the
+    /// kernel asks for `security.capability` before the first write of every inode it
+    /// instantiates, right after the open.
+    fn xattr_fd(&self, ino: Ino) -> Result<Option<NodeFd>> {
+        if let Some(fd) = self.nodes.lock().kept_dir(ino) {
+            return Ok(Some(NodeFd::Dir(fd)));
+        }
+        if let Some(Tier::Page(t)) = self.tier_if_set() {
+            if let Some(f) = t.held_file(self.dir.backing_ino(ino.0)) {
+                return Ok(Some(NodeFd::File(f)));
+            }
+        }
         let st = self.stat_node(ino)?;
         match kind_of(st.st_mode) {
-            FileType::RegularFile | FileType::Directory => Ok(Some(
+            FileType::RegularFile | FileType::Directory => Ok(Some(NodeFd::Own(
                 self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?.0,
-            )),
+            ))),
             _ => Ok(None),
         }
     }
@@ -514,12 +536,31 @@ impl Shared {
     }
 }
 
+/// A descriptor of a node, kept elsewhere or opened for one request.
+enum NodeFd {
+    Dir(std::sync::Arc<OwnedFd>),
+    File(std::sync::Arc<File>),
+    Own(OwnedFd),
+}
+
+impl AsFd for NodeFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            NodeFd::Dir(d) => d.as_fd(),
+            NodeFd::File(f) => f.as_fd(),
+            NodeFd::Own(o) => o.as_fd(),
+        }
+    }
+}
+
 /// What `create_entry` made: the new entry, its backing inode number and open backing
 /// file, whether this call created it, and the parent directory (for `undo_create`).
 pub(crate) struct Created {
     pub(crate) attr: FileAttr,
     pub(crate) key: u64,
+    /// The new inode's `st_mode`.
+    pub(crate) mode: u32,
     pub(crate) file: File,
     pub(crate) made: bool,
-    pub(crate) pfd: OwnedFd,
+    pub(crate) pfd: std::sync::Arc<OwnedFd>,
 }

@@ -22,7 +22,12 @@
 //!
 //! Invariants:
 //! - One registration (`Reg`: backing descriptor and backing id) per backing inode while
-//!   any open of it exists; created by the first open, dropped at the last release.
+//!   any open of it exists; created by the first open. After the last release it lingers
+//!   (at most `LINGER_MAX` of them, oldest dropped first), so that the next open of the
+//!   inode reuses its descriptor and backing id: open, append, close, open, read, close
+//!   (mail spools, build caches, the fileserver workload) then costs the backing no open,
+//!   registration, flag check or close per open. A lingering registration goes as soon as
+//!   its inode loses its last name (`unlinked`), so it never keeps a deleted file's space.
 //! - D3 by construction: every read and write of every open, by the kernel or the daemon,
 //!   goes through the backing file's one page cache.
 //! - The sync flag set by dhrd is marked with the `trusted.dhrd.sync` xattr, so a mount in
@@ -43,13 +48,16 @@ use dhrd_engine::resident::Resident;
 use dhrd_io::pagecache;
 use fuser::FopenFlags;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Registrations kept after their inode's last close, at most (see the module header).
+pub const LINGER_MAX: usize = 1024;
 
 /// The xattr marking a sync flag dhrd set (and may therefore clear).
 pub const SYNC_MARK_XATTR: &str = "trusted.dhrd.sync";
@@ -89,13 +97,56 @@ struct Reg<B> {
     writers: u32,
     /// `sync` mode: the inode has FS_SYNC_FL, so passthrough writes are durable.
     sync_ok: bool,
+    /// The inode lost its last name while open: dropped at its last close, not kept.
+    unlinked: bool,
+    /// When it last became idle (a stamp of `Regs::idle`), to tell a stale queue entry
+    /// from the current one.
+    idle_stamp: u64,
+}
+
+/// Registrations by backing inode number, and the idle ones in the order they became
+/// idle.
+struct Regs<B> {
+    map: HashMap<u64, Reg<B>>,
+    idle: VecDeque<(u64, u64)>,
+    next_stamp: u64,
+    /// Idle registrations kept at most (`LINGER_MAX` unless the descriptor limit is low).
+    linger_max: usize,
+}
+
+impl<B> Regs<B> {
+    /// Drops idle registrations past `linger_max`, oldest first.
+    fn trim(&mut self) {
+        while self.idle.len() > self.linger_max {
+            let Some((key, stamp)) = self.idle.pop_front() else {
+                break;
+            };
+            if self
+                .map
+                .get(&key)
+                .is_some_and(|r| r.opens == 0 && r.idle_stamp == stamp)
+            {
+                self.map.remove(&key);
+            }
+        }
+    }
+}
+
+/// Where an open's backing file comes from when its inode has no registration.
+pub struct Opened {
+    pub file: File,
+    /// The inode's `st_mode` when it was opened.
+    pub mode: u32,
+    /// The inode was created by this request: it has no flag or mark of a previous mount,
+    /// and its size is 0.
+    pub fresh: bool,
 }
 
 /// The page-cache path's state. `B` is the kernel's backing-id token (`fuser::BackingId`;
 /// tests use a plain number).
 pub struct PageTier<B = fuser::BackingId> {
     sync_mode: bool,
-    regs: Mutex<HashMap<u64, Reg<B>>>,
+    regs: Mutex<Regs<B>>,
     pub resident: Resident,
     pub stats: PageStats,
     /// The first failure of the backing the daemon saw itself (an fsync, a write it
@@ -104,10 +155,15 @@ pub struct PageTier<B = fuser::BackingId> {
 }
 
 impl<B> PageTier<B> {
-    pub fn new(sync_mode: bool, resident: Resident) -> Self {
+    pub fn new(sync_mode: bool, resident: Resident, linger_max: usize) -> Self {
         Self {
             sync_mode,
-            regs: Mutex::new(HashMap::new()),
+            regs: Mutex::new(Regs {
+                map: HashMap::new(),
+                idle: VecDeque::new(),
+                next_stamp: 0,
+                linger_max,
+            }),
             resident,
             stats: PageStats::default(),
             failure: Mutex::new(None),
@@ -151,32 +207,38 @@ impl<B> PageTier<B> {
     }
 
     /// Opens one regular file: `open_file` opens its backing file (read-write where
-    /// possible) if no open of it exists, `register` makes the backing id.
+    /// possible) if its inode has no registration, `register` makes the backing id.
     pub fn open(
         &self,
         key: u64,
         open_flags: i32,
         writable: bool,
-        open_file: impl FnOnce() -> Result<File>,
+        open_file: impl FnOnce() -> Result<Opened>,
         register: impl FnOnce(BorrowedFd<'_>) -> io::Result<B>,
     ) -> Result<(PageOpen, OpenReply<B>)> {
         let mut regs = self.regs.lock();
-        if !regs.contains_key(&key) {
+        // What the first open learnt of the inode: its mode (for the set-id rule below)
+        // and whether it was just created (nothing to warm).
+        let mut known: Option<(u32, bool)> = None;
+        if !regs.map.contains_key(&key) {
             // The backing file is opened and its flag settled outside the lock; a racing
             // first open does the same, and the one that inserts first wins.
             drop(regs);
-            let f = open_file()?;
-            let sync_ok = self.settle_sync_flag(f.as_fd());
+            let o = open_file()?;
+            let sync_ok = self.settle_sync_flag(o.file.as_fd(), o.fresh);
+            known = Some((o.mode, o.fresh));
             regs = self.regs.lock();
-            regs.entry(key).or_insert(Reg {
-                file: Arc::new(f),
+            regs.map.entry(key).or_insert(Reg {
+                file: Arc::new(o.file),
                 id: None,
                 opens: 0,
                 writers: 0,
                 sync_ok,
+                unlinked: false,
+                idle_stamp: 0,
             });
         }
-        let Some(reg) = regs.get_mut(&key) else {
+        let Some(reg) = regs.map.get_mut(&key) else {
             return Err(FsError::Stale);
         };
         if reg.id.is_none() {
@@ -192,10 +254,15 @@ impl<B> PageTier<B> {
             }
         }
         // A writer of a set-id file goes through the daemon: the kernel leaves dropping
-        // the bits to a KILLPRIV_V2 server, and passthrough writes never reach it.
+        // the bits to a KILLPRIV_V2 server, and passthrough writes never reach it. The
+        // mode without timestamps: a stat that returns ctime would make the next write
+        // store a fine-grained one (sys::mode_owner).
         let setid = writable
-            && crate::sys::fstat(reg.file.as_fd())
-                .is_ok_and(|st| st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0);
+            && match known {
+                Some((mode, _)) => mode,
+                None => crate::sys::mode_owner(reg.file.as_fd()).map_or(0, |m| m.mode),
+            } & (libc::S_ISUID | libc::S_ISGID)
+                != 0;
         let by_daemon = open_flags & libc::O_DIRECT != 0
             || (writable && self.sync_mode && !reg.sync_ok)
             || setid
@@ -218,7 +285,12 @@ impl<B> PageTier<B> {
         };
         let file = reg.file.clone();
         drop(regs);
-        self.resident.demand(key, &file);
+        // A file already known to the warm-up is skipped there; a new one is demanded
+        // (an empty one, just created, without a stat).
+        match known {
+            Some((_, true)) => self.resident.demand_sized(key, &file, 0),
+            _ => self.resident.demand(key, &file),
+        }
         Ok((
             PageOpen {
                 file,
@@ -229,47 +301,106 @@ impl<B> PageTier<B> {
         ))
     }
 
-    /// Counts one close; the last one drops the registration (the backing id closes with
-    /// it). A writer's last close lets the warm-up pick up a changed size.
+    /// Counts one close. The last one leaves the registration idle (kept, see the module
+    /// header) or drops it if its inode has no name any more. A writer's last close lets
+    /// the warm-up pick up a changed size.
     pub fn release(&self, key: u64, open: &PageOpen) {
         let mut regs = self.regs.lock();
-        let Some(reg) = regs.get_mut(&key) else {
+        let Some(reg) = regs.map.get_mut(&key) else {
             return;
         };
         reg.opens = reg.opens.saturating_sub(1);
         let mut refresh = false;
         if open.writable {
             reg.writers = reg.writers.saturating_sub(1);
-            refresh = reg.writers == 0;
+            refresh = reg.writers == 0 && !reg.unlinked;
         }
         if reg.opens == 0 {
-            regs.remove(&key);
+            if reg.unlinked {
+                regs.map.remove(&key);
+            } else {
+                let stamp = regs.next_stamp;
+                regs.next_stamp += 1;
+                if let Some(r) = regs.map.get_mut(&key) {
+                    r.idle_stamp = stamp;
+                }
+                regs.idle.push_back((key, stamp));
+                regs.trim();
+            }
         }
         drop(regs);
-        if refresh && open.file.metadata().is_ok_and(|m| m.nlink() > 0) {
-            self.resident.refresh(key, &open.file);
+        if refresh {
+            // One statx of what the decision needs; a file whose last name went meanwhile
+            // (nlink 0) has nothing to warm.
+            if let Ok((size, nlink)) = size_and_links(open.file.as_fd()) {
+                if nlink > 0 {
+                    self.resident.refresh_sized(key, &open.file, size);
+                }
+            }
         }
+    }
+
+    /// Inode `key` lost its last name: an idle registration is dropped now, an open one at
+    /// its last close, and the warm-up forgets the file.
+    pub fn unlinked(&self, key: u64) {
+        let mut regs = self.regs.lock();
+        if let Some(reg) = regs.map.get_mut(&key) {
+            if reg.opens == 0 {
+                regs.map.remove(&key);
+            } else {
+                reg.unlinked = true;
+            }
+        }
+        drop(regs);
+        self.resident.forget(key);
     }
 
     /// The backing file of an open inode, if any open of it exists.
     pub fn open_file(&self, key: u64) -> Option<Arc<File>> {
-        self.regs.lock().get(&key).map(|r| r.file.clone())
+        self.regs
+            .lock()
+            .map
+            .get(&key)
+            .filter(|r| r.opens > 0)
+            .map(|r| r.file.clone())
     }
 
-    /// Registrations (inodes with open files) right now.
+    /// The backing file of inode `key` if the tier holds it open (an open file or an idle
+    /// registration): for requests that only need a descriptor of the inode.
+    pub fn held_file(&self, key: u64) -> Option<Arc<File>> {
+        self.regs.lock().map.get(&key).map(|r| r.file.clone())
+    }
+
+    /// Inodes with open files right now.
     pub fn open_inodes(&self) -> usize {
-        self.regs.lock().len()
+        self.regs
+            .lock()
+            .map
+            .values()
+            .filter(|r| r.opens > 0)
+            .count()
     }
 
     /// Backing files of every open inode (for flushes and status).
     pub fn open_files(&self) -> Vec<Arc<File>> {
-        self.regs.lock().values().map(|r| r.file.clone()).collect()
+        self.regs
+            .lock()
+            .map
+            .values()
+            .filter(|r| r.opens > 0)
+            .map(|r| r.file.clone())
+            .collect()
     }
 
     /// Makes the inode's sync flag match the durability mode; returns whether writes to it
-    /// are synchronous (`sync` mode) or need nothing (other modes: always true).
-    fn settle_sync_flag(&self, fd: BorrowedFd<'_>) -> bool {
+    /// are synchronous (`sync` mode) or need nothing (other modes: always true). A `fresh`
+    /// inode (created by this request) cannot carry a mark of ours, so outside `sync`
+    /// mode there is nothing to look at.
+    fn settle_sync_flag(&self, fd: BorrowedFd<'_>, fresh: bool) -> bool {
         let s = &self.stats;
+        if fresh && !self.sync_mode {
+            return true;
+        }
         if self.sync_mode {
             match pagecache::sync_flag(fd) {
                 Ok(true) => true,
@@ -394,12 +525,26 @@ impl<B> PageTier<B> {
     }
 }
 
+/// Size and link count of an open file, in one `statx` that asks for nothing else (no
+/// timestamps: see `sys::mode_owner`).
+fn size_and_links(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    let x = statx(
+        fd,
+        "",
+        AtFlags::EMPTY_PATH,
+        StatxFlags::SIZE | StatxFlags::NLINK,
+    )?;
+    Ok((x.stx_size, u64::from(x.stx_nlink)))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use super::*;
     use dhrd_engine::resident::{FileRef, Opener, ResidentConfig};
     use dhrd_engine::RamBudget;
+    use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 
     struct NoOpener;
@@ -416,15 +561,21 @@ mod tests {
             Arc::new(NoOpener),
         )
         .expect("resident");
-        PageTier::new(sync, r)
+        PageTier::new(sync, r, LINGER_MAX)
     }
 
-    fn rw(p: &Path) -> Result<File> {
-        Ok(std::fs::OpenOptions::new().read(true).write(true).open(p)?)
+    fn rw(p: &Path) -> Result<Opened> {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
+        let mode = file.metadata()?.permissions().mode();
+        Ok(Opened {
+            file,
+            mode,
+            fresh: false,
+        })
     }
 
     #[test]
-    fn one_registration_per_inode_shared_by_its_opens_and_dropped_at_the_last_close() {
+    fn one_registration_per_inode_shared_by_its_opens_kept_after_the_last_close_until_unlinked() {
         let d = tempfile::tempdir().expect("tempdir");
         let p = d.path().join("f");
         std::fs::write(&p, b"data").expect("write");
@@ -480,8 +631,56 @@ mod tests {
             t.release(7, &o);
         }
         assert_eq!(t.open_inodes(), 0);
-        let (_, r) = t.open(7, 0, false, || rw(&p), |_| Ok(2)).expect("reopen");
-        assert_eq!(ids(&r).1, 2, "a new registration after the last close");
+        assert!(t.held_file(7).is_some(), "kept after the last close");
+        let (o, r) = t
+            .open(7, 0, false, || panic!("opened again"), |_| Ok(2))
+            .expect("reopen");
+        assert_eq!(ids(&r).1, 1, "the kept registration is reused");
+        // Losing its last name while open: dropped at the last close, not kept.
+        t.unlinked(7);
+        assert!(t.held_file(7).is_some());
+        t.release(7, &o);
+        assert!(t.held_file(7).is_none());
+        let (o, r) = t.open(7, 0, false, || rw(&p), |_| Ok(3)).expect("reopen");
+        assert_eq!(ids(&r).1, 3, "a new registration once the old one went");
+        t.release(7, &o);
+        t.unlinked(7);
+        assert!(t.held_file(7).is_none(), "an idle one goes at once");
+    }
+
+    #[test]
+    fn idle_registrations_are_bounded_oldest_first() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let t = tier(false);
+        let open_close = |k: u64| {
+            let p = d.path().join(format!("f{k}"));
+            if !p.exists() {
+                std::fs::write(&p, b"x").expect("write");
+            }
+            let (o, _) = t.open(k, 0, false, || rw(&p), |_| Ok(1)).expect("open");
+            t.release(k, &o);
+        };
+        let n = LINGER_MAX as u64;
+        for k in 0..n {
+            open_close(k);
+        }
+        assert!((0..n).all(|k| t.held_file(k).is_some()));
+        // Used again: the youngest now, so the next ones push out 1, 2, ... instead.
+        open_close(0);
+        for k in n..n + 10 {
+            open_close(k);
+        }
+        let held = (0..n + 10).filter(|k| t.held_file(*k).is_some()).count();
+        assert_eq!(held, LINGER_MAX);
+        assert!(
+            t.held_file(0).is_some(),
+            "a reused registration is young again"
+        );
+        assert!(
+            (1..=10).all(|k| t.held_file(k).is_none()),
+            "the oldest go first"
+        );
+        assert!(t.held_file(n + 9).is_some());
     }
 
     #[test]
@@ -499,7 +698,7 @@ mod tests {
         for (k, path) in [(1, &p), (2, &q)] {
             if k == 2 {
                 // An administrator's flag, set without dhrd.
-                pagecache::set_sync_flag(rw(path).expect("open").as_fd(), true).expect("set");
+                pagecache::set_sync_flag(rw(path).expect("open").file.as_fd(), true).expect("set");
             }
             let (o, _) = sync
                 .open(k, libc::O_RDWR, true, || rw(path), |_| Ok(1))
@@ -521,7 +720,7 @@ mod tests {
             lazy.release(k, &o);
         }
         let flag =
-            |path: &Path| pagecache::sync_flag(rw(path).expect("open").as_fd()).expect("flag");
+            |path: &Path| pagecache::sync_flag(rw(path).expect("open").file.as_fd()).expect("flag");
         assert!(!flag(&p) && !marked(&p), "dhrd's own flag is cleared");
         assert!(flag(&q), "the administrator's flag stays");
     }

@@ -2,7 +2,8 @@
 //!
 //! Invariant: after [`BackingDir::open`], the daemon never resolves a path from `/` or from
 //! its working directory for the backing tree. Every access starts at the backing root
-//! descriptor and goes through `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! descriptor, or at a directory descriptor obtained that way and kept (nodes.rs), and
+//! goes through `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 //! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`, or through a `*at` call on a directory
 //! descriptor obtained that way with a single name component and `AT_SYMLINK_NOFOLLOW` /
 //! `O_NOFOLLOW`. The only paths resolved from `/` are `/proc/self/fd/N` links of descriptors
@@ -10,7 +11,11 @@
 //! reopen in `dhrd_io::FileBacking::from_file`): such a link names exactly the inode its descriptor holds,
 //! whatever happens to names meanwhile. A symlink planted in the backing directory is
 //! therefore only ever read as a link (readlink), never followed, and nothing outside the
-//! backing tree (including other mounts below it) is reached.
+//! backing tree (including other mounts below it) is reached. One qualification: a kept
+//! directory descriptor follows its inode, so a directory that someone moves out of the
+//! backing tree while mounted (to another place in the same file system: a rename cannot
+//! leave it) is still reached through its node. Whoever can do that can write both
+//! places already; the daemon still acts only on that inode, never through a link.
 //!
 //! Crash semantics: this module only performs single system calls; the callers decide when
 //! to `fsync` what (see `fs.rs`).
