@@ -24,7 +24,7 @@
 //! A crash between the backing operation and its fsync leaves whatever the backing file
 //! system recovers, which is either the old or the new state of that one operation.
 
-use crate::commit::{Committer, SyncSet};
+use crate::commit::{Committer, RoundSync, SyncSet};
 use crate::config::{FsConfig, STAT_BLKSIZE};
 use crate::data::{Handle, Tier};
 use crate::error::{FsError, Result};
@@ -161,6 +161,7 @@ impl Shared {
             .try_clone_to_owned()
             .map_err(|e| FsError::io("dup of the backing root", e))?;
         nodes.keep_dir(Ino(sys::FUSE_ROOT_INO), Arc::new(root));
+        let round_sync = RoundSync::for_fs(dir.root_fd());
         // The page cache path needs the flag only to make writes durable (`sync` mode).
         let sync_flag_probe = if cfg.durability == Durability::Sync {
             dhrd_io::pagecache::probe_sync_flag(dir.root_fd()).map_err(|e| {
@@ -190,7 +191,7 @@ impl Shared {
             atomic_o_trunc: AtomicBool::new(false),
             notifier: OnceLock::new(),
             meta_dirty: AtomicBool::new(false),
-            committer: Committer::start()
+            committer: Committer::start(round_sync)
                 .map_err(|e| FsError::Setup(format!("starting the metadata committer: {e}")))?,
             final_error: Mutex::new(None),
             daemon_is_root: rustix::process::geteuid().is_root(),

@@ -252,10 +252,11 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
     let c = &sh.committer;
     let _ = writeln!(
         s,
-        "metadata sync:   {} changes made durable in {} rounds, {} fsync/syncfs calls",
+        "metadata sync:   {} changes made durable in {} rounds, {} fsync/syncfs calls ({})",
         c.sets.load(Ordering::Relaxed),
         c.rounds.load(Ordering::Relaxed),
-        c.syncs.load(Ordering::Relaxed)
+        c.syncs.load(Ordering::Relaxed),
+        c.policy_name()
     );
     let failed = read_only_causes(sh);
     if failed.is_empty() {
@@ -362,6 +363,7 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
             "changes": sh.committer.sets.load(Ordering::Relaxed),
             "rounds": sh.committer.rounds.load(Ordering::Relaxed),
             "syncs": sh.committer.syncs.load(Ordering::Relaxed),
+            "policy": sh.committer.policy_name(),
         },
     });
     if let Some(Tier::Engine(t)) = sh.tier_if_set() {

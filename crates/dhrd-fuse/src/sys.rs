@@ -260,6 +260,58 @@ pub fn open_confined(
     .map_err(io::Error::from)
 }
 
+/// What one fsync makes durable on a file system, as far as the committer cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Journal {
+    /// A journal that one fsync commits for every change made so far, whoever made it:
+    /// ext4 with a journal (jbd2 commits transactions in order; its fast commits also
+    /// cover every queued inode), xfs (a log force up to the inode's sequence).
+    Shared,
+    /// An fsync logs the inode it is given and what that inode needs, not the rest
+    /// (btrfs's log tree).
+    PerInode,
+    /// No journal: an fsync writes that inode and its parents in place (ext4 made without
+    /// one, where `/sys/fs/ext4/<device>/journal_task` says "<none>").
+    Without,
+    Unknown,
+}
+
+/// The journal of the file system holding `fd`.
+pub fn journal(fd: BorrowedFd<'_>) -> Journal {
+    const EXT4_SUPER_MAGIC: i64 = 0xEF53;
+    const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
+    const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+    let Ok(fs) = rustix::fs::fstatfs(fd) else {
+        return Journal::Unknown;
+    };
+    // f_type is a different integer type on other targets.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = fs.f_type as i64;
+    match magic {
+        XFS_SUPER_MAGIC => Journal::Shared,
+        BTRFS_SUPER_MAGIC => Journal::PerInode,
+        EXT4_SUPER_MAGIC => ext4_journal(fd).unwrap_or(Journal::Unknown),
+        _ => Journal::Unknown,
+    }
+}
+
+fn ext4_journal(fd: BorrowedFd<'_>) -> Option<Journal> {
+    let st = fstat(fd).ok()?;
+    let (major, minor) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    // /sys/dev/block/M:m links to the device's directory, whose name ext4 uses under
+    // /sys/fs/ext4; journal_task holds the pid of the journal thread, or "<none>".
+    let dev = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    let task = std::path::Path::new("/sys/fs/ext4")
+        .join(dev.file_name()?)
+        .join("journal_task");
+    let t = std::fs::read_to_string(task).ok()?;
+    Some(if t.trim().parse::<u32>().is_ok() {
+        Journal::Shared
+    } else {
+        Journal::Without
+    })
+}
+
 /// `fsync` that reports the failure instead of ignoring it.
 pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::fs::fsync(fd).map_err(io::Error::from)
