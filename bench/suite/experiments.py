@@ -6,6 +6,7 @@ scaled down from the paper), `rows` (one dict per measured point, with `config`)
 inside the experiment, one at a time, so they never compete for the machine.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -440,6 +441,8 @@ FILESERVER_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "tmpfs", "ext4-b
 # The metadata workloads compare each dhrd durability mode with the ext4 that promises the
 # same: fsync mode with plain ext4, sync mode with ext4 mounted `sync,dirsync`.
 METADATA_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "tmpfs", "ext4-buffered", "ext4-syncdirsync")
+# Room on the metadata workloads' file system: their files are empty or up to 10 KB.
+META_ROOM_BYTES = 512 << 20
 METADATA_RATIOS = (("dhrd-pagecache-fsync", "ext4-buffered"), ("dhrd-pagecache", "ext4-syncdirsync"),
                    ("dhrd-pagecache-fsync", "tmpfs"))
 
@@ -489,24 +492,36 @@ def shutil_rm(path):
     _shutil.rmtree(path, ignore_errors=True)
 
 
+def disk_for(ctx, name, nbytes):
+    """Where configuration `name` keeps its files: a fresh journalled ext4 for dhrd and the
+    ext4 baselines (configs.JournaledDisk says why); the RAM configurations, and
+    ext4-syncdirsync, which makes its own journalled ext4 the same way, as they are."""
+    if name in ("tmpfs", "ramdisk-ext4", "ext4-syncdirsync"):
+        return contextlib.nullcontext(ctx.ws)
+    return configs.JournaledDisk(ctx.ws, "fileserver-disk", nbytes)
+
+
 def exp_fileserver(ctx):
     p = ctx.p
     rows = []
-    for cfg in configs.file_configs(ctx.ws, ctx.pick(FILESERVER_CONFIGS)):
+    for name in ctx.pick(FILESERVER_CONFIGS):
         for nfiles in p["fs_files"]:
-            log(f"[4 fileserver] {cfg.name} {nfiles} files: start")
-            cfg.start({}, room=nfiles * p["fs_mean_file_bytes"] * 3 + (256 << 20))
+            log(f"[4 fileserver] {name} {nfiles} files: start")
+            room = nfiles * p["fs_mean_file_bytes"] * 3 + (256 << 20)
             # fsync after every whole-file write and append where the configuration
             # promises durability (ext4-fsync, and dhrd's sync mode, where it is cheap).
-            fsync = cfg.name in ("ext4-fsync", "dhrd-pagecache")
-            try:
-                out = run([ctx.ws.dhrd_bench, "fileserver", "--dir", cfg.dir,
-                           "--files", str(nfiles), "--threads", str(p["fs_threads"]), "--secs", str(p["fs_secs"]),
-                           "--mean-file-bytes", str(p["fs_mean_file_bytes"])]
-                          + (["--fsync"] if fsync else []), timeout=7200)
-                d = json.loads(out[out.index("{"):])
-            finally:
-                cfg.stop()
+            fsync = name in ("ext4-fsync", "dhrd-pagecache")
+            with disk_for(ctx, name, room) as ws:
+                cfg = configs.file_configs(ws, [name])[0]
+                cfg.start({}, room=room)
+                try:
+                    out = run([ctx.ws.dhrd_bench, "fileserver", "--dir", cfg.dir,
+                               "--files", str(nfiles), "--threads", str(p["fs_threads"]),
+                               "--secs", str(p["fs_secs"]), "--mean-file-bytes", str(p["fs_mean_file_bytes"])]
+                              + (["--fsync"] if fsync else []), timeout=7200)
+                    d = json.loads(out[out.index("{"):])
+                finally:
+                    cfg.stop()
             r = {"workload": "fileserver", "config": cfg.name, "files": nfiles, "durable": cfg.durable,
                  "fsync": fsync}
             r.update({k: v for k, v in d.items() if not isinstance(v, (dict, list))})
@@ -522,29 +537,27 @@ def exp_fileserver(ctx):
             if r:
                 ratios.append(r)
 
-    for cfg in configs.file_configs(ctx.ws, ctx.pick(METADATA_CONFIGS)):
-        # ext4 without a journal (this machine's disk) skips inodes freed in the last
-        # dirty_expire interval (30 s) when it allocates one, scanning past them: a create
-        # right after another configuration deleted thousands of files costs several
-        # times more. Each configuration starts after that window.
-        time.sleep(p["meta_settle_s"])
-        cfg.start({}, room=256 << 20)
-        try:
-            for threads in (1, 8):
-                log(f"[4 fileserver] metaops {cfg.name} {threads} thread(s): start")
-                out = run([ctx.ws.dhrd_bench, "metaops", "--dir", cfg.dir, "--threads", str(threads),
-                           "--files-per-thread", str(p["meta_files"] // threads)], timeout=3600)
-                d = json.loads(out[out.index("{"):])
-                rows.append({"workload": "metaops", "config": cfg.name, "threads": threads, "durable": cfg.durable,
-                             "ops_per_sec": d["ops_per_sec"],
-                             **{f"{k}_per_sec": v["ops_per_sec"] for k, v in d["phases"].items()}})
-                log(f"[4 fileserver] metaops {cfg.name} {threads}: {d['ops_per_sec']:.0f} ops/s")
-            log(f"[4 fileserver] postmark {cfg.name}: start")
-            pm = postmark(cfg.dir, p)
-            rows.append({"workload": "postmark", "config": cfg.name, "durable": cfg.durable, **pm})
-            log(f"[4 fileserver] postmark {cfg.name}: {pm['tx_per_sec']:.0f} tx/s")
-        finally:
-            cfg.stop()
+    for name in ctx.pick(METADATA_CONFIGS):
+        room = META_ROOM_BYTES
+        with disk_for(ctx, name, room) as ws:
+            cfg = configs.file_configs(ws, [name])[0]
+            cfg.start({}, room=room)
+            try:
+                for threads in (1, 8):
+                    log(f"[4 fileserver] metaops {cfg.name} {threads} thread(s): start")
+                    out = run([ctx.ws.dhrd_bench, "metaops", "--dir", cfg.dir, "--threads", str(threads),
+                               "--files-per-thread", str(p["meta_files"] // threads)], timeout=3600)
+                    d = json.loads(out[out.index("{"):])
+                    rows.append({"workload": "metaops", "config": cfg.name, "threads": threads,
+                                 "durable": cfg.durable, "ops_per_sec": d["ops_per_sec"],
+                                 **{f"{k}_per_sec": v["ops_per_sec"] for k, v in d["phases"].items()}})
+                    log(f"[4 fileserver] metaops {cfg.name} {threads}: {d['ops_per_sec']:.0f} ops/s")
+                log(f"[4 fileserver] postmark {cfg.name}: start")
+                pm = postmark(cfg.dir, p)
+                rows.append({"workload": "postmark", "config": cfg.name, "durable": cfg.durable, **pm})
+                log(f"[4 fileserver] postmark {cfg.name}: {pm['tx_per_sec']:.0f} tx/s")
+            finally:
+                cfg.stop()
     for num, den in METADATA_RATIOS:
         for threads in (1, 8):
             r = point_ratio([x for x in rows if x["workload"] == "metaops"], "ops_per_sec", num, den,

@@ -29,7 +29,7 @@ PROFILES = {
     "tiny": dict(
         runtime_s=0.3, block_bytes=32 * M, procs=[1, 2], replay_bytes=16 * M, replay_qd=[1],
         replay_repeat=1, replay_speedup=200, file_bytes=32 * M, fs_files=[200], fs_threads=4, fs_secs=1,
-        fs_mean_file_bytes=16 * K, meta_files=400, pm_files=200, pm_transactions=500, meta_settle_s=0, video_bytes=16 * M,
+        fs_mean_file_bytes=16 * K, meta_files=400, pm_files=200, pm_transactions=500, video_bytes=16 * M,
         video_rounds=3, warm_bytes=[32 * M],
         warm_rounds=1, mem_bytes=32 * M, transport_bytes=16 * M, transport_rounds=1, transport_runtime_s=1,
         rbd_bytes=[16 * M, 64 * M], rbd_rounds=1,
@@ -44,7 +44,7 @@ PROFILES = {
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
         replay_repeat=5, replay_speedup=20, file_bytes=1 * G, fs_files=[2000, 8000], fs_threads=50, fs_secs=10,
-        fs_mean_file_bytes=16 * K, meta_files=8000, pm_files=5000, pm_transactions=20000, meta_settle_s=35,
+        fs_mean_file_bytes=16 * K, meta_files=8000, pm_files=5000, pm_transactions=20000,
         video_bytes=512 * M, video_rounds=3, warm_bytes=[512 * M, 2 * G],
         warm_rounds=1, mem_bytes=1 * G, transport_bytes=256 * M, transport_rounds=3, transport_runtime_s=3,
         rbd_bytes=[64 * M, 1 * G], rbd_rounds=2,
@@ -59,7 +59,7 @@ PROFILES = {
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
         replay_qd=[1, 8], replay_repeat=10, replay_speedup=5, file_bytes=4 * G, fs_files=[8000, 32000, 128000],
         fs_threads=50, fs_secs=20, fs_mean_file_bytes=16 * K, meta_files=40000, pm_files=5000,
-        pm_transactions=50000, meta_settle_s=35, video_bytes=2 * G, video_rounds=3,
+        pm_transactions=50000, video_bytes=2 * G, video_rounds=3,
         warm_bytes=[1 * G, 6 * G], warm_rounds=2, mem_bytes=4 * G,
         transport_bytes=256 * M, transport_rounds=5, transport_runtime_s=4,
         rbd_bytes=[256 * M, 4 * G], rbd_rounds=3,
