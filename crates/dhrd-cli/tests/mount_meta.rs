@@ -9,6 +9,9 @@
 //! file system's kernel already has; the power cut is the stronger test, and the daemon
 //! is killed after it too.)
 //!
+//! An application's fsync on that journalled backing writes its file's pages, though the
+//! committer makes metadata durable with one journal commit per round.
+//!
 //! And no head-of-line blocking: with every metadata sync stalled (fault injection), more
 //! creates than the daemon has workers wait for their syncs while lookups and statfs
 //! still complete.
@@ -178,6 +181,68 @@ fn without_sync_mode_the_cut_loses_acknowledged_changes() {
     assert!(
         !lost.is_empty(),
         "fsync mode lost nothing: the cut did not bite"
+    );
+}
+
+/// On a journalled backing the committer makes a round durable with one journal commit,
+/// which writes no file's pages: an application's fsync must still write its file (here
+/// stores into a shared mapping, which only the page cache holds until then).
+#[test]
+fn an_fsync_writes_its_file_where_rounds_are_journal_commits() {
+    use dhrd_io::pagecache;
+    use std::os::fd::{AsFd, AsRawFd};
+    let s = Scratch::new("meta-fsync-data");
+    let disk = LoopFs::new(&s);
+    let backing = disk.mnt.join("backing");
+    fs::create_dir_all(&backing).unwrap();
+    let len = 64 << 10;
+    fs::write(backing.join("f"), vec![0u8; len]).unwrap();
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--no-preload"]);
+    assert!(
+        m.status().contains("one journal commit per round"),
+        "not the journal-commit policy: {}",
+        m.status()
+    );
+    // A metadata change in the same round as the fsync below is likely: a create.
+    fs::write(m.path("g"), b"g").unwrap();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("f"))
+        .unwrap();
+    // SAFETY: a shared read-write mapping of a file we hold; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: in bounds of the live mapping.
+    unsafe { std::ptr::write_bytes((p as *mut u8).add(4096), 0x3C, 8192) };
+    f.sync_all().unwrap();
+    let b = fs::File::open(backing.join("f")).unwrap();
+    let (c, src) = pagecache::cachestat(b.as_fd(), 0, 0).unwrap();
+    if src == pagecache::CacheStatSource::Cachestat {
+        assert_eq!(c.dirty_pages + c.writeback_pages, 0, "after fsync: {c:?}");
+    }
+    drop(b);
+    // SAFETY: unmaps the mapping made above.
+    unsafe { libc::munmap(p, len) };
+    drop(f);
+    // Gone with the disk: what the fsync wrote must be on the image.
+    disk.shut_down();
+    m.kill9();
+    disk.remount();
+    let got = fs::read(backing.join("f")).unwrap();
+    assert!(
+        got[4096..4096 + 8192].iter().all(|b| *b == 0x3C),
+        "lost the stores"
     );
 }
 

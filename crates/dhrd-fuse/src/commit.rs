@@ -20,6 +20,8 @@
 //!   already still flushes the cache); a `syncfs` also writes every dirty metadata block
 //!   home (`sync_blockdev`), which made sync-mode creates 1.9x slower with one thread and
 //!   3.6x with eight than fsyncs.
+//!   A journal commit makes metadata durable, not the data of other inodes: an
+//!   application's fsync (`SyncSet::fsync_data`) still fsyncs its file.
 //! - A per-inode log (btrfs): each distinct inode is fsync'ed.
 //! - No journal (an ext4 made without one, as on some cloud images): every fsync writes
 //!   its inode and parent blocks in place and flushes the device cache, so a round of 8
@@ -60,6 +62,10 @@ pub struct SyncSet {
     /// A file system to syncfs (symlinks, FIFOs, link counts: inodes that cannot be
     /// fsync'ed by descriptor), given by any descriptor on it.
     syncfs: Option<OwnedFd>,
+    /// The `fsync` inodes need their data written too (an application's fsync: stores
+    /// into shared mappings are in the page cache only), which a journal commit does not
+    /// do; without it the set is metadata only.
+    data: bool,
 }
 
 impl SyncSet {
@@ -73,6 +79,12 @@ impl SyncSet {
             self.fsync.push(dup);
         }
         Ok(())
+    }
+
+    /// Adds the inodes behind `fds` with their data (`data` above).
+    pub fn fsync_data(&mut self, fds: &[&dyn AsFd]) -> Result<()> {
+        self.data = true;
+        self.fsync(fds)
     }
 
     /// Adds a syncfs of the file system `fd` lives on.
@@ -372,25 +384,28 @@ impl Committer {
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
             );
         }
-        let mut fs_done: HashMap<u64, std::result::Result<(), i32>> = fs
+        let fs_done: HashMap<u64, std::result::Result<(), i32>> = fs
             .into_iter()
             .filter_map(|(dev, (_, r))| r.map(|r| (dev, r)))
             .collect();
-        // One journal commit for everything of the round on the journal's file system.
-        if let Some((jdev, anchor)) = journal {
+        let fs_result = |dev: u64| fs_done.get(&dev).copied();
+        // One journal commit for every metadata change of the round on the journal's file
+        // system (not for data: sets with data fsync their inodes below).
+        let journal_done = journal.and_then(|(jdev, anchor)| {
             let touched = round.iter().zip(&ids).any(|((set, _), set_ids)| {
-                set_ids.iter().flatten().any(|(dev, _)| *dev == jdev)
+                (!set.data && set_ids.iter().flatten().any(|(dev, _)| *dev == jdev))
                     || set
                         .syncfs
                         .as_ref()
                         .and_then(identity)
                         .is_some_and(|(dev, _)| dev == jdev)
             });
-            if touched {
-                fs_done.insert(jdev, self.journal_commit(anchor));
-            }
-        }
-        let fs_result = |dev: u64| fs_done.get(&dev).copied();
+            touched.then(|| (jdev, self.journal_commit(anchor)))
+        });
+        let journal_result = |dev: u64| match journal_done {
+            Some((jdev, r)) if jdev == dev => Some(r),
+            _ => None,
+        };
         // Per inode: Ok, or the errno of its failed fsync.
         let mut synced: HashMap<(u64, u64), std::result::Result<(), i32>> = HashMap::new();
         let mut results = Vec::with_capacity(round.len());
@@ -398,7 +413,8 @@ impl Committer {
             let mut r = Ok(());
             if let Some(fd) = &set.syncfs {
                 // A set that asked for a syncfs whose file system is unknown gets its own.
-                let one = match identity(fd).and_then(|(dev, _)| fs_result(dev)) {
+                let dev = identity(fd).map(|(dev, _)| dev);
+                let one = match dev.and_then(|d| fs_result(d).or_else(|| journal_result(d))) {
                     Some(x) => x,
                     None => self.sync_fs_now(fd),
                 };
@@ -406,7 +422,9 @@ impl Committer {
             }
             for (fd, id) in set.fsync.iter().zip(set_ids) {
                 let one = match id {
-                    Some((dev, ino)) => match fs_result(*dev) {
+                    Some((dev, ino)) => match fs_result(*dev)
+                        .or_else(|| journal_result(*dev).filter(|_| !set.data))
+                    {
                         Some(x) => x,
                         None => *synced.entry((*dev, *ino)).or_insert_with(|| self.fsync(fd)),
                     },
@@ -702,6 +720,35 @@ mod tests {
         // syncfs asked for by the last set is covered by the commit too.
         assert_eq!(rig.fsyncs.load(Ordering::Relaxed), 2);
         assert_eq!(rig.syncfs_calls.load(Ordering::Relaxed), 0);
+        rig.c.shutdown();
+    }
+
+    /// A set with data (an application's fsync) is not covered by the journal commit:
+    /// its file is fsync'ed, and a round of only such sets needs no commit of its own.
+    #[test]
+    fn data_sets_fsync_their_files_under_a_journal_commit() {
+        let d = tempfile::tempdir().unwrap();
+        let a = std::fs::File::create(d.path().join("a")).unwrap();
+        let b = std::fs::File::create(d.path().join("b")).unwrap();
+        let anchor: OwnedFd = std::fs::File::create(d.path().join("anchor"))
+            .unwrap()
+            .into();
+        let rig = gate(None, Some(0), RoundSync::JournalCommit(anchor));
+        release(&rig.open);
+        let (tx, rx) = mpsc::channel();
+        let mut set = SyncSet::default();
+        set.fsync_data(&[&a]).unwrap();
+        let t = tx.clone();
+        rig.c.submit(set, move |r| t.send(r.is_ok()).unwrap());
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        assert_eq!(rig.fsyncs.load(Ordering::Relaxed), 1, "the file, no commit");
+        let mut set = SyncSet::default();
+        set.fsync(&[&b]).unwrap();
+        set.fsync_data(&[&a]).unwrap();
+        rig.c.submit(set, move |r| tx.send(r.is_ok()).unwrap());
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        // The data set's inodes (a and b: the set is one unit) each fsync'ed; no commit.
+        assert_eq!(rig.fsyncs.load(Ordering::Relaxed), 3);
         rig.c.shutdown();
     }
 }

@@ -371,7 +371,7 @@ impl Shared {
         let t = Instant::now();
         match &h {
             HandleData::Page(open) if self.sync_mode() => {
-                set.fsync(&[&*open.file])?;
+                set.fsync_data(&[&*open.file])?;
             }
             HandleData::Page(open) => {
                 let r = if datasync {
