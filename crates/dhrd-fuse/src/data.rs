@@ -532,8 +532,14 @@ impl Shared {
                 }
                 file.set_len(size)?;
                 // The new size is durable before the reply (`sync` mode), with the rest of
-                // the request's changes.
-                self.meta_durable(set, &[&*file])?;
+                // the request's changes; as data, since a size inside a page zeroes the
+                // rest of that page in the cache (an fsync of the file, not only a journal
+                // commit, writes it).
+                if self.sync_mode() {
+                    set.fsync_data(&[&*file])?;
+                } else {
+                    self.meta_durable(set, &[&*file])?;
+                }
                 t.resident.refresh(key, &file);
             }
             Tier::Engine(t) => {
