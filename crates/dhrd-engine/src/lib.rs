@@ -19,6 +19,7 @@ mod error;
 mod loader;
 mod object;
 mod ram;
+pub mod reaper;
 pub mod resident;
 mod slot;
 mod stats;

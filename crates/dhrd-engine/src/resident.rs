@@ -96,6 +96,10 @@ pub struct ResidentConfig {
     pub demand_queue_max: usize,
     /// See [`REFRESH_DELAY`].
     pub refresh_delay: Duration,
+    /// Where pins and descriptors of files that went are dropped (the last unmapping of a
+    /// deleted file may free its inode synchronously); None: on the calling thread, after
+    /// the queue lock is released.
+    pub reaper: Option<crate::reaper::Reaper>,
 }
 
 impl Default for ResidentConfig {
@@ -107,6 +111,7 @@ impl Default for ResidentConfig {
             mappings_max: None,
             demand_queue_max: DEMAND_QUEUE_MAX,
             refresh_delay: REFRESH_DELAY,
+            reaper: None,
         }
     }
 }
@@ -493,15 +498,20 @@ impl Resident {
         // Start over for this file: give back its reservation and pin now, and warm it
         // again after REFRESH_DELAY, as demanded. Pages still cached are read again from
         // RAM, not from the device.
+        let mut old_pin = None;
         if let Some(Entry::Done { reserved, pin }) = q.entries.remove(&key) {
-            release_done(inner, &mut q, reserved, pin);
+            old_pin = release_done(inner, &mut q, reserved, pin);
         }
         if q.shutdown || q.deferred.len() >= inner.cfg.demand_queue_max {
             // Left unknown: the file's next open demands it.
             inner.demands_dropped.fetch_add(1, Ordering::Relaxed);
+            drop(q);
+            inner.dispose(old_pin);
             return;
         }
         let Ok(dup) = file.try_clone() else {
+            drop(q);
+            inner.dispose(old_pin);
             return;
         };
         q.entries.insert(key, Entry::Busy);
@@ -510,6 +520,7 @@ impl Resident {
         q.completed_at = None;
         let timer = q.timer;
         drop(q);
+        inner.dispose(old_pin);
         if !timer {
             // An idle thread becomes the timer; with one already waiting for an earlier
             // file, or every thread busy, nobody needs waking.
@@ -521,19 +532,39 @@ impl Resident {
     pub fn forget(&self, key: u64) {
         let inner = &self.inner;
         let mut q = inner.q.lock();
+        // The pin and queued jobs of a deleted file may hold its last reference: dropped
+        // once the lock is free (see `Inner::dispose`).
+        let mut gone: Vec<Job> = Vec::new();
+        let mut pin = None;
         match q.entries.remove(&key) {
-            Some(Entry::Done { reserved, pin }) => release_done(inner, &mut q, reserved, pin),
+            Some(Entry::Done { reserved, pin: p }) => {
+                pin = release_done(inner, &mut q, reserved, p)
+            }
             Some(Entry::Busy) => {
                 // Being warmed: let the warm-up finish and drop the result (see
                 // `finish_file`, which finds no entry).
-                q.demand
-                    .retain(|j| !matches!(j, Job::Demand { key: k, .. } if *k == key));
-                q.walked
-                    .retain(|j| !matches!(j, Job::Walked { f, .. } if f.key == key));
-                q.deferred
-                    .retain(|(_, j)| !matches!(j, Job::Demand { key: k, .. } if *k == key));
+                let ours = |j: &Job| match j {
+                    Job::Demand { key: k, .. } => *k == key,
+                    Job::Walked { f, .. } => f.key == key,
+                };
+                take_matching(&mut q.demand, &mut gone, |j| ours(j));
+                take_matching(&mut q.walked, &mut gone, |j| ours(j));
+                let mut kept = VecDeque::with_capacity(q.deferred.len());
+                for (due, j) in q.deferred.drain(..) {
+                    if ours(&j) {
+                        gone.push(j);
+                    } else {
+                        kept.push_back((due, j));
+                    }
+                }
+                q.deferred = kept;
             }
             None => {}
+        }
+        drop(q);
+        inner.dispose(pin);
+        if !gone.is_empty() {
+            inner.dispose(gone);
         }
     }
 
@@ -586,12 +617,14 @@ impl Drop for Resident {
         q.walked.clear();
         q.deferred.clear();
         let entries: Vec<Entry> = q.entries.drain().map(|(_, e)| e).collect();
+        let mut pins = Vec::new();
         for e in entries {
             if let Entry::Done { reserved, pin } = e {
-                release_done(&self.inner, &mut q, reserved, pin);
+                pins.extend(release_done(&self.inner, &mut q, reserved, pin));
             }
         }
         drop(q);
+        drop(pins);
         self.inner.work.notify_all();
         self.inner.state.notify_all();
     }
@@ -603,16 +636,44 @@ fn file_size(file: &File) -> io::Result<u64> {
     dhrd_io::pagecache::file_size(file.as_fd())
 }
 
-fn release_done(inner: &Inner, q: &mut Queues, reserved: u64, pin: Option<Pin>) {
+/// Moves the jobs of `q` that `pred` picks to `out`, keeping the others in order.
+fn take_matching(q: &mut VecDeque<Job>, out: &mut Vec<Job>, pred: impl Fn(&Job) -> bool) {
+    let mut kept = VecDeque::with_capacity(q.len());
+    for j in q.drain(..) {
+        if pred(&j) {
+            out.push(j);
+        } else {
+            kept.push_back(j);
+        }
+    }
+    *q = kept;
+}
+
+impl Inner {
+    /// Drops `v` (a pin, queued descriptors) on the configured reaper, or here: never
+    /// under the queue lock.
+    fn dispose<T: Send + 'static>(&self, v: T) {
+        match &self.cfg.reaper {
+            Some(r) => r.drop_later(v),
+            None => drop(v),
+        }
+    }
+}
+
+/// Gives back a warmed file's budget and counts its pin gone; returns the pin for the
+/// caller to drop once it holds no lock (`Inner::dispose`): unmapping the last mapping of
+/// a deleted file may free the inode synchronously.
+#[must_use]
+fn release_done(inner: &Inner, q: &mut Queues, reserved: u64, pin: Option<Pin>) -> Option<Pin> {
     inner.budget.release(reserved);
-    if let Some(p) = pin {
+    if let Some(p) = &pin {
         q.pins -= 1;
         inner.files_pinned.fetch_sub(1, Ordering::Relaxed);
         inner
             .bytes_pinned
             .fetch_sub(p.len as u64, Ordering::Relaxed);
-        drop(p);
     }
+    pin
 }
 
 fn is_complete(q: &Queues) -> bool {

@@ -30,6 +30,7 @@ use crate::objects::{Obj, OpenKind};
 use crate::page_tier::{Opened, PageOpen, PageTier, Service};
 use crate::sys;
 use crate::walk::BackingOpener;
+use dhrd_engine::reaper::{Reaper, REAPER_THREADS};
 use dhrd_engine::resident::{Resident, ResidentConfig};
 use fuser::{FileAttr, FileHandle, FopenFlags, OpenAccMode, OpenFlags, Request, TimeOrNow};
 use std::ffi::OsStr;
@@ -81,11 +82,16 @@ impl Shared {
                 };
                 match why {
                     None => {
+                        // Deleted files are let go off the request threads (reaper.rs):
+                        // with the sync flag, freeing one is a journal commit.
+                        let reaper = Reaper::new(REAPER_THREADS, "dhrd-reap")
+                            .map_err(|e| format!("starting the reaper threads: {e}"))?;
                         let resident = Resident::new(
                             ResidentConfig {
                                 threads: self.cfg.loader_threads,
                                 pin: self.cfg.pin,
                                 rate_bytes_per_s: self.cfg.load_rate,
+                                reaper: Some(reaper.clone()),
                                 ..ResidentConfig::default()
                             },
                             self.budget.clone(),
@@ -96,6 +102,7 @@ impl Shared {
                             self.sync_mode(),
                             resident,
                             self.cfg.linger_max,
+                            reaper,
                         )));
                         return Ok(());
                     }
@@ -198,7 +205,7 @@ impl Shared {
                 None,
             );
             if let Err(e) = done {
-                self.release_data(key, &data);
+                self.release_data(key, data);
                 return Err(e);
             }
             self.stats.open_truncates.fetch_add(1, Ordering::Relaxed);
@@ -290,14 +297,14 @@ impl Shared {
     pub(crate) fn release_file(&self, fh: FileHandle) {
         let h = self.handles.write().remove(&Fh(fh.0));
         if let Some(h) = h {
-            self.release_data(h.key, &h.data);
+            self.release_data(h.key, h.data);
         }
     }
 
-    fn release_data(&self, key: u64, data: &HandleData) {
+    fn release_data(&self, key: u64, data: HandleData) {
         match (self.tier(), data) {
             (Tier::Page(t), HandleData::Page(open)) => t.release(key, open),
-            (Tier::Engine(t), HandleData::Engine { kind, .. }) => t.objects.release(key, *kind),
+            (Tier::Engine(t), HandleData::Engine { kind, .. }) => t.objects.release(key, kind),
             _ => unreachable!("a handle of the other data path"),
         }
     }

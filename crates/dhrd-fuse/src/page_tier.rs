@@ -44,6 +44,7 @@
 use crate::config::COPY_STEP_BYTES;
 use crate::data::OpenReply;
 use crate::error::{FsError, Result};
+use dhrd_engine::reaper::Reaper;
 use dhrd_engine::resident::Resident;
 use dhrd_io::pagecache;
 use fuser::FopenFlags;
@@ -152,10 +153,13 @@ pub struct PageTier<B = fuser::BackingId> {
     /// The first failure of the backing the daemon saw itself (an fsync, a write it
     /// served, a truncate): passthrough writes report theirs to the application only.
     failure: Mutex<Option<String>>,
+    /// Drops what held a deleted file (its registration, the last open's descriptor) off
+    /// the request threads: with the sync flag, freeing the inode is a journal commit.
+    reaper: Reaper,
 }
 
-impl<B> PageTier<B> {
-    pub fn new(sync_mode: bool, resident: Resident, linger_max: usize) -> Self {
+impl<B: Send + Sync + 'static> PageTier<B> {
+    pub fn new(sync_mode: bool, resident: Resident, linger_max: usize, reaper: Reaper) -> Self {
         Self {
             sync_mode,
             regs: Mutex::new(Regs {
@@ -167,6 +171,7 @@ impl<B> PageTier<B> {
             resident,
             stats: PageStats::default(),
             failure: Mutex::new(None),
+            reaper,
         }
     }
 
@@ -304,7 +309,7 @@ impl<B> PageTier<B> {
     /// Counts one close. The last one leaves the registration idle (kept, see the module
     /// header) or drops it if its inode has no name any more. A writer's last close lets
     /// the warm-up pick up a changed size.
-    pub fn release(&self, key: u64, open: &PageOpen) {
+    pub fn release(&self, key: u64, open: PageOpen) {
         let mut regs = self.regs.lock();
         let Some(reg) = regs.map.get_mut(&key) else {
             return;
@@ -315,9 +320,10 @@ impl<B> PageTier<B> {
             reg.writers = reg.writers.saturating_sub(1);
             refresh = reg.writers == 0 && !reg.unlinked;
         }
+        let mut gone = None;
         if reg.opens == 0 {
             if reg.unlinked {
-                regs.map.remove(&key);
+                gone = regs.map.remove(&key);
             } else {
                 let stamp = regs.next_stamp;
                 regs.next_stamp += 1;
@@ -329,6 +335,12 @@ impl<B> PageTier<B> {
             }
         }
         drop(regs);
+        if let Some(reg) = gone {
+            // The file's last name and last open are gone: whichever of these goes last
+            // frees the inode.
+            self.reaper.drop_later((reg, open));
+            return;
+        }
         if refresh {
             // One statx of what the decision needs; a file whose last name went meanwhile
             // (nlink 0) has nothing to warm.
@@ -344,14 +356,18 @@ impl<B> PageTier<B> {
     /// its last close, and the warm-up forgets the file.
     pub fn unlinked(&self, key: u64) {
         let mut regs = self.regs.lock();
+        let mut gone = None;
         if let Some(reg) = regs.map.get_mut(&key) {
             if reg.opens == 0 {
-                regs.map.remove(&key);
+                gone = regs.map.remove(&key);
             } else {
                 reg.unlinked = true;
             }
         }
         drop(regs);
+        if let Some(reg) = gone {
+            self.reaper.drop_later(reg);
+        }
         self.resident.forget(key);
     }
 
@@ -572,7 +588,12 @@ mod tests {
             Arc::new(NoOpener),
         )
         .expect("resident");
-        PageTier::new(sync, r, LINGER_MAX)
+        PageTier::new(
+            sync,
+            r,
+            LINGER_MAX,
+            Reaper::new(1, "test-reap").expect("reaper"),
+        )
     }
 
     fn rw(p: &Path) -> Result<Opened> {
@@ -639,7 +660,7 @@ mod tests {
         assert_eq!(t.read(&c, 1, 100).expect("read"), b"ata");
         for (o, _) in [(a, 0), (b, 0), (c, 0)] {
             assert_eq!(t.open_inodes(), 1);
-            t.release(7, &o);
+            t.release(7, o);
         }
         assert_eq!(t.open_inodes(), 0);
         assert!(t.held_file(7).is_some(), "kept after the last close");
@@ -650,11 +671,11 @@ mod tests {
         // Losing its last name while open: dropped at the last close, not kept.
         t.unlinked(7);
         assert!(t.held_file(7).is_some());
-        t.release(7, &o);
+        t.release(7, o);
         assert!(t.held_file(7).is_none());
         let (o, r) = t.open(7, 0, false, || rw(&p), |_| Ok(3)).expect("reopen");
         assert_eq!(ids(&r).1, 3, "a new registration once the old one went");
-        t.release(7, &o);
+        t.release(7, o);
         t.unlinked(7);
         assert!(t.held_file(7).is_none(), "an idle one goes at once");
     }
@@ -669,7 +690,7 @@ mod tests {
                 std::fs::write(&p, b"x").expect("write");
             }
             let (o, _) = t.open(k, 0, false, || rw(&p), |_| Ok(1)).expect("open");
-            t.release(k, &o);
+            t.release(k, o);
         };
         let n = LINGER_MAX as u64;
         for k in 0..n {
@@ -716,7 +737,7 @@ mod tests {
                 .expect("open");
             assert_eq!(o.service, Service::Passthrough);
             assert!(pagecache::sync_flag(o.file.as_fd()).expect("flag"));
-            sync.release(k, &o);
+            sync.release(k, o);
         }
         let marked = |path: &Path| {
             let mut v = [0u8; 4];
@@ -728,7 +749,7 @@ mod tests {
             let (o, _) = lazy
                 .open(k, libc::O_RDWR, true, || rw(path), |_| Ok(1))
                 .expect("open");
-            lazy.release(k, &o);
+            lazy.release(k, o);
         }
         let flag =
             |path: &Path| pagecache::sync_flag(rw(path).expect("open").file.as_fd()).expect("flag");
@@ -766,7 +787,7 @@ mod tests {
             .expect("open");
         assert_eq!(t.copy(&w, 4096, &r, 0, 5).expect("copy"), 5);
         assert_eq!(t.read(&r, 0, 5).expect("read"), b"hello");
-        t.release(3, &w);
-        t.release(3, &r);
+        t.release(3, w);
+        t.release(3, r);
     }
 }
