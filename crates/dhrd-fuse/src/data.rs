@@ -378,7 +378,22 @@ impl Shared {
         let t = Instant::now();
         match &h {
             HandleData::Page(open) if self.sync_mode() => {
-                set.fsync_data(&[&*open.file])?;
+                // Every write through the mount is on the device when it returns (the
+                // sync flag); what an fsync may still have to write are stores into shared
+                // mappings, which leave dirty pages. A file with none dirty or under
+                // writeback needs only its metadata made durable, which the committer's
+                // round covers with every other change (one journal commit, not an fsync
+                // and a device flush of its own). Unknown (no cachestat): write it.
+                let clean = matches!(
+                    dhrd_io::pagecache::cachestat(open.file.as_fd(), 0, 0),
+                    Ok((c, dhrd_io::pagecache::CacheStatSource::Cachestat))
+                        if c.dirty_pages == 0 && c.writeback_pages == 0
+                );
+                if clean {
+                    set.fsync(&[&*open.file])?;
+                } else {
+                    set.fsync_data(&[&*open.file])?;
+                }
             }
             HandleData::Page(open) => {
                 let r = if datasync {
