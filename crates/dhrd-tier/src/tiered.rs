@@ -23,6 +23,10 @@
 //! - Dirty slots are never evicted; when no clean slot is left, a write goes to the lower
 //!   tier directly (write-through for that write).
 //!
+//! - SSD syncs run one at a time, and none succeeds once a write or sync of the SSD
+//!   failed: a failed sync may drop writes of other requests that their own later syncs
+//!   would report as done (`sync_lock`).
+//!
 //! Crash semantics: every acknowledged write survives a power cut of both devices; after
 //! a crash the slot table is read back and the chunks it names are served from the SSD
 //! (dirty ones are written back), the others from the lower tier: nothing stale is served.
@@ -216,6 +220,12 @@ struct Shared<F: Durable, S: Durable> {
     /// so no write is acknowledged any more (a write to the lower tier alone could be
     /// shadowed by such an entry after a restart). Reads go on.
     failed: AtomicBool,
+    /// Held across every SSD sync (`ssd_sync`): a failed sync may drop any write made
+    /// before it, another thread's too, and that thread's own later sync of the same
+    /// descriptor would not report it (the kernel reports a write-back error once per open
+    /// file). One sync at a time, each refusing once one failed, means a sync that
+    /// succeeds vouches for every write made before it.
+    sync_lock: Mutex<()>,
     reads_ssd: AtomicU64,
     reads_lower: AtomicU64,
     promotions: AtomicU64,
@@ -367,6 +377,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             locks: (0..slots).map(|_| Mutex::new(())).collect(),
             stop: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            sync_lock: Mutex::new(()),
             reads_ssd: AtomicU64::new(0),
             reads_lower: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
@@ -468,7 +479,12 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         self.ssd.write_at(buf, offset).inspect_err(|_| self.fail())
     }
 
+    /// Syncs the SSD, one sync at a time, and fails once any sync failed (`sync_lock`):
+    /// what a sync that returns Ok vouches for (an acknowledgement, a slot marked CLEAN,
+    /// a slot reused) was not dropped by an earlier failure.
     fn ssd_sync(&self) -> io::Result<()> {
+        let _g = self.sync_lock.lock();
+        self.check()?;
         self.ssd.sync().inspect_err(|_| self.fail())
     }
 
@@ -804,7 +820,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
     }
 
     fn sync(&self) -> io::Result<()> {
-        self.shared.ssd.sync()
+        self.shared.ssd_sync()
     }
 
     fn len(&self) -> io::Result<u64> {

@@ -33,7 +33,10 @@
 //! Crash semantics: every acknowledged write survives a power cut of both devices, and of
 //! the slow device alone at any time (the fast copy stays dirty until the slow device
 //! confirms). An unacknowledged write leaves each sector old or new. A write that failed
-//! on the fast device fails the request. A failure of the slow device delays the
+//! on the fast device fails the request, and every later one too: a failed sync may
+//! have dropped writes of other requests that their own later syncs would report as
+//! done, so after a failure of the fast device nothing is acknowledged or written back
+//! until it is opened again (the map on the device still names every acknowledged write). A failure of the slow device delays the
 //! write-back (retried with back-off, reported by [`WriteBack::stats`]); only a write
 //! that must first fill its chunk from the slow device (a partial write to a chunk whose
 //! fast copy is not current) fails with the slow device's error, having changed nothing.
@@ -153,6 +156,16 @@ struct Shared<F: Durable, S: Durable> {
     cv: Condvar,
     locks: Vec<Mutex<()>>,
     stop: AtomicBool,
+    /// A write or sync of the fast device failed: no write is acknowledged any more and
+    /// nothing is written back (sticky, SPEC C4). A failed sync may drop any write made
+    /// before it, another thread's too, which that thread's own later sync of the same
+    /// descriptor would not report (the kernel reports a write-back error once per open
+    /// file): a write acknowledged, or a chunk written back and marked clean, on the
+    /// strength of such a sync could be lost or differ from the fast copy after a crash.
+    failed: AtomicBool,
+    /// Held across every sync of the fast device (`fast_sync`): one at a time, each
+    /// refusing once one failed, so a sync that succeeds vouches for every write before it.
+    sync_lock: Mutex<()>,
     written_back: AtomicU64,
     failures: AtomicU64,
     fills: AtomicU64,
@@ -234,6 +247,8 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             cv: Condvar::new(),
             locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             stop: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            sync_lock: Mutex::new(()),
             written_back: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             fills: AtomicU64::new(0),
@@ -319,7 +334,34 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     }
 
     fn set_map(&self, c: u64, v: u8) -> io::Result<()> {
-        self.fast.write_at(&[v], HEADER_BYTES + c)
+        self.fast_write(&[v], HEADER_BYTES + c)
+    }
+
+    /// Every change of the fast device goes through here and `fast_sync`: a failure is
+    /// sticky (`failed`).
+    fn fast_write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.fast
+            .write_at(buf, offset)
+            .inspect_err(|_| self.failed.store(true, Ordering::Release))
+    }
+
+    /// Syncs the fast device, one sync at a time, refusing once any write or sync of it
+    /// failed (`sync_lock`).
+    fn fast_sync(&self) -> io::Result<()> {
+        let _g = self.sync_lock.lock();
+        self.check()?;
+        self.fast
+            .sync()
+            .inspect_err(|_| self.failed.store(true, Ordering::Release))
+    }
+
+    fn check(&self) -> io::Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(io::Error::other(
+                "the write-back device failed earlier: writes are refused and nothing is written back until it is opened again",
+            ));
+        }
+        Ok(())
     }
 
     /// Writes `buf` at `offset`, all inside chunk `c`, with the chunk's lock held.
@@ -333,29 +375,29 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             st.map[c as usize]
         };
         match was {
-            CHUNK_DIRTY => self.fast.write_at(buf, self.data_offset + offset)?,
+            CHUNK_DIRTY => self.fast_write(buf, self.data_offset + offset)?,
             CHUNK_CLEAN => {
                 // The map must say DIRTY on the device before the fast copy changes: a
                 // crash must not leave a CLEAN chunk whose fast copy differs from the slow.
                 self.mark_dirty(c)?;
-                self.fast.sync()?;
-                self.fast.write_at(buf, self.data_offset + offset)?;
+                self.fast_sync()?;
+                self.fast_write(buf, self.data_offset + offset)?;
             }
             _ => {
                 // The fast copy is not current: bring the whole chunk over (unless the
                 // write covers it) and make it durable before the map points at it.
                 if offset == start && offset + buf.len() as u64 == end {
-                    self.fast.write_at(buf, self.data_offset + offset)?;
+                    self.fast_write(buf, self.data_offset + offset)?;
                 } else {
                     let mut whole = vec![0u8; (end - start) as usize];
                     let n = dhrd_io::read_full(&self.slow, &mut whole, start)?;
                     whole[n..].fill(0);
                     let at = (offset - start) as usize;
                     whole[at..at + buf.len()].copy_from_slice(buf);
-                    self.fast.write_at(&whole, self.data_offset + start)?;
+                    self.fast_write(&whole, self.data_offset + start)?;
                     self.fills.fetch_add(1, Ordering::Relaxed);
                 }
-                self.fast.sync()?;
+                self.fast_sync()?;
                 self.mark_dirty(c)?;
             }
         }
@@ -407,7 +449,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         };
         // What was read may include a write not yet synced by its writer: make it durable
         // on the fast device before the map can call the copies equal.
-        self.fast.sync()?;
+        self.fast_sync()?;
         self.slow.write_at(&buf, start)?;
         self.slow.sync()?;
         let mut st = self.state.lock();
@@ -455,6 +497,7 @@ impl<F: Durable, S: Durable> Durable for WriteBack<F, S> {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let s = &self.shared;
+        s.check()?;
         let end = offset
             .checked_add(buf.len() as u64)
             .filter(|e| *e <= s.geo.data_bytes)
@@ -479,13 +522,13 @@ impl<F: Durable, S: Durable> Durable for WriteBack<F, S> {
             pos = piece_end;
         }
         // One sync makes the bytes and the map durable (see the header).
-        s.fast.sync()?;
+        s.fast_sync()?;
         s.cv.notify_all();
         Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
-        self.shared.fast.sync()
+        self.shared.fast_sync()
     }
 
     fn len(&self) -> io::Result<u64> {

@@ -215,3 +215,77 @@ fn crash_enumeration_on_the_slow_device() -> io::Result<()> {
     assert!(points >= 100);
     Ok(())
 }
+
+/// EIO or ENOSPC from either device at an operation, once or from then on, while the
+/// write-back runs: a request that fails is not acknowledged, a failure of the fast device
+/// refuses later writes (a failed sync may have dropped any write made before it, also
+/// one another thread's later sync reports as done), and after a power cut of both
+/// devices every acknowledged write is there.
+#[test]
+fn eio_and_enospc_on_either_device() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    let mut r = SplitMix64::new(11);
+    let mut cases = 0;
+    for seed in 0..seeds(12) {
+        let ops = workload(seed + 30, 30);
+        for on_fast in [true, false] {
+            for kind in [FaultKind::Eio, FaultKind::Enospc] {
+                for at_op in (0..90).step_by(5) {
+                    let persist = r.chance(1, 2);
+                    let fast = Arc::new(SimBacking::new(seed * 100 + at_op));
+                    let slow = Arc::new(SimBacking::from_bytes(initial(), seed * 100 + at_op + 1));
+                    let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 1)?;
+                    let fault = Fault {
+                        at_op,
+                        kind,
+                        persist,
+                        reads: false,
+                    };
+                    if on_fast {
+                        fast.inject(fault);
+                    } else {
+                        slow.inject(fault);
+                    }
+                    let what = format!(
+                        "seed {seed} {} {kind:?} at {at_op} persist {persist}",
+                        if on_fast { "fast" } else { "slow" }
+                    );
+                    let mut acked = initial();
+                    let mut inflight = None;
+                    for (off, data) in &ops {
+                        match wb.write_at(data, *off) {
+                            Ok(()) => acked[*off as usize..*off as usize + data.len()]
+                                .copy_from_slice(data),
+                            Err(_) => {
+                                inflight = Some((*off, data.clone()));
+                                break;
+                            }
+                        }
+                    }
+                    if on_fast && inflight.is_some() {
+                        fast.clear_faults();
+                        assert!(wb.write_at(&[1], 0).is_err(), "{what}: not sticky");
+                    }
+                    fast.clear_faults();
+                    slow.clear_faults();
+                    drop(wb);
+                    let fimg = fast.crashed_image().unwrap_or_else(|| fast.crash_image());
+                    let simg = slow.crashed_image().unwrap_or_else(|| slow.crash_image());
+                    let wb = WriteBack::open(
+                        Arc::new(SimBacking::from_image(fimg, at_op + 7)),
+                        Arc::new(SimBacking::from_image(simg, at_op + 8)),
+                        CB,
+                        1,
+                    )?;
+                    let got = read_all(&wb, SIZE);
+                    check(&got, &acked, inflight.as_ref(), &what);
+                    assert!(wb.drain(WAIT), "{what}: write-back did not finish");
+                    same(&wb.slow().volatile(), &got, &format!("{what}: slow device"));
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases > 100, "only {cases} cases");
+    Ok(())
+}
