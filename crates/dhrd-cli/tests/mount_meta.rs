@@ -190,7 +190,7 @@ fn without_sync_mode_the_cut_loses_acknowledged_changes() {
 #[test]
 fn an_fsync_writes_its_file_where_rounds_are_journal_commits() {
     use dhrd_io::pagecache;
-    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::fd::AsFd;
     let s = Scratch::new("meta-fsync-data");
     let disk = LoopFs::new(&s);
     let backing = disk.mnt.join("backing");
@@ -211,20 +211,8 @@ fn an_fsync_writes_its_file_where_rounds_are_journal_commits() {
         .write(true)
         .open(m.path("f"))
         .unwrap();
-    // SAFETY: a shared read-write mapping of a file we hold; unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-    // SAFETY: in bounds of the live mapping.
-    unsafe { std::ptr::write_bytes((p as *mut u8).add(4096), 0x3C, 8192) };
+    let map = SharedMap::new(&f, len);
+    map.fill(4096, 0x3C, 8192);
     f.sync_all().unwrap();
     let b = fs::File::open(backing.join("f")).unwrap();
     let (c, src) = pagecache::cachestat(b.as_fd(), 0, 0).unwrap();
@@ -232,8 +220,7 @@ fn an_fsync_writes_its_file_where_rounds_are_journal_commits() {
         assert_eq!(c.dirty_pages + c.writeback_pages, 0, "after fsync: {c:?}");
     }
     drop(b);
-    // SAFETY: unmaps the mapping made above.
-    unsafe { libc::munmap(p, len) };
+    drop(map);
     drop(f);
     // Gone with the disk: what the fsync wrote must be on the image.
     disk.shut_down();

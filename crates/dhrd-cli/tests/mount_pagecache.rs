@@ -178,20 +178,8 @@ fn shared_mappings_are_seen_at_once_and_durable_at_msync() {
     let m = Mount::start(&backing, &mnt, &["--quiet"]);
     let f = rw(&mnt.join("f"));
     let len = 64 << 10;
-    // SAFETY: a shared read-write mapping of a file we hold; unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-    // SAFETY: in bounds of the live mapping.
-    unsafe { std::ptr::write_bytes((p as *mut u8).add(5000), 0x5A, 100) };
+    let map = SharedMap::new(&f, len);
+    map.fill(5000, 0x5A, 100);
     // Another open (another process would see the same) reads the stores.
     let mut buf = [0u8; 100];
     File::open(mnt.join("f"))
@@ -199,22 +187,18 @@ fn shared_mappings_are_seen_at_once_and_durable_at_msync() {
         .read_exact_at(&mut buf, 5000)
         .unwrap();
     assert_eq!(buf, [0x5A; 100]);
-    // SAFETY: the live mapping.
-    let r = unsafe { libc::msync(p, len, libc::MS_SYNC) };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    map.msync();
     assert_on_device(&backing.join("f"), "after msync");
     // fsync instead of msync: the same promise. The daemon's group commit makes metadata
     // durable with one journal commit per round, which writes no file's pages: an
     // application's fsync must still write the file.
-    // SAFETY: in bounds of the live mapping.
-    unsafe { std::ptr::write_bytes((p as *mut u8).add(20000), 0xA5, 100) };
+    map.fill(20000, 0xA5, 100);
     if let Some(n) = unsynced(&backing.join("f")) {
         assert!(n > 0, "a store into a shared mapping left no dirty page");
     }
     f.sync_all().unwrap();
     assert_on_device(&backing.join("f"), "after fsync");
-    // SAFETY: unmaps the mapping made above.
-    unsafe { libc::munmap(p, len) };
+    drop(map);
     drop(f);
     m.kill9();
     let mut b = [0u8; 100];

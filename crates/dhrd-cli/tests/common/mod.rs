@@ -331,3 +331,51 @@ impl LoopFs {
         assert!(ok, "remount: {out}");
     }
 }
+
+/// A shared read-write mapping of the first `len` bytes of an open file, unmapped when
+/// dropped: stores into it are the application stores the mount must make durable at
+/// msync or fsync.
+pub struct SharedMap {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl SharedMap {
+    pub fn new(f: &std::fs::File, len: usize) -> Self {
+        // SAFETY: a new shared mapping of a descriptor the caller holds; owned by the
+        // returned value and unmapped exactly once in Drop.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        Self { addr, len }
+    }
+
+    /// Stores `n` bytes of `v` at `off`.
+    pub fn fill(&self, off: usize, v: u8, n: usize) {
+        assert!(off + n <= self.len, "store past the mapping");
+        // SAFETY: in bounds of the live mapping (checked above).
+        unsafe { std::ptr::write_bytes((self.addr as *mut u8).add(off), v, n) };
+    }
+
+    /// msync(MS_SYNC) of the whole mapping.
+    pub fn msync(&self) {
+        // SAFETY: the live mapping, whole.
+        let r = unsafe { libc::msync(self.addr, self.len, libc::MS_SYNC) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping this value made and owns.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
