@@ -16,6 +16,7 @@ pub mod cache;
 mod commit;
 mod config;
 mod error;
+mod layout_lock;
 mod loader;
 mod object;
 mod ram;

@@ -46,12 +46,13 @@ use crate::cache::Residency;
 use crate::commit::{Failure, GroupCommit};
 use crate::config::{Durability, ObjectConfig, DEMAND_QUEUE_MAX, OBJECT_BYTES_MAX};
 use crate::error::{is_enospc, BackingOp, Error, FailureCause, Result};
+use crate::layout_lock::LayoutLock;
 use crate::loader::{LoadKind, LoadResult, LoadTarget, Loader, NextJob};
 use crate::ram::RamRegion;
 use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, SlotTable, WriteHold};
 use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use crossbeam_utils::sync::{ShardedLockReadGuard, ShardedLockWriteGuard};
 use dhrd_io::{read_full, Durable, Persistence, PAGE_BYTES};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -261,7 +262,7 @@ struct Inner<D: Durable> {
     backing: D,
     cfg: ObjectConfig,
     geo: ChunkGeometry,
-    layout: ShardedLock<Layout>,
+    layout: LayoutLock<Layout>,
     ram_fd: RawFd,
     len: AtomicU64,
     commit: GroupCommit,
@@ -324,12 +325,12 @@ impl<D: Durable> Clone for HybridObject<D> {
     }
 }
 
-fn read_guard<T>(l: &ShardedLock<T>) -> ShardedLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|e| e.into_inner())
+fn read_guard<T>(l: &LayoutLock<T>) -> ShardedLockReadGuard<'_, T> {
+    l.read()
 }
 
-fn write_guard<T>(l: &ShardedLock<T>) -> ShardedLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|e| e.into_inner())
+fn write_guard<T>(l: &LayoutLock<T>) -> ShardedLockWriteGuard<'_, T> {
+    l.write()
 }
 
 fn backing_err(op: BackingOp, source: io::Error) -> Error {
@@ -372,7 +373,7 @@ impl<D: Durable> HybridObject<D> {
             id: NEXT_OBJECT_ID.fetch_add(1, Ordering::Relaxed),
             backing,
             geo,
-            layout: ShardedLock::new(Layout { ram, slots }),
+            layout: LayoutLock::new(Layout { ram, slots }),
             ram_fd,
             len: AtomicU64::new(len),
             commit: GroupCommit::default(),

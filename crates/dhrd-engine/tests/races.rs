@@ -108,7 +108,6 @@ fn viewer(o: Obj, seed: u64, stop: Arc<AtomicBool>) {
         // between a waiting resize being woken and it running, so on two CPUs a resize
         // could starve for minutes (docs/design.md, "Layout lock fairness"). Real clients
         // send a view before asking for the next; the pause stands for that.
-        std::thread::yield_now();
     }
 }
 

@@ -354,7 +354,12 @@ impl SharedMap {
                 0,
             )
         };
-        assert_ne!(addr, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        assert_ne!(
+            addr,
+            libc::MAP_FAILED,
+            "{}",
+            std::io::Error::last_os_error()
+        );
         Self { addr, len }
     }
 
