@@ -549,15 +549,17 @@ impl Resident {
                 };
                 take_matching(&mut q.demand, &mut gone, |j| ours(j));
                 take_matching(&mut q.walked, &mut gone, |j| ours(j));
-                let mut kept = VecDeque::with_capacity(q.deferred.len());
-                for (due, j) in q.deferred.drain(..) {
-                    if ours(&j) {
-                        gone.push(j);
-                    } else {
-                        kept.push_back((due, j));
+                if q.deferred.iter().any(|(_, j)| ours(j)) {
+                    let mut kept = VecDeque::with_capacity(q.deferred.len());
+                    for (due, j) in q.deferred.drain(..) {
+                        if ours(&j) {
+                            gone.push(j);
+                        } else {
+                            kept.push_back((due, j));
+                        }
                     }
+                    q.deferred = kept;
                 }
-                q.deferred = kept;
             }
             None => {}
         }
@@ -638,6 +640,11 @@ fn file_size(file: &File) -> io::Result<u64> {
 
 /// Moves the jobs of `q` that `pred` picks to `out`, keeping the others in order.
 fn take_matching(q: &mut VecDeque<Job>, out: &mut Vec<Job>, pred: impl Fn(&Job) -> bool) {
+    // Most forgotten files have no job in a given queue: look before rebuilding it (a
+    // queue holds up to `demand_queue_max` jobs, and unlinks come at the request rate).
+    if !q.iter().any(&pred) {
+        return;
+    }
     let mut kept = VecDeque::with_capacity(q.len());
     for j in q.drain(..) {
         if pred(&j) {
