@@ -235,9 +235,34 @@ def machine(disk_dir):
         "disks": disk,
         "fio": sh(["fio", "--version"]),
         "rustc": sh(["rustc", "--version"]),
+        "idle": idle_and_reporting(),
         "dhrd_commit": sh(["git", "-C", root, "rev-parse", "--short", "HEAD"]),
         "dhrd_dirty": bool(sh(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"])),
     }
+
+
+def idle_and_reporting():
+    """How idle vCPUs wait and what happens to freed RAM: on a VM both move the figures.
+
+    An idle CPU that halts at once (cpuidle driver `haltpoll` with `guest_halt_poll_ns` 0)
+    makes every wake-up of a thread on it an interrupt the hypervisor delivers, which every
+    FUSE round trip pays; free page reporting hands freed RAM back to the host, so the next
+    first touch of it faults on the host too (docs/fuse.md, docs/rbd.md). Missing files
+    are left out."""
+    out = {}
+    for key, path in (
+        ("cpuidle_driver", "/sys/devices/system/cpu/cpuidle/current_driver"),
+        ("cpuidle_governor", "/sys/devices/system/cpu/cpuidle/current_governor_ro"),
+        ("guest_halt_poll_ns", "/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
+        ("page_reporting_order", "/sys/module/page_reporting/parameters/page_reporting_order"),
+        ("page_reporting_min_free_ms", "/sys/module/page_reporting/parameters/min_free_ms"),
+    ):
+        try:
+            with open(path) as f:
+                out[key] = f.read().strip()
+        except OSError:
+            pass
+    return out
 
 
 def median(xs):

@@ -143,6 +143,8 @@ def write(results, out):
         f"kernel {m['kernel']}; disk under test {m['disk_dir']} ({m['disk_dir_fs']}; {m['disks']}); "
         f"{m['fio']}; {m['rustc']}; dhrd {m['dhrd_commit']}{' (uncommitted changes)' if m.get('dhrd_dirty') else ''}.",
         "",
+        "Idle CPUs and freed RAM: " + (", ".join(f"{k} {v}" for k, v in m.get("idle", {}).items()) or "not known") + ".",
+        "",
         f"Command: `{results['command']}`; {results.get('seconds', '?')} s in all.",
         "",
         "Every ratio below divides two figures measured in this run, on this machine (shared and noisy: "
