@@ -313,16 +313,47 @@ impl LoopFs {
 
 impl Drop for LoopFs {
     fn drop(&mut self) {
-        // umount -d also detaches the loop device.
-        let _ = Command::new("umount").arg("-d").arg(&self.mnt).status();
+        if !self.unmount() {
+            // Still busy: detached from the tree now, freed with its last user.
+            let _ = Command::new("umount")
+                .args(["-l", "-d"])
+                .arg(&self.mnt)
+                .status();
+        }
     }
 }
 
+/// How long an unmount of the loop file system is retried while it is busy.
+const LOOP_UMOUNT_WAIT: Duration = Duration::from_secs(10);
+
 impl LoopFs {
+    /// Unmounts and detaches the loop device; retries while the file system is busy (a
+    /// killed daemon's FUSE connection may still hold backing files for a moment).
+    /// Returns whether it is unmounted.
+    fn unmount(&self) -> bool {
+        let t = Instant::now();
+        loop {
+            // umount -d also detaches the loop device.
+            let (ok, _) = sh(&format!("umount -d {}", self.mnt.display()));
+            if ok {
+                return true;
+            }
+            if t.elapsed() > LOOP_UMOUNT_WAIT {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Unmounts (the image keeps what reached it) and mounts the image again, as after a
-    /// reboot: the journal is replayed.
+    /// reboot: the journal is replayed. Never on top of the old mount: a second mount
+    /// stacked there would leave the first (and its loop device) behind for good.
     pub fn remount(&self) {
-        let _ = Command::new("umount").arg("-d").arg(&self.mnt).status();
+        assert!(
+            self.unmount(),
+            "{} stayed busy for {LOOP_UMOUNT_WAIT:?}",
+            self.mnt.display()
+        );
         let (ok, out) = sh(&format!(
             "mount -o loop {} {}",
             self.img.display(),
