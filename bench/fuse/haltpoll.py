@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchlib import (DEFAULT_DHRD, ROOT, add_common_args, machine, machine_line, mount,
+from benchlib import (DEFAULT_DHRD, ROOT, machine, machine_line, mount,
                       per_round_ratio, results_dir, sh, unmount, write_report)
 
 sys.path.insert(0, os.path.join(ROOT, "bench/suite"))
@@ -71,7 +71,9 @@ def measure(bench, d, a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_args(ap, rounds=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dhrd", default=DEFAULT_DHRD)
+    ap.add_argument("--disk-dir", default="/var/tmp")
     ap.add_argument("--poll-ns", type=int, default=200_000)
     ap.add_argument("--fs-files", type=int, default=8000)
     ap.add_argument("--fs-secs", type=int, default=10)
