@@ -55,6 +55,54 @@ pub(crate) fn fixed_size(len: u64, size: u64, msg: &'static str) -> io::Result<(
     Err(io::Error::new(io::ErrorKind::Unsupported, msg))
 }
 
+/// A fast device's sticky failure (SPEC C4) and the lock that runs its syncs one at a
+/// time. A failed sync may drop any write made before it, another thread's too, and that
+/// thread's own later sync of the same descriptor would not report it (the kernel reports
+/// a write-back error once per open file). So once a write or sync of the device failed,
+/// every later sync fails too, and syncs never overlap: a sync that returns Ok vouches for
+/// every write made before it.
+pub(crate) struct StickyFailure {
+    failed: AtomicBool,
+    sync_lock: Mutex<()>,
+    /// What `check` says once failed.
+    why: &'static str,
+}
+
+impl StickyFailure {
+    pub(crate) fn new(why: &'static str) -> Self {
+        Self {
+            failed: AtomicBool::new(false),
+            sync_lock: Mutex::new(()),
+            why,
+        }
+    }
+
+    pub(crate) fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Records the outcome of a write to the device: a failure is sticky.
+    pub(crate) fn write(&self, r: io::Result<()>) -> io::Result<()> {
+        r.inspect_err(|_| self.failed.store(true, Ordering::Release))
+    }
+
+    /// Syncs `dev`, one sync at a time, refusing once any write or sync of it failed.
+    pub(crate) fn sync<F: Durable>(&self, dev: &F) -> io::Result<()> {
+        let _g = self.sync_lock.lock();
+        self.check()?;
+        dev.sync()
+            .inspect_err(|_| self.failed.store(true, Ordering::Release))
+    }
+
+    /// Err once the device failed.
+    pub(crate) fn check(&self) -> io::Result<()> {
+        if self.is_failed() {
+            return Err(io::Error::other(self.why));
+        }
+        Ok(())
+    }
+}
+
 /// The shared parts of a layer with background write-back.
 pub(crate) struct Background<'a, S> {
     pub state: &'a Mutex<S>,

@@ -36,7 +36,7 @@
 //! has the same size and there is nothing for ReHypar's partitioning to do (it shines on a
 //! file cache with varied sizes; `dhrd-bench rehypar` measures it there).
 
-use crate::fastdev::{self, fnv64, invalid, Background};
+use crate::fastdev::{self, fnv64, invalid, Background, StickyFailure};
 use dhrd_engine::cache::{AccessBits, Admission, Admit, CachePolicy, Residency, ACCESS_COUNT_MAX};
 use dhrd_io::{read_full, Durable, Persistence};
 use parking_lot::{Condvar, Mutex};
@@ -218,14 +218,9 @@ struct Shared<F: Durable, S: Durable> {
     stop: AtomicBool,
     /// A write or sync of the SSD failed: its table may name chunks memory has dropped,
     /// so no write is acknowledged any more (a write to the lower tier alone could be
-    /// shadowed by such an entry after a restart). Reads go on.
-    failed: AtomicBool,
-    /// Held across every SSD sync (`ssd_sync`): a failed sync may drop any write made
-    /// before it, another thread's too, and that thread's own later sync of the same
-    /// descriptor would not report it (the kernel reports a write-back error once per open
-    /// file). One sync at a time, each refusing once one failed, means a sync that
-    /// succeeds vouches for every write made before it.
-    sync_lock: Mutex<()>,
+    /// shadowed by such an entry after a restart). Reads go on. Also runs the SSD's syncs
+    /// one at a time (`fastdev::StickyFailure`).
+    failed: StickyFailure,
     reads_ssd: AtomicU64,
     reads_lower: AtomicU64,
     promotions: AtomicU64,
@@ -376,8 +371,9 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             cv: Condvar::new(),
             locks: (0..slots).map(|_| Mutex::new(())).collect(),
             stop: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            sync_lock: Mutex::new(()),
+            failed: StickyFailure::new(
+                "the tier's SSD failed earlier: writes are refused (its slot table may be stale)",
+            ),
             reads_ssd: AtomicU64::new(0),
             reads_lower: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
@@ -476,29 +472,18 @@ impl<F: Durable, S: Durable> Shared<F, S> {
 
     /// Every change of the SSD goes through here and `ssd_sync`: a failure is sticky.
     fn ssd_write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.ssd.write_at(buf, offset).inspect_err(|_| self.fail())
+        self.failed.write(self.ssd.write_at(buf, offset))
     }
 
-    /// Syncs the SSD, one sync at a time, and fails once any sync failed (`sync_lock`):
+    /// Syncs the SSD, one sync at a time, and fails once any write or sync of it failed:
     /// what a sync that returns Ok vouches for (an acknowledgement, a slot marked CLEAN,
     /// a slot reused) was not dropped by an earlier failure.
     fn ssd_sync(&self) -> io::Result<()> {
-        let _g = self.sync_lock.lock();
-        self.check()?;
-        self.ssd.sync().inspect_err(|_| self.fail())
-    }
-
-    fn fail(&self) {
-        self.failed.store(true, Ordering::Release);
+        self.failed.sync(&self.ssd)
     }
 
     fn check(&self) -> io::Result<()> {
-        if self.failed.load(Ordering::Acquire) {
-            return Err(io::Error::other(
-                "the tier's SSD failed earlier: writes are refused (its slot table may be stale)",
-            ));
-        }
-        Ok(())
+        self.failed.check()
     }
 
     /// A free slot, evicting a clean one if needed (its FREE entry made durable before
@@ -755,8 +740,8 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                 }
             }
             if !served {
-                let admit = !s.failed.load(Ordering::Acquire)
-                    && s.state.lock().policy.on_miss(c) == Admit::Load;
+                let admit =
+                    !s.failed.is_failed() && s.state.lock().policy.on_miss(c) == Admit::Load;
                 if admit {
                     // Read the whole chunk once: it serves this read and fills the slot.
                     let mut whole = vec![0u8; (cend - start) as usize];

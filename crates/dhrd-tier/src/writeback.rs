@@ -36,12 +36,13 @@
 //! on the fast device fails the request, and every later one too: a failed sync may
 //! have dropped writes of other requests that their own later syncs would report as
 //! done, so after a failure of the fast device nothing is acknowledged or written back
-//! until it is opened again (the map on the device still names every acknowledged write). A failure of the slow device delays the
-//! write-back (retried with back-off, reported by [`WriteBack::stats`]); only a write
-//! that must first fill its chunk from the slow device (a partial write to a chunk whose
-//! fast copy is not current) fails with the slow device's error, having changed nothing.
+//! until it is opened again (the map on the device still names every acknowledged
+//! write). A failure of the slow device delays the write-back (retried with back-off,
+//! reported by [`WriteBack::stats`]); only a write that must first fill its chunk from
+//! the slow device (a partial write to a chunk whose fast copy is not current) fails with
+//! the slow device's error, having changed nothing.
 
-use crate::fastdev::{self, fnv64, invalid, Background};
+use crate::fastdev::{self, fnv64, invalid, Background, StickyFailure};
 use dhrd_io::{Durable, Persistence};
 use parking_lot::{Condvar, Mutex};
 use std::io;
@@ -157,15 +158,11 @@ struct Shared<F: Durable, S: Durable> {
     locks: Vec<Mutex<()>>,
     stop: AtomicBool,
     /// A write or sync of the fast device failed: no write is acknowledged any more and
-    /// nothing is written back (sticky, SPEC C4). A failed sync may drop any write made
-    /// before it, another thread's too, which that thread's own later sync of the same
-    /// descriptor would not report (the kernel reports a write-back error once per open
-    /// file): a write acknowledged, or a chunk written back and marked clean, on the
-    /// strength of such a sync could be lost or differ from the fast copy after a crash.
-    failed: AtomicBool,
-    /// Held across every sync of the fast device (`fast_sync`): one at a time, each
-    /// refusing once one failed, so a sync that succeeds vouches for every write before it.
-    sync_lock: Mutex<()>,
+    /// nothing is written back (sticky, SPEC C4); a write acknowledged, or a chunk written
+    /// back and marked clean, on the strength of a sync after such a failure could be lost
+    /// or differ from the fast copy after a crash. Also runs the fast device's syncs one
+    /// at a time (`fastdev::StickyFailure`).
+    failed: StickyFailure,
     written_back: AtomicU64,
     failures: AtomicU64,
     fills: AtomicU64,
@@ -247,8 +244,9 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             cv: Condvar::new(),
             locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             stop: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            sync_lock: Mutex::new(()),
+            failed: StickyFailure::new(
+                "the write-back device failed earlier: writes are refused and nothing is written back until it is opened again",
+            ),
             written_back: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             fills: AtomicU64::new(0),
@@ -340,28 +338,17 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     /// Every change of the fast device goes through here and `fast_sync`: a failure is
     /// sticky (`failed`).
     fn fast_write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.fast
-            .write_at(buf, offset)
-            .inspect_err(|_| self.failed.store(true, Ordering::Release))
+        self.failed.write(self.fast.write_at(buf, offset))
     }
 
     /// Syncs the fast device, one sync at a time, refusing once any write or sync of it
-    /// failed (`sync_lock`).
+    /// failed.
     fn fast_sync(&self) -> io::Result<()> {
-        let _g = self.sync_lock.lock();
-        self.check()?;
-        self.fast
-            .sync()
-            .inspect_err(|_| self.failed.store(true, Ordering::Release))
+        self.failed.sync(&self.fast)
     }
 
     fn check(&self) -> io::Result<()> {
-        if self.failed.load(Ordering::Acquire) {
-            return Err(io::Error::other(
-                "the write-back device failed earlier: writes are refused and nothing is written back until it is opened again",
-            ));
-        }
-        Ok(())
+        self.failed.check()
     }
 
     /// Writes `buf` at `offset`, all inside chunk `c`, with the chunk's lock held.
