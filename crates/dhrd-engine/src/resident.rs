@@ -535,6 +535,7 @@ impl Resident {
         // The pin and queued jobs of a deleted file may hold its last reference: dropped
         // once the lock is free (see `Inner::dispose`).
         let mut gone: Vec<Job> = Vec::new();
+        let mut gone_deferred: Vec<(Instant, Job)> = Vec::new();
         let mut pin = None;
         match q.entries.remove(&key) {
             Some(Entry::Done { reserved, pin: p }) => {
@@ -547,26 +548,16 @@ impl Resident {
                     Job::Demand { key: k, .. } => *k == key,
                     Job::Walked { f, .. } => f.key == key,
                 };
-                take_matching(&mut q.demand, &mut gone, |j| ours(j));
-                take_matching(&mut q.walked, &mut gone, |j| ours(j));
-                if q.deferred.iter().any(|(_, j)| ours(j)) {
-                    let mut kept = VecDeque::with_capacity(q.deferred.len());
-                    for (due, j) in q.deferred.drain(..) {
-                        if ours(&j) {
-                            gone.push(j);
-                        } else {
-                            kept.push_back((due, j));
-                        }
-                    }
-                    q.deferred = kept;
-                }
+                take_matching(&mut q.demand, &mut gone, ours);
+                take_matching(&mut q.walked, &mut gone, ours);
+                take_matching(&mut q.deferred, &mut gone_deferred, |(_, j)| ours(j));
             }
             None => {}
         }
         drop(q);
         inner.dispose(pin);
-        if !gone.is_empty() {
-            inner.dispose(gone);
+        if !gone.is_empty() || !gone_deferred.is_empty() {
+            inner.dispose((gone, gone_deferred));
         }
     }
 
@@ -638,8 +629,8 @@ fn file_size(file: &File) -> io::Result<u64> {
     dhrd_io::pagecache::file_size(file.as_fd())
 }
 
-/// Moves the jobs of `q` that `pred` picks to `out`, keeping the others in order.
-fn take_matching(q: &mut VecDeque<Job>, out: &mut Vec<Job>, pred: impl Fn(&Job) -> bool) {
+/// Moves the entries of `q` that `pred` picks to `out`, keeping the others in order.
+fn take_matching<T>(q: &mut VecDeque<T>, out: &mut Vec<T>, pred: impl Fn(&T) -> bool) {
     // Most forgotten files have no job in a given queue: look before rebuilding it (a
     // queue holds up to `demand_queue_max` jobs, and unlinks come at the request rate).
     if !q.iter().any(&pred) {
