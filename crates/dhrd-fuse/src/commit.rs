@@ -343,6 +343,11 @@ impl Committer {
             .collect();
         let distinct: std::collections::HashSet<(u64, u64)> =
             ids.iter().flatten().flatten().copied().collect();
+        // The device of every set's syncfs request; None where there is none or fstat failed.
+        let fs_devs: Vec<Option<u64>> = round
+            .iter()
+            .map(|(set, _)| set.syncfs.as_ref().and_then(identity).map(|(dev, _)| dev))
+            .collect();
         // File systems to syncfs: those a set asks for, and, when the round is worth it
         // and cheap enough, every file system the round touches.
         // The file system whose journal one commit makes durable for everyone, if any:
@@ -352,12 +357,10 @@ impl Committer {
             _ => None,
         };
         let mut fs: HashMap<u64, (&OwnedFd, Option<Errno>)> = HashMap::new();
-        for (set, _) in &round {
-            if let Some(fd) = &set.syncfs {
-                if let Some((dev, _)) = identity(fd) {
-                    if !matches!(journal, Some((jdev, _)) if jdev == dev) {
-                        fs.entry(dev).or_insert((fd, None));
-                    }
+        for ((set, _), dev) in round.iter().zip(&fs_devs) {
+            if let (Some(fd), Some(dev)) = (&set.syncfs, *dev) {
+                if !matches!(journal, Some((jdev, _)) if jdev == dev) {
+                    fs.entry(dev).or_insert((fd, None));
                 }
             }
         }
@@ -391,17 +394,16 @@ impl Committer {
         let fs_result = |dev: u64| fs_done.get(&dev).copied();
         // One journal commit for every metadata change of the round on the journal's file
         // system (not for data: sets with data fsync their inodes below).
-        let journal_done = journal.and_then(|(jdev, anchor)| {
-            let touched = round.iter().zip(&ids).any(|((set, _), set_ids)| {
-                (!set.data && set_ids.iter().flatten().any(|(dev, _)| *dev == jdev))
-                    || set
-                        .syncfs
-                        .as_ref()
-                        .and_then(identity)
-                        .is_some_and(|(dev, _)| dev == jdev)
+        let journal_done =
+            journal.and_then(|(jdev, anchor)| {
+                let touched = round.iter().zip(ids.iter().zip(&fs_devs)).any(
+                    |((set, _), (set_ids, fs_dev))| {
+                        (!set.data && set_ids.iter().flatten().any(|(dev, _)| *dev == jdev))
+                            || *fs_dev == Some(jdev)
+                    },
+                );
+                touched.then(|| (jdev, self.journal_commit(anchor)))
             });
-            touched.then(|| (jdev, self.journal_commit(anchor)))
-        });
         let journal_result = |dev: u64| match journal_done {
             Some((jdev, r)) if jdev == dev => Some(r),
             _ => None,
@@ -409,11 +411,10 @@ impl Committer {
         // Per inode: Ok, or the errno of its failed fsync.
         let mut synced: HashMap<(u64, u64), std::result::Result<(), i32>> = HashMap::new();
         let mut results = Vec::with_capacity(round.len());
-        for ((set, done), set_ids) in round.into_iter().zip(&ids) {
+        for (((set, done), set_ids), dev) in round.into_iter().zip(&ids).zip(fs_devs) {
             let mut r = Ok(());
             if let Some(fd) = &set.syncfs {
                 // A set that asked for a syncfs whose file system is unknown gets its own.
-                let dev = identity(fd).map(|(dev, _)| dev);
                 let one = match dev.and_then(|d| fs_result(d).or_else(|| journal_result(d))) {
                     Some(x) => x,
                     None => self.sync_fs_now(fd),
