@@ -557,11 +557,7 @@ impl Shared {
                 // the request's changes; as data, since a size inside a page zeroes the
                 // rest of that page in the cache (an fsync of the file, not only a journal
                 // commit, writes it).
-                if self.sync_mode() {
-                    set.fsync_data(&[&*file])?;
-                } else {
-                    self.meta_durable(set, &[&*file])?;
-                }
+                self.data_durable(set, &[&*file])?;
                 t.resident.refresh(key, &file);
             }
             Tier::Engine(t) => {

@@ -245,6 +245,18 @@ impl Shared {
         Ok(())
     }
 
+    /// Like `meta_durable` for a change that leaves data in the page cache too (a size
+    /// inside a page zeroes the rest of that page): in `sync` mode the files are fsync'ed
+    /// with their data, which a journal commit alone would not write (commit.rs).
+    pub(crate) fn data_durable(&self, set: &mut SyncSet, fds: &[&dyn AsFd]) -> Result<()> {
+        if self.sync_mode() {
+            set.fsync_data(fds)?;
+        } else {
+            self.meta_dirty.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Like `meta_durable` for a change whose inode cannot be synced by descriptor
     /// (symlinks, FIFOs, link counts): a syncfs of the file system `fd` is on.
     pub(crate) fn meta_durable_fs(&self, set: &mut SyncSet, fd: &dyn AsFd) -> Result<()> {
