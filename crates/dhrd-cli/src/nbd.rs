@@ -298,6 +298,13 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
                 s.dirty_at_open
             );
         }
+        if s.upgraded_dirty > 0 {
+            eprintln!(
+                "dhrd nbd: the --tier-ssd was in the first format: its {} dirty chunks were written \
+                 to the lower tier and the SSD was formatted anew",
+                s.upgraded_dirty
+            );
+        }
     }
     let backing: Arc<dyn Durable> = match (&writeback, &tier) {
         (Some(wb), _) => wb.clone(),
@@ -363,7 +370,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
                         "chunk_reads_lower": s.reads_lower, "promotions": s.promotions,
                         "evictions": s.evictions, "written_back": s.written_back,
                         "writeback_failures": s.writeback_failures,
-                        "writes_bypassed": s.writes_bypassed, "dirty_at_open": s.dirty_at_open}),
+                        "writes_bypassed": s.writes_bypassed, "dirty_at_open": s.dirty_at_open,
+                        "partial_fills": s.partial_fills, "completions": s.completions,
+                        "upgraded_dirty": s.upgraded_dirty}),
                 );
             }
             v

@@ -130,7 +130,8 @@ pub fn tier(
 pub fn describe_tier(s: &TierStats) -> String {
     format!(
         "{} of {} slots used, {} dirty ({} at start); reads {} from the SSD, {} from the lower tier; \
-         {} promoted, {} evicted, {} written back ({} failures), {} writes bypassed the SSD",
+         {} promoted, {} evicted, {} written back ({} failures), {} writes bypassed the SSD; \
+         {} write misses filled only their parts, {} slots completed by reads",
         s.slots_used,
         s.slots,
         s.slots_dirty,
@@ -141,7 +142,9 @@ pub fn describe_tier(s: &TierStats) -> String {
         s.evictions,
         s.written_back,
         s.writeback_failures,
-        s.writes_bypassed
+        s.writes_bypassed,
+        s.partial_fills,
+        s.completions
     )
 }
 

@@ -2,59 +2,63 @@
 //!
 //! [`Tiered`] is a [`Durable`] the engine sits on, so the whole is the paper's "DHRD +
 //! HDD": the engine's RAM tier over an SSD cache over the disk. The SSD is divided into
-//! slots of one chunk; a slot holds one chunk of the lower tier, clean or dirty. Hot chunks
-//! are promoted into the SSD on their second miss (the engine's admission policy,
-//! `dhrd_engine::cache`, which also picks the slot to reuse); writes go to the SSD and are
-//! written back to the lower tier in the background (`writeback`), or, in
-//! `writethrough` mode, go to the lower tier with the SSD copy dropped first.
+//! slots of one chunk; a slot holds one chunk of the lower tier, clean or dirty, wholly or
+//! in some of its parts (`parts.rs`). Hot chunks are promoted into the SSD on their second
+//! miss (the engine's admission policy, `dhrd_engine::cache`, which also picks the slot to
+//! reuse); writes go to the SSD and are written back to the lower tier in the background
+//! (`writeback`), or, in `writethrough` mode, go to the lower tier with the SSD copy
+//! dropped first. A write to a chunk the SSD does not hold fills only the parts it touches
+//! (reading from the lower tier only the uncovered edges of a part it covers partly), so it
+//! costs an SSD write, not a read of the slow tier; a read that needs a part the slot lacks
+//! reads the chunk from the lower tier and completes the slot.
 //!
-//! SSD layout: a header (magic, version, chunk size, slots, lower size, checksum), a slot
-//! table of [`ENTRY_BYTES`] per slot (lower chunk, state, checksum), then the slots' data.
+//! SSD layout and its upgrade from the first format: `layout.rs`.
 //!
 //! Invariants:
 //! - A lower chunk is in at most one slot, on the device too: a slot is reused only after
 //!   its entry says FREE durably.
-//! - An entry names a chunk only after the slot's data for it is durable, so a crash never
-//!   pairs an entry with another chunk's bytes.
+//! - An entry names a chunk, or a part of it, only after the slot's bytes for it are
+//!   durable, so a crash never pairs an entry with another chunk's bytes or with a part
+//!   never written.
+//! - The lower tier's bytes of a part the slot does not hold are current: every write to a
+//!   cached chunk lands in its slot (or, in write-through, drops a clean slot first).
 //! - A slot's entry says DIRTY durably before its data changes for a write (so a CLEAN
-//!   slot's copy equals the lower tier's); it says CLEAN only after the data, read under
-//!   the slot's lock and synced on the SSD, was written to the lower tier and synced, and
-//!   no write began in the slot since.
+//!   slot's parts equal the lower tier's); it says CLEAN only after the parts it holds,
+//!   read under the slot's lock and synced on the SSD, were written to the lower tier and
+//!   synced, and no write began in the slot since.
 //! - Dirty slots are never evicted; when no clean slot is left, a write goes to the lower
 //!   tier directly (write-through for that write).
+//! - Entries change under the state lock, so they change in the order memory sees.
 //!
 //! - SSD syncs run one at a time, and none succeeds once a write or sync of the SSD
 //!   failed: a failed sync may drop writes of other requests that their own later syncs
 //!   would report as done (`sync_lock`).
 //!
 //! Crash semantics: every acknowledged write survives a power cut of both devices; after
-//! a crash the slot table is read back and the chunks it names are served from the SSD
-//! (dirty ones are written back), the others from the lower tier: nothing stale is served.
-//! An unacknowledged write leaves each sector old or new.
+//! a crash the slot table is read back and the parts it names are served from the SSD
+//! (dirty ones are written back), everything else from the lower tier: nothing stale is
+//! served. An unacknowledged write leaves each sector old or new.
 //!
 //! Why fixed slots and not ReHypar: the engine asks for whole chunks, so every allocation
 //! has the same size and there is nothing for ReHypar's partitioning to do (it shines on a
 //! file cache with varied sizes; `dhrd-bench rehypar` measures it there).
 
-use crate::fastdev::{self, fnv64, invalid, Background, StickyFailure};
+mod layout;
+mod parts;
+
+use crate::fastdev::{self, invalid, Background, StickyFailure};
 use dhrd_engine::cache::{AccessBits, Admission, Admit, CachePolicy, Residency, ACCESS_COUNT_MAX};
 use dhrd_io::{read_full, Durable, Persistence};
+use layout::{Entry, Found, Geometry, SLOT_CLEAN, SLOT_DIRTY, SLOT_FREE};
+pub use layout::{ENTRY_BYTES, HEADER_BYTES};
 use parking_lot::{Condvar, Mutex};
+use parts::Parts;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Bytes of the header; the slot table starts here.
-pub const HEADER_BYTES: u64 = 4096;
-/// Bytes of one slot-table entry.
-pub const ENTRY_BYTES: u64 = 16;
-const MAGIC: &[u8; 8] = b"DHRDTC01";
-const VERSION: u32 = 1;
-const SLOT_FREE: u8 = 0;
-const SLOT_CLEAN: u8 = 1;
-const SLOT_DIRTY: u8 = 2;
 /// Victims looked at before a promotion or an allocation gives up (dirty slots cannot be
 /// evicted).
 const VICTIM_TRIES_MAX: usize = 32;
@@ -91,75 +95,6 @@ impl std::fmt::Display for TierMode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Geometry {
-    chunk_bytes: u64,
-    slots: u64,
-    lower_bytes: u64,
-}
-
-impl Geometry {
-    fn data_offset(&self) -> u64 {
-        (HEADER_BYTES + self.slots * ENTRY_BYTES).div_ceil(HEADER_BYTES) * HEADER_BYTES
-    }
-    fn ssd_bytes(&self) -> u64 {
-        self.data_offset() + self.slots * self.chunk_bytes
-    }
-    fn encode(&self) -> Vec<u8> {
-        let mut h = Vec::with_capacity(44);
-        h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&VERSION.to_le_bytes());
-        for v in [self.chunk_bytes, self.slots, self.lower_bytes] {
-            h.extend_from_slice(&v.to_le_bytes());
-        }
-        let c = fnv64(&h);
-        h.extend_from_slice(&c.to_le_bytes());
-        h
-    }
-    fn decode(h: &[u8]) -> io::Result<Option<Self>> {
-        if h.len() < 44 || &h[..8] != MAGIC {
-            return Ok(None);
-        }
-        let u64_at = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&h[i..i + 8]);
-            u64::from_le_bytes(b)
-        };
-        if fnv64(&h[..36]) != u64_at(36) {
-            return Err(invalid(
-                "tier SSD: the header's checksum does not match (torn or foreign)".into(),
-            ));
-        }
-        Ok(Some(Self {
-            chunk_bytes: u64_at(12),
-            slots: u64_at(20),
-            lower_bytes: u64_at(28),
-        }))
-    }
-}
-
-fn encode_entry(chunk: u64, state: u8) -> [u8; ENTRY_BYTES as usize] {
-    let mut e = [0u8; ENTRY_BYTES as usize];
-    e[..8].copy_from_slice(&chunk.to_le_bytes());
-    e[8] = state;
-    let c = (fnv64(&e[..9]) & 0xffff_ffff) as u32;
-    e[12..16].copy_from_slice(&c.to_le_bytes());
-    e
-}
-
-/// `None` for an entry that fails its checksum (a torn entry write: treated as FREE,
-/// which is safe because the slot's data became the chunk's only after the entry did).
-fn decode_entry(e: &[u8]) -> Option<(u64, u8)> {
-    let mut c = [0u8; 4];
-    c.copy_from_slice(&e[12..16]);
-    if (fnv64(&e[..9]) & 0xffff_ffff) as u32 != u32::from_le_bytes(c) {
-        return None;
-    }
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&e[..8]);
-    Some((u64::from_le_bytes(v), e[8]))
-}
-
 /// Tier statistics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierStats {
@@ -176,13 +111,38 @@ pub struct TierStats {
     /// Writes sent to the lower tier because no clean slot could be had.
     pub writes_bypassed: u64,
     pub dirty_at_open: u64,
+    /// Writes that took a slot without reading the rest of the chunk from the lower tier.
+    pub partial_fills: u64,
+    /// Slots holding some parts that a read completed from the lower tier.
+    pub completions: u64,
+    /// Dirty chunks of a first-format SSD written back when it was upgraded at open.
+    pub upgraded_dirty: u64,
 }
 
 struct Slot {
     chunk: u64,
     state: u8,
+    /// The parts holding the chunk's bytes (what the entry says, or will once durable).
+    parts: Parts,
     writes: u64,
     busy: bool,
+    /// The sequence number of the slot's newest entry on the device (`layout.rs`).
+    seq: u64,
+}
+
+impl Slot {
+    /// Holds `chunk` in `state` with `parts`, after `writes` writes.
+    fn hold(&mut self, chunk: u64, state: u8, parts: Parts, writes: u64) {
+        self.chunk = chunk;
+        self.state = state;
+        self.parts = parts;
+        self.writes = writes;
+        self.busy = false;
+    }
+
+    fn clear(&mut self) {
+        self.hold(0, SLOT_FREE, Parts::NONE, 0);
+    }
 }
 
 struct State {
@@ -228,7 +188,10 @@ struct Shared<F: Durable, S: Durable> {
     written_back: AtomicU64,
     failures: AtomicU64,
     bypassed: AtomicU64,
+    partial_fills: AtomicU64,
+    completions: AtomicU64,
     dirty_at_open: u64,
+    upgraded_dirty: u64,
 }
 
 /// See the module documentation.
@@ -303,16 +266,11 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         let n = read_full(&ssd, &mut head, 0)?;
         head.truncate(n);
         let mut entries = Vec::new();
+        let mut upgraded_dirty = 0;
         match Geometry::decode(&head)? {
-            Some(g) => {
-                let mut table = vec![0u8; (g.slots * ENTRY_BYTES) as usize];
-                let got = read_full(&ssd, &mut table, HEADER_BYTES)?;
-                table.truncate(got);
-                entries = table
-                    .chunks(ENTRY_BYTES as usize)
-                    .map(|e| decode_entry(e).unwrap_or((0, SLOT_FREE)))
-                    .collect();
-                let dirty = entries.iter().filter(|e| e.1 == SLOT_DIRTY).count();
+            Found::Current(g) => {
+                entries = layout::read_table(&ssd, &g)?;
+                let dirty = entries.iter().filter(|e| e.state == SLOT_DIRTY).count();
                 if g != want {
                     if dirty > 0 {
                         return Err(invalid(format!(
@@ -325,9 +283,19 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
                     Self::format(&ssd, want)?;
                 }
             }
-            None => Self::format(&ssd, want)?,
+            Found::Format1(g) => {
+                if g.lower_bytes != lower_bytes {
+                    return Err(invalid(format!(
+                        "tier SSD (format 1) caches a lower tier of {} bytes, not {lower_bytes}",
+                        g.lower_bytes
+                    )));
+                }
+                upgraded_dirty = layout::write_back_format1(&ssd, &lower, &g)?;
+                Self::format(&ssd, want)?;
+            }
+            Found::Nothing => Self::format(&ssd, want)?,
         }
-        entries.resize(slots as usize, (0, SLOT_FREE));
+        entries.resize(slots as usize, Entry::FREE);
         let mut st = State {
             slots: Vec::with_capacity(slots as usize),
             by_chunk: HashMap::new(),
@@ -338,27 +306,33 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             cursor: 0,
         };
         let chunks = lower_bytes.div_ceil(chunk_bytes);
-        for (i, (chunk, state)) in entries.into_iter().enumerate() {
-            let used = state != SLOT_FREE && chunk < chunks;
-            if used && st.by_chunk.insert(chunk, i).is_some() {
+        for (i, e) in entries.into_iter().enumerate() {
+            let used = e.state != SLOT_FREE && e.chunk < chunks && !e.parts.is_empty();
+            if used && st.by_chunk.insert(e.chunk, i).is_some() {
                 return Err(invalid(format!(
-                    "tier SSD: chunk {chunk} is in two slots (the table is corrupt)"
+                    "tier SSD: chunk {} is in two slots (the table is corrupt)",
+                    e.chunk
                 )));
             }
-            if used {
-                st.policy.insert(chunk);
-                if state == SLOT_DIRTY {
-                    st.dirty += 1;
-                }
-            } else {
-                st.free.push(i);
-            }
-            st.slots.push(Slot {
-                chunk,
-                state: if used { state } else { SLOT_FREE },
+            let mut slot = Slot {
+                chunk: 0,
+                state: SLOT_FREE,
+                parts: Parts::NONE,
                 writes: 0,
                 busy: false,
-            });
+                seq: e.seq,
+            };
+            if !used {
+                st.free.push(i);
+                st.slots.push(slot);
+                continue;
+            }
+            st.policy.insert(e.chunk);
+            if e.state == SLOT_DIRTY {
+                st.dirty += 1;
+            }
+            slot.hold(e.chunk, e.state, e.parts, 0);
+            st.slots.push(slot);
         }
         st.free.reverse();
         let dirty_at_open = st.dirty;
@@ -381,7 +355,10 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             written_back: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             bypassed: AtomicU64::new(0),
+            partial_fills: AtomicU64::new(0),
+            completions: AtomicU64::new(0),
             dirty_at_open,
+            upgraded_dirty,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -418,6 +395,9 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             writeback_failures: g(&s.failures),
             writes_bypassed: g(&s.bypassed),
             dirty_at_open: s.dirty_at_open,
+            partial_fills: g(&s.partial_fills),
+            completions: g(&s.completions),
+            upgraded_dirty: s.upgraded_dirty,
         }
     }
 
@@ -463,11 +443,24 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         self.geo.data_offset() + slot as u64 * self.geo.chunk_bytes
     }
 
-    fn write_entry(&self, slot: usize, chunk: u64, state: u8) -> io::Result<()> {
+    /// All parts of chunk `c` (the device's last chunk may be short).
+    fn chunk_parts(&self, c: u64) -> Parts {
+        let (start, end) = self.chunk_range(c);
+        Parts::all((end - start).div_ceil(self.geo.part_bytes()))
+    }
+
+    /// Writes slot `slot`'s entry `e` into the copy that does not hold its newest one
+    /// (`layout.rs`); under the state lock (`st`), so that entries change in the order
+    /// memory sees.
+    fn write_entry(&self, st: &mut State, slot: usize, mut e: Entry) -> io::Result<()> {
+        e.seq = st.slots[slot].seq + 1;
         self.ssd_write(
-            &encode_entry(chunk, state),
-            HEADER_BYTES + slot as u64 * ENTRY_BYTES,
-        )
+            &layout::encode_entry(&e),
+            self.geo.entry_offset(slot, e.seq),
+        )?;
+        // Only now: after a failed write the next change goes to the same copy again.
+        st.slots[slot].seq = e.seq;
+        Ok(())
     }
 
     /// Every change of the SSD goes through here and `ssd_sync`: a failure is sticky.
@@ -510,8 +503,8 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             }
             st.by_chunk.remove(&chunk);
             st.counts.remove(&chunk);
-            st.slots[i].state = SLOT_FREE;
-            self.write_entry(i, 0, SLOT_FREE)?;
+            st.slots[i].clear();
+            self.write_entry(&mut st, i, Entry::FREE)?;
             drop(st);
             self.ssd_sync()?;
             self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -545,26 +538,75 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             st.free.push(i); // a write cached it meanwhile; this slot's entry is still FREE
             return Ok(());
         }
-        if let Err(e) = self.write_entry(i, c, SLOT_CLEAN) {
+        let parts = self.chunk_parts(c);
+        let e = Entry {
+            chunk: c,
+            state: SLOT_CLEAN,
+            parts,
+            seq: 0,
+        };
+        if let Err(e) = self.write_entry(&mut st, i, e) {
             st.free.push(i);
             return Err(e);
         }
-        st.slots[i] = Slot {
-            chunk: c,
-            state: SLOT_CLEAN,
-            writes: 0,
-            busy: false,
-        };
+        st.slots[i].hold(c, SLOT_CLEAN, parts, 0);
         st.by_chunk.insert(c, i);
         st.policy.insert(c);
         self.promotions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Write-back mode: writes the piece of chunk `c` into its slot (taking one if needed).
-    /// Returns false if no slot could be had (the caller writes to the lower tier).
-    fn write_cached(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<bool> {
+    /// Writes `buf` at chunk-relative byte `a` of chunk `c` into slot `i`, whose lock the
+    /// caller holds, and returns the parts the write touched. The slot holds `held`
+    /// already; a touched part outside `held` that the write covers only partly gets its
+    /// other bytes from the lower tier, so that every touched part holds the chunk's bytes.
+    fn write_parts(&self, i: usize, c: u64, held: Parts, buf: &[u8], a: u64) -> io::Result<Parts> {
         let (start, end) = self.chunk_range(c);
+        let pb = self.geo.part_bytes();
+        let (touched, edges) = parts::touched(pb, end - start, a, a + buf.len() as u64);
+        let base = self.slot_offset(i);
+        for (x, y) in edges {
+            if held.contains(x / pb) {
+                continue;
+            }
+            let mut fill = vec![0u8; (y - x) as usize];
+            let n = read_full(&self.lower, &mut fill, start + x)?;
+            fill[n..].fill(0);
+            self.ssd_write(&fill, base + x)?;
+        }
+        self.ssd_write(buf, base + a)?;
+        Ok(touched)
+    }
+
+    /// Writes `buf` at chunk-relative byte `a` into slot `i`, which holds chunk `c` DIRTY
+    /// and whose lock the caller holds. Parts new to the slot are named by its entry only
+    /// after their bytes are durable; the caller's final sync makes the entry durable.
+    fn write_dirty_slot(&self, i: usize, c: u64, buf: &[u8], a: u64) -> io::Result<()> {
+        // Stable: a DIRTY slot's parts change only under its lock, which the caller holds.
+        let held = self.state.lock().slots[i].parts;
+        let touched = self.write_parts(i, c, held, buf, a)?;
+        if touched.minus(held).is_empty() {
+            return Ok(());
+        }
+        self.ssd_sync()?;
+        let mut st = self.state.lock();
+        debug_assert_eq!(st.slots[i].state, SLOT_DIRTY);
+        let parts = held.union(touched);
+        let e = Entry {
+            chunk: c,
+            state: SLOT_DIRTY,
+            parts,
+            seq: 0,
+        };
+        self.write_entry(&mut st, i, e)?;
+        st.slots[i].parts = parts;
+        Ok(())
+    }
+
+    /// Write-back mode: writes into the chunk's slot, taking one if the SSD does not hold
+    /// the chunk. False when no slot could be had (every one dirty or busy).
+    fn write_cached(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<bool> {
+        let a = offset - self.chunk_range(c).0;
         loop {
             let found = self.state.lock().by_chunk.get(&c).copied();
             if let Some(i) = found {
@@ -577,51 +619,59 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 if st.slots[i].state == SLOT_CLEAN {
                     st.slots[i].state = SLOT_DIRTY;
                     st.dirty += 1;
-                    self.write_entry(i, c, SLOT_DIRTY)?;
+                    let e = Entry {
+                        chunk: c,
+                        state: SLOT_DIRTY,
+                        parts: st.slots[i].parts,
+                        seq: 0,
+                    };
+                    self.write_entry(&mut st, i, e)?;
                     drop(st);
                     self.ssd_sync()?;
                 } else {
                     drop(st);
                 }
-                self.ssd_write(buf, self.slot_offset(i) + (offset - start))?;
+                self.write_dirty_slot(i, c, buf, a)?;
                 return Ok(true);
             }
             let Some(i) = self.take_slot()? else {
                 return Ok(false);
             };
             let _g = self.locks[i].lock();
-            let mut whole = vec![0u8; (end - start) as usize];
-            if !(offset == start && buf.len() as u64 == end - start) {
-                let n =
-                    read_full(&self.lower, &mut whole, start).inspect_err(|_| self.untake(i))?;
-                whole[n..].fill(0);
-            }
-            let at = (offset - start) as usize;
-            whole[at..at + buf.len()].copy_from_slice(buf);
+            // Only the parts the write touches: the rest of the chunk stays on the lower
+            // tier and is not read now.
             let r = (|| {
-                self.ssd_write(&whole, self.slot_offset(i))?;
-                self.ssd_sync()
+                let touched = self.write_parts(i, c, Parts::NONE, buf, a)?;
+                self.ssd_sync()?;
+                Ok(touched)
             })();
-            if let Err(e) = r {
-                self.untake(i);
-                return Err(e);
-            }
+            let parts = match r {
+                Ok(p) => p,
+                Err(e) => {
+                    self.untake(i);
+                    return Err(e);
+                }
+            };
             let mut st = self.state.lock();
             if st.by_chunk.contains_key(&c) {
                 // Another writer cached it first: retry on that slot.
                 st.free.push(i);
                 continue;
             }
-            self.write_entry(i, c, SLOT_DIRTY)?;
-            st.slots[i] = Slot {
+            let e = Entry {
                 chunk: c,
                 state: SLOT_DIRTY,
-                writes: 1,
-                busy: false,
+                parts,
+                seq: 0,
             };
+            self.write_entry(&mut st, i, e)?;
+            st.slots[i].hold(c, SLOT_DIRTY, parts, 1);
             st.by_chunk.insert(c, i);
             st.dirty += 1;
             st.policy.insert(c);
+            if parts != self.chunk_parts(c) {
+                self.partial_fills.fetch_add(1, Ordering::Relaxed);
+            }
             return Ok(true);
         }
     }
@@ -639,21 +689,82 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                     // slot instead (write-back keeps it; write-through drains below).
                     drop(st);
                     let (start, _) = self.chunk_range(c);
-                    self.ssd_write(buf, self.slot_offset(i) + (offset - start))?;
+                    self.write_dirty_slot(i, c, buf, offset - start)?;
                     self.ssd_sync()?;
                     return Ok(());
                 }
                 st.by_chunk.remove(&c);
                 st.policy.remove(c);
-                st.slots[i].state = SLOT_FREE;
+                st.slots[i].clear();
                 st.free.push(i);
-                self.write_entry(i, 0, SLOT_FREE)?;
+                self.write_entry(&mut st, i, Entry::FREE)?;
                 drop(st);
                 self.ssd_sync()?;
             }
         }
         self.lower.write_at(buf, offset)?;
         self.lower.sync()
+    }
+
+    /// Serves `dst`, at chunk-relative byte `a` of chunk `c`, from slot `i`, whose lock the
+    /// caller holds and which lacks some of the parts `dst` needs: reads the chunk from the
+    /// lower tier, lays the slot's parts over it, then completes the slot with the rest.
+    fn read_completing(
+        &self,
+        i: usize,
+        c: u64,
+        held: Parts,
+        dst: &mut [u8],
+        a: u64,
+    ) -> io::Result<()> {
+        let (start, end) = self.chunk_range(c);
+        let mut whole = vec![0u8; (end - start) as usize];
+        let n = read_full(&self.lower, &mut whole, start)?;
+        whole[n..].fill(0);
+        let base = self.slot_offset(i);
+        for (x, y) in self.byte_runs(held, whole.len()) {
+            let n = read_full(&self.ssd, &mut whole[x..y], base + x as u64)?;
+            whole[x + n..y].fill(0);
+        }
+        dst.copy_from_slice(&whole[a as usize..a as usize + dst.len()]);
+        if !self.failed.is_failed() {
+            // A failed completion only costs the caching (a failed SSD write is sticky).
+            let _ = self.complete(i, c, held, &whole);
+        }
+        Ok(())
+    }
+
+    /// Writes the parts slot `i` lacks from `whole` (the chunk's current bytes) and, once
+    /// they are durable, names them in its entry. The caller holds the slot's lock.
+    fn complete(&self, i: usize, c: u64, held: Parts, whole: &[u8]) -> io::Result<()> {
+        let all = self.chunk_parts(c);
+        let base = self.slot_offset(i);
+        for (x, y) in self.byte_runs(all.minus(held), whole.len()) {
+            self.ssd_write(&whole[x..y], base + x as u64)?;
+        }
+        self.ssd_sync()?;
+        let mut st = self.state.lock();
+        if st.by_chunk.get(&c) != Some(&i) {
+            return Ok(()); // a clean slot evicted meanwhile: its entry says FREE
+        }
+        let e = Entry {
+            chunk: c,
+            state: st.slots[i].state,
+            parts: all,
+            seq: 0,
+        };
+        self.write_entry(&mut st, i, e)?;
+        st.slots[i].parts = all;
+        self.completions.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Byte ranges, relative to the chunk, of the runs of `parts` in a chunk of `len` bytes.
+    fn byte_runs(&self, parts: Parts, len: usize) -> impl Iterator<Item = (usize, usize)> {
+        let pb = self.geo.part_bytes() as usize;
+        parts
+            .runs()
+            .map(move |(p, q)| (p as usize * pb, (q as usize * pb).min(len)))
     }
 
     fn next_dirty(&self, st: &mut State) -> Option<usize> {
@@ -673,27 +784,42 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     }
 
     fn write_back(&self, i: usize) -> io::Result<()> {
-        let (chunk, before, buf) = {
+        let (chunk, before, pieces) = {
             let _g = self.locks[i].lock();
-            let (chunk, before) = {
+            let (chunk, before, held) = {
                 let st = self.state.lock();
-                (st.slots[i].chunk, st.slots[i].writes)
+                (st.slots[i].chunk, st.slots[i].writes, st.slots[i].parts)
             };
             let (start, end) = self.chunk_range(chunk);
-            let mut buf = vec![0u8; (end - start) as usize];
-            read_full(&self.ssd, &mut buf, self.slot_offset(i))?;
-            (chunk, before, buf)
+            let base = self.slot_offset(i);
+            let mut pieces = Vec::new();
+            for (x, y) in self.byte_runs(held, (end - start) as usize) {
+                let mut b = vec![0u8; y - x];
+                read_full(&self.ssd, &mut b, base + x as u64)?;
+                pieces.push((x as u64, b));
+            }
+            (chunk, before, pieces)
         };
         self.ssd_sync()?;
         let (start, _) = self.chunk_range(chunk);
-        self.lower.write_at(&buf, start)?;
+        for (x, b) in &pieces {
+            self.lower.write_at(b, start + x)?;
+        }
         self.lower.sync()?;
         let mut st = self.state.lock();
         if st.slots[i].chunk == chunk
             && st.slots[i].writes == before
             && st.slots[i].state == SLOT_DIRTY
         {
-            self.write_entry(i, chunk, SLOT_CLEAN)?;
+            // The parts now may exceed those written back: a read completed the slot from
+            // the lower tier meanwhile, with bytes equal to what the lower tier now holds.
+            let e = Entry {
+                chunk,
+                state: SLOT_CLEAN,
+                parts: st.slots[i].parts,
+                seq: 0,
+            };
+            self.write_entry(&mut st, i, e)?;
             st.slots[i].state = SLOT_CLEAN;
             st.dirty -= 1;
             self.written_back.fetch_add(1, Ordering::Relaxed);
@@ -732,10 +858,25 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
             let mut served = false;
             if let Some(i) = slot {
                 let _g = s.locks[i].lock();
-                if s.state.lock().by_chunk.get(&c) == Some(&i) {
-                    let n = read_full(&s.ssd, dst, s.slot_offset(i) + (pos - start))?;
-                    dst[n..].fill(0);
-                    s.reads_ssd.fetch_add(1, Ordering::Relaxed);
+                let held = {
+                    let st = s.state.lock();
+                    (st.by_chunk.get(&c) == Some(&i)).then(|| st.slots[i].parts)
+                };
+                if let Some(held) = held {
+                    let (need, _) = parts::touched(
+                        s.geo.part_bytes(),
+                        cend - start,
+                        pos - start,
+                        piece_end - start,
+                    );
+                    if need.minus(held).is_empty() {
+                        let n = read_full(&s.ssd, dst, s.slot_offset(i) + (pos - start))?;
+                        dst[n..].fill(0);
+                        s.reads_ssd.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        s.read_completing(i, c, held, dst, pos - start)?;
+                        s.reads_lower.fetch_add(1, Ordering::Relaxed);
+                    }
                     served = true;
                 }
             }

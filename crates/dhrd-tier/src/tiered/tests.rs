@@ -1,6 +1,7 @@
 use super::*;
 use crate::testutil::{check, read_all, same, seeds};
 use dhrd_io::{SimBacking, SplitMix64};
+use layout::{SLOT_CLEAN, SLOT_DIRTY};
 
 const CB: u64 = 4096;
 const CHUNKS: u64 = 32;
@@ -349,5 +350,123 @@ fn eio_and_enospc_on_either_device() -> io::Result<()> {
         }
     }
     assert!(cases > 100, "only {cases} cases");
+    Ok(())
+}
+
+/// A write to a chunk the SSD does not hold never reads the lower tier when it covers whole
+/// parts: it succeeds while every lower-tier read fails. A later read completes the slot.
+#[test]
+fn a_write_miss_fills_only_its_parts() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    let ssd = Arc::new(SimBacking::new(1));
+    let lower = Arc::new(SimBacking::from_bytes(initial(), 2));
+    let t = Tiered::open(ssd, lower.clone(), SSD_BYTES, CB, TierMode::WriteBack, 1)?;
+    let mut model = initial();
+    lower.inject(Fault {
+        at_op: 0,
+        kind: FaultKind::Eio,
+        persist: true,
+        reads: true,
+    });
+    // Whole parts (512 bytes) in chunk 3 and a part in the middle of chunk 5: no read of the
+    // lower tier, which fails every operation now.
+    for (off, len, v) in [(3 * CB + 1024, 1536, 7u8), (5 * CB + 2048, 512, 9)] {
+        t.write_at(&vec![v; len], off)?;
+        model[off as usize..off as usize + len].fill(v);
+    }
+    assert_eq!(t.stats().partial_fills, 2);
+    // A write that covers a part only partly needs the rest of that part.
+    assert!(t.write_at(&[1; 10], 6 * CB + 5).is_err());
+    lower.clear_faults();
+    // Reads of held parts come from the SSD; the rest completes the slot.
+    let mut b = vec![0u8; 1536];
+    t.read_at(&mut b, 3 * CB + 1024)?;
+    same(
+        &b,
+        &model[(3 * CB + 1024) as usize..(3 * CB + 2560) as usize],
+        "held parts",
+    );
+    same(&read_all(&t, SIZE), &model, "whole device");
+    let s = t.stats();
+    assert_eq!(s.completions, 2, "{s:?}");
+    // Once complete, the chunk is served from the SSD alone.
+    lower.inject(Fault {
+        at_op: 0,
+        kind: FaultKind::Eio,
+        persist: true,
+        reads: true,
+    });
+    let mut b = vec![0u8; CB as usize];
+    t.read_at(&mut b, 3 * CB)?;
+    same(
+        &b,
+        &model[(3 * CB) as usize..(4 * CB) as usize],
+        "completed slot",
+    );
+    lower.clear_faults();
+    assert!(t.drain(WAIT));
+    same(&lower.volatile(), &model, "lower tier");
+    Ok(())
+}
+
+/// A device made in the first format is upgraded at open: its dirty chunk reaches the lower
+/// tier before the device is formatted anew, and a crash during the upgrade loses nothing.
+#[test]
+fn a_first_format_ssd_is_upgraded_without_loss() -> io::Result<()> {
+    let g = layout::Geometry {
+        chunk_bytes: CB,
+        slots: 8,
+        lower_bytes: SIZE,
+    };
+    let dirty = |c: u64| vec![c as u8 + 0x10; CB as usize];
+    let mut model = initial();
+    model[(4 * CB) as usize..(5 * CB) as usize].copy_from_slice(&dirty(4));
+    for crash_at in 0u64.. {
+        let ssd = Arc::new(SimBacking::new(crash_at));
+        let lower = Arc::new(SimBacking::from_bytes(initial(), crash_at + 1));
+        // Slot 2 holds chunk 4 dirty, slot 5 chunk 1 clean (with the lower tier's bytes).
+        layout::make_format1(&*ssd, &g, &[(2, 4, SLOT_DIRTY), (5, 1, SLOT_CLEAN)], |c| {
+            if c == 4 {
+                dirty(4)
+            } else {
+                initial()[(c * CB) as usize..((c + 1) * CB) as usize].to_vec()
+            }
+        })?;
+        ssd.crash_at_op(crash_at);
+        lower.crash_at_op(crash_at);
+        let first = Tiered::open(
+            ssd.clone(),
+            lower.clone(),
+            SSD_BYTES,
+            CB,
+            TierMode::WriteBack,
+            1,
+        );
+        let finished = first.is_ok() && ssd.crashed_image().is_none();
+        if let Ok(t) = &first {
+            assert_eq!(t.stats().upgraded_dirty, 1);
+        }
+        drop(first);
+        let simg = ssd.crashed_image().unwrap_or_else(|| ssd.crash_image());
+        let limg = lower.crashed_image().unwrap_or_else(|| lower.crash_image());
+        let t = Tiered::open(
+            Arc::new(SimBacking::from_image(simg, 3)),
+            Arc::new(SimBacking::from_image(limg, 4)),
+            SSD_BYTES,
+            CB,
+            TierMode::WriteBack,
+            1,
+        )?;
+        same(&read_all(&t, SIZE), &model, &format!("crash at {crash_at}"));
+        same(
+            &t.lower().volatile(),
+            &model,
+            &format!("crash at {crash_at}: lower"),
+        );
+        if finished {
+            assert!(crash_at > 2, "the upgrade took only {crash_at} operations");
+            break;
+        }
+    }
     Ok(())
 }
