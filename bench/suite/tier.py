@@ -49,8 +49,8 @@ TRACES = {
     "tpcc": "oltp_tpcc/tpcc-small.trace",
 }
 CONFIGS = ("dhrd-tier", "ssd-tier", "nbdkit-cache", "lower")
-# The SSD tier's header and slot-table entry (crates/dhrd-tier/src/tiered.rs).
-TIER_HEADER_BYTES, TIER_ENTRY_BYTES = 4096, 16
+# The SSD tier's header, slot-table entry and table copies (crates/dhrd-tier/src/tiered/layout.rs).
+TIER_HEADER_BYTES, TIER_ENTRY_BYTES, TIER_TABLES = 4096, 64, 2
 NBDKIT_DELAY_MS = 8
 NBDKIT_LOW_THRESHOLD_PERCENT = 80
 
@@ -113,8 +113,9 @@ def placement(reqs, level):
 
 
 def tier_bytes_for(slots):
-    table = TIER_ENTRY_BYTES * slots
-    return TIER_HEADER_BYTES + -(-table // 4096) * 4096 + slots * CHUNK
+    """The SSD size that opens with exactly `slots` slots (`dhrd_tier::ssd_bytes_for`)."""
+    table = -(-TIER_ENTRY_BYTES * slots // TIER_HEADER_BYTES) * TIER_HEADER_BYTES
+    return TIER_HEADER_BYTES + TIER_TABLES * table + slots * CHUNK
 
 
 def warm_trace(path, chunks):

@@ -40,5 +40,5 @@ pub use space::{
     AllocOutcome, BlockAddr, BlockCount, Extent, FreeOutcome, LiveSet, Placement, SpaceAllocator,
     SpaceStats,
 };
-pub use tiered::{open_ssd_file, SsdTier, TierMode, TierStats, Tiered};
+pub use tiered::{open_ssd_file, ssd_bytes_for, SsdTier, TierMode, TierStats, Tiered};
 pub use writeback::{WriteBack, WriteBackStats};

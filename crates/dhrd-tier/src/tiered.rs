@@ -204,6 +204,17 @@ pub struct Tiered<F: Durable, S: Durable> {
 /// and the C API's `tier_ssd_path` open.
 pub type SsdTier = Tiered<Arc<dyn Durable>, Arc<dyn Durable>>;
 
+/// Bytes of a tier SSD with `slots` slots of `chunk_bytes`: header, tables and data. An SSD
+/// of this size opens with exactly `slots` slots.
+pub fn ssd_bytes_for(slots: u64, chunk_bytes: u64) -> u64 {
+    Geometry {
+        chunk_bytes,
+        slots,
+        lower_bytes: 0,
+    }
+    .ssd_bytes()
+}
+
 /// Write-back threads of a tier opened by [`open_ssd_file`].
 pub const SSD_TIER_THREADS: usize = crate::writeback::WRITEBACK_THREADS_DEFAULT;
 
@@ -249,8 +260,12 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             ));
         }
         let lower_bytes = lower.len()?;
-        let per_slot = chunk_bytes + ENTRY_BYTES;
-        let slots = ssd_bytes.saturating_sub(2 * HEADER_BYTES) / per_slot;
+        let per_slot = chunk_bytes + layout::TABLE_COPIES * ENTRY_BYTES;
+        let mut slots = ssd_bytes.saturating_sub(HEADER_BYTES) / per_slot;
+        // The tables take whole pages: the most slots whose layout fits in `ssd_bytes`.
+        while slots > 0 && ssd_bytes_for(slots, chunk_bytes) > ssd_bytes {
+            slots -= 1;
+        }
         if slots == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -7,8 +7,32 @@ const CB: u64 = 4096;
 const CHUNKS: u64 = 32;
 const SIZE: u64 = CB * CHUNKS;
 /// Room for 8 slots: a quarter of the lower tier.
-const SSD_BYTES: u64 = 2 * HEADER_BYTES + 8 * (CB + ENTRY_BYTES);
+const SSD_BYTES: u64 = HEADER_BYTES + 2 * HEADER_BYTES + 8 * CB;
 const WAIT: Duration = Duration::from_secs(10);
+
+#[test]
+fn the_ssd_size_gives_exactly_its_slots() -> io::Result<()> {
+    assert_eq!(ssd_bytes_for(8, CB), SSD_BYTES);
+    for (slots, chunk) in [(1, 512), (8, CB), (64, 512), (65, 512), (3, 1 << 20)] {
+        let bytes = ssd_bytes_for(slots, chunk);
+        for (size, want) in [(bytes, slots), (bytes - 1, slots - 1)] {
+            let lower = Arc::new(SimBacking::from_bytes(vec![0; 1 << 20], 1));
+            let r = Tiered::open(
+                SimBacking::new(1),
+                lower,
+                size,
+                chunk,
+                TierMode::WriteBack,
+                1,
+            );
+            match r {
+                Ok(t) => assert_eq!(t.stats().slots, want, "{size} bytes of {chunk}"),
+                Err(e) => assert_eq!(want, 0, "{size} bytes of {chunk}: {e}"),
+            }
+        }
+    }
+    Ok(())
+}
 
 fn initial() -> Vec<u8> {
     (0..SIZE as usize).map(|i| (i % 251) as u8 | 0x80).collect()
