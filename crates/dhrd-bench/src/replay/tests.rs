@@ -1,42 +1,70 @@
+//! Unit tests of trace parsing, folding, repeated passes and verification. Each parser
+//! test runs on a synthetic trace of its format (`tests/trace_fixtures`), so it tests
+//! something on every machine, and on the public trace of that format where present.
+
 use super::*;
 
-fn traces_dir() -> Option<PathBuf> {
-    let d = std::env::var_os("DHRD_TRACES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../../shared/traces"
-            ))
-        });
-    if d.is_dir() {
-        Some(d)
-    } else {
+#[path = "../../tests/trace_fixtures/mod.rs"]
+mod trace_fixtures;
+use trace_fixtures::{HM0, TPCC, WEBSEARCH};
+
+fn parse_path(p: &Path, fmt: TraceFormat) -> Result<Trace> {
+    let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+    parse_trace(
+        BufReader::new(f),
+        &p.display().to_string(),
+        fmt,
+        false,
+        None,
+    )
+}
+
+/// The public trace `rel`, parsed; None when the public traces are absent.
+fn parse_real(rel: &str, fmt: TraceFormat) -> Result<Option<Trace>> {
+    trace_fixtures::traces_dir()
+        .map(|d| parse_path(&d.join(rel), fmt))
+        .transpose()
+}
+
+/// Parses the synthetic trace of `spec` in its own format and auto-detected, and compares
+/// every record with what was generated.
+fn check_synthetic(spec: trace_fixtures::Spec, fmt: TraceFormat) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let syn = trace_fixtures::write(spec, dir.path())?;
+    for f in [fmt, TraceFormat::Auto] {
+        let t = parse_path(&syn.path, f)?;
+        assert_eq!(t.format, fmt);
+        assert_eq!(t.records.len(), spec.records);
+        let writes = t.records.iter().filter(|r| r.op == Op::Write).count();
+        assert_eq!(writes, spec.writes);
+        assert_eq!(t.zero_size_skipped, spec.zero_size as u64);
+        assert_eq!(t.bad_lines_skipped, 0);
+        assert_eq!(t.records.len(), syn.reqs.len());
+        for (i, (got, want)) in t.records.iter().zip(&syn.reqs).enumerate() {
+            let want = Record {
+                time_ns: u128::from(want.time_ns),
+                offset: want.offset,
+                len: want.len,
+                op: if want.write { Op::Write } else { Op::Read },
+            };
+            assert_eq!(*got, want, "{:?} record {i}", spec.kind);
+        }
+        assert_eq!((t.min_offset, t.max_end), (syn.min_offset(), syn.max_end()));
         eprintln!(
-            "skipping: trace directory {} not found (set DHRD_TRACES_DIR)",
-            d.display()
+            "synthetic {} as {f:?}: {} records ({writes} writes, {} zero-size skipped) match",
+            spec.kind.name(),
+            t.records.len(),
+            t.zero_size_skipped
         );
-        None
     }
+    Ok(())
 }
-
-fn parse_file(rel: &str, fmt: TraceFormat) -> Result<Option<Trace>> {
-    let Some(d) = traces_dir() else {
-        return Ok(None);
-    };
-    let p = d.join(rel);
-    let f = File::open(&p).with_context(|| format!("opening {}", p.display()))?;
-    parse_trace(BufReader::new(f), rel, fmt, false, None).map(Some)
-}
-
-const WEBSEARCH: &str = "websearch/WebSearch1.first24783.spc";
-const HM0: &str = "msr_cambridge/hm_0.first1000.csv";
-const TPCC: &str = "oltp_tpcc/tpcc-small.trace";
 
 #[test]
-fn parses_websearch_spc() -> Result<()> {
+fn parses_spc() -> Result<()> {
+    check_synthetic(trace_fixtures::SPC, TraceFormat::Spc)?;
     for fmt in [TraceFormat::Spc, TraceFormat::Auto] {
-        let Some(t) = parse_file(WEBSEARCH, fmt)? else {
+        let Some(t) = parse_real(WEBSEARCH, fmt)? else {
             return Ok(());
         };
         assert_eq!(t.format, TraceFormat::Spc);
@@ -59,9 +87,10 @@ fn parses_websearch_spc() -> Result<()> {
 }
 
 #[test]
-fn parses_hm0_msr() -> Result<()> {
+fn parses_msr() -> Result<()> {
+    check_synthetic(trace_fixtures::MSR, TraceFormat::Msr)?;
     for fmt in [TraceFormat::Msr, TraceFormat::Auto] {
-        let Some(t) = parse_file(HM0, fmt)? else {
+        let Some(t) = parse_real(HM0, fmt)? else {
             return Ok(());
         };
         assert_eq!(t.format, TraceFormat::Msr);
@@ -82,9 +111,10 @@ fn parses_hm0_msr() -> Result<()> {
 }
 
 #[test]
-fn parses_tpcc_disksim() -> Result<()> {
+fn parses_disksim() -> Result<()> {
+    check_synthetic(trace_fixtures::DISKSIM, TraceFormat::Disksim)?;
     for fmt in [TraceFormat::Disksim, TraceFormat::Auto] {
-        let Some(t) = parse_file(TPCC, fmt)? else {
+        let Some(t) = parse_real(TPCC, fmt)? else {
             return Ok(());
         };
         assert_eq!(t.format, TraceFormat::Disksim);
