@@ -11,8 +11,8 @@ in alternating rounds of the two settings:
   - create + stat + unlink of empty files (`dhrd-bench metaops`), 1 and 8 threads;
   - the fileserver personality (`dhrd-bench fileserver`, 16 KiB files, 50 threads);
 each on a `fsync`-mode dhrd mount and on the ext4 below it (a fresh journalled ext4 on a
-loop device over an image on --disk-dir, the suite's experiment 4 setup). The setting is
-restored on every exit path.
+loop device over an image on --disk-dir: the suite's configs.JournaledDisk, as in its
+experiment 4). The setting is restored on every exit path.
 
 Writes haltpoll.json and haltpoll.md to bench/results/fuse-<date>-haltpoll/. Needs root,
 postmark, and a haltpoll cpuidle driver (it says so and stops otherwise).
@@ -27,18 +27,20 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 
 from benchlib import (DEFAULT_DHRD, ROOT, machine, machine_line, mount,
-                      per_round_ratio, results_dir, sh, unmount, write_report)
+                      per_round_ratio, results_dir, unmount, write_report)
 
 sys.path.insert(0, os.path.join(ROOT, "bench/suite"))
+import configs  # noqa: E402
 import experiments  # noqa: E402
 import lib  # noqa: E402
 
 POLL_PARAM = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
 DRIVER = "/sys/devices/system/cpu/cpuidle/current_driver"
-IMAGE_BYTES = 8 << 30
+# Room for the workloads' files; JournaledDisk adds a quarter and 512 MiB of slack, so the
+# ext4 image is 8 GiB.
+DISK_BYTES = 6 << 30
 PM_FILES, PM_TRANSACTIONS = 5000, 20000
 META_FILES = 8000
 
@@ -85,38 +87,36 @@ def main():
     atexit.register(set_poll, before)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
-    work = tempfile.mkdtemp(prefix="dhrd-haltpoll-", dir=a.disk_dir)
-    image, fs_mnt, mnt = (os.path.join(work, n) for n in ("ext4.img", "ext4", "mnt"))
-    with open(image, "wb") as f:
-        os.posix_fallocate(f.fileno(), 0, IMAGE_BYTES)
-    loop = sh("losetup", "--find", "--show", "--direct-io=on", image).strip()
-    proc = None
+    ws = configs.Workspace(a.disk_dir, a.dhrd, a.dhrd_bench)
+    # The mount point (and the daemon's log beside it) on --disk-dir, outside the ext4
+    # that is measured.
+    mnt = os.path.join(ws.disk, "mnt")
+    rows = []
+    settings = [0, a.poll_ns]
     try:
-        sh("mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", loop)
-        os.makedirs(fs_mnt)
-        os.makedirs(mnt)
-        sh("mount", loop, fs_mnt)
-        backing, plain = os.path.join(fs_mnt, "backing"), os.path.join(fs_mnt, "plain")
-        os.makedirs(backing)
-        os.makedirs(plain)
-        proc = mount(a.dhrd, backing, mnt, "--durability", "fsync")
-        rows = []
-        settings = [0, a.poll_ns]
-        for r in range(a.rounds):
-            order = settings if r % 2 == 0 else settings[::-1]
-            for ns in order:
-                set_poll(ns)
-                for config, d in (("dhrd-fsync", mnt), ("ext4", plain)):
-                    row = {"round": r, "poll_ns": ns, "config": config, **measure(a.dhrd_bench, d, a)}
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+        with configs.JournaledDisk(ws, "haltpoll", DISK_BYTES) as jws:
+            backing, plain = os.path.join(jws.disk, "backing"), os.path.join(jws.disk, "plain")
+            os.makedirs(backing)
+            os.makedirs(plain)
+            os.makedirs(mnt)
+            proc = mount(a.dhrd, backing, mnt, "--durability", "fsync")
+            try:
+                for r in range(a.rounds):
+                    order = settings if r % 2 == 0 else settings[::-1]
+                    for ns in order:
+                        set_poll(ns)
+                        for config, d in (("dhrd-fsync", mnt), ("ext4", plain)):
+                            row = {"round": r, "poll_ns": ns, "config": config,
+                                   **measure(a.dhrd_bench, d, a)}
+                            print(json.dumps(row), flush=True)
+                            rows.append(row)
+            finally:
+                # Before the ext4 below it is unmounted on leaving the with block.
+                unmount(a.dhrd, mnt, proc)
     finally:
         set_poll(before)
-        if proc is not None:
-            unmount(a.dhrd, mnt, proc)
-        subprocess.run(["umount", fs_mnt], capture_output=True)
-        subprocess.run(["losetup", "-d", loop], capture_output=True)
-        subprocess.run(["rm", "-rf", work])
+        # Whatever a failed step left mounted or attached under the workspace goes too.
+        ws.cleanup()
 
     metrics = ["postmark_tx_s", "metaops1_ops_s", "metaops8_ops_s", "fileserver_ops_s"]
     m = machine(poll_ns=a.poll_ns, rounds=a.rounds, **{"idle": lib.idle_and_reporting()})

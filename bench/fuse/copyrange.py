@@ -15,7 +15,7 @@ COPY_FILE_RANGE requests.
 
 Writes copy.json and copy.md to bench/results/fuse-<date>-copy/. Needs root (mounts).
 
-Usage: bench/fuse/copy.py [--size-mib 512] [--rounds 3] [--dhrd target/release/dhrd]
+Usage: bench/fuse/copyrange.py [--size-mib 512] [--rounds 3] [--dhrd target/release/dhrd]
        [--baseline-dhrd BIN] [--disk-dir /var/tmp]
 """
 import argparse
