@@ -39,7 +39,7 @@ PROFILES = {
         seed002_configs=["dhrd-cache", "nbdkit-cache"],
         nvm_bytes=16 * M, nvm_runtime_s=0.1, nvm_sweep="short",
         nvm_devices=("nvm", "hdd"),
-        tier_bytes=64 * M, tier_requests=300, tier_rounds=1, tier_traces=["hm_0"], tier_qd=[8], tier_dirty_bytes=16 * M,
+        tier_bytes=64 * M, tier_requests=300, tier_rounds=1, tier_traces=["hm_0"], tier_qd=[8], tier_dirty_bytes=16 * M, tier_miss_writes=40,
     ),
     "quick": dict(
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
@@ -53,7 +53,7 @@ PROFILES = {
         seed002_pg_scale=16, seed002_pg_secs=20, seed002_pg_shared_buffers="128MB",
         nvm_bytes=256 * M, nvm_runtime_s=3,
         tier_bytes=1 * G, tier_requests=8000, tier_rounds=1, tier_traces=["hm_0", "websearch", "tpcc"],
-        tier_qd=[8], tier_dirty_bytes=256 * M,
+        tier_qd=[8], tier_dirty_bytes=256 * M, tier_miss_writes=400,
     ),
     "full": dict(
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
@@ -68,7 +68,7 @@ PROFILES = {
         seed002_pg_scale=32, seed002_pg_secs=60, seed002_pg_shared_buffers="128MB",
         nvm_bytes=512 * M, nvm_runtime_s=8,
         tier_bytes=1 * G, tier_requests=None, tier_rounds=2, tier_traces=["hm_0", "websearch", "tpcc"],
-        tier_qd=[8], tier_dirty_bytes=1 * G,
+        tier_qd=[8], tier_dirty_bytes=1 * G, tier_miss_writes=1000,
     ),
 }
 ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "rbd", "cache", "nvm", "seed002", "tier")
