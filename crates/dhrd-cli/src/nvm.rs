@@ -131,7 +131,7 @@ pub fn describe_tier(s: &TierStats) -> String {
     format!(
         "{} of {} slots used, {} dirty ({} at start); reads {} from the SSD, {} from the lower tier; \
          {} promoted, {} evicted, {} written back ({} failures), {} writes bypassed the SSD; \
-         {} write misses filled only their parts, {} slots completed by reads",
+         {} write misses filled only their parts, {} slots completed by the write-back",
         s.slots_used,
         s.slots,
         s.slots_dirty,

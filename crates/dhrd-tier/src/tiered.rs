@@ -10,7 +10,8 @@
 //! dropped first. A write to a chunk the SSD does not hold fills only the parts it touches
 //! (reading from the lower tier only the uncovered edges of a part it covers partly), so it
 //! costs an SSD write, not a read of the slow tier; a read that needs a part the slot lacks
-//! reads the chunk from the lower tier and completes the slot.
+//! lays the slot's parts over the lower tier's bytes, and the write-back completes the slot
+//! before it marks it clean (so a clean slot holds its whole chunk).
 //!
 //! SSD layout and its upgrade from the first format: `layout.rs`.
 //!
@@ -25,7 +26,8 @@
 //! - A slot's entry says DIRTY durably before its data changes for a write (so a CLEAN
 //!   slot's parts equal the lower tier's); it says CLEAN only after the parts it holds,
 //!   read under the slot's lock and synced on the SSD, were written to the lower tier and
-//!   synced, and no write began in the slot since.
+//!   synced, and no write began in the slot since. The write-back makes a dirty slot whole
+//!   first, so clean slots hold their whole chunk.
 //! - Dirty slots are never evicted; when no clean slot is left, a write goes to the lower
 //!   tier directly (write-through for that write).
 //! - Entries change under the state lock, so they change in the order memory sees.
@@ -113,7 +115,7 @@ pub struct TierStats {
     pub dirty_at_open: u64,
     /// Writes that took a slot without reading the rest of the chunk from the lower tier.
     pub partial_fills: u64,
-    /// Slots holding some parts that a read completed from the lower tier.
+    /// Slots holding some parts that the write-back completed from the lower tier.
     pub completions: u64,
     /// Dirty chunks of a first-format SSD written back when it was upgraded at open.
     pub upgraded_dirty: u64,
@@ -722,16 +724,9 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     }
 
     /// Serves `dst`, at chunk-relative byte `a` of chunk `c`, from slot `i`, whose lock the
-    /// caller holds and which lacks some of the parts `dst` needs: reads the chunk from the
-    /// lower tier, lays the slot's parts over it, then completes the slot with the rest.
-    fn read_completing(
-        &self,
-        i: usize,
-        c: u64,
-        held: Parts,
-        dst: &mut [u8],
-        a: u64,
-    ) -> io::Result<()> {
+    /// caller holds and which lacks some of the parts `dst` needs: the lower tier's bytes
+    /// with the slot's parts laid over them. (The write-back completes the slot.)
+    fn read_merged(&self, i: usize, c: u64, held: Parts, dst: &mut [u8], a: u64) -> io::Result<()> {
         let (start, end) = self.chunk_range(c);
         let mut whole = vec![0u8; (end - start) as usize];
         let n = read_full(&self.lower, &mut whole, start)?;
@@ -742,35 +737,6 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             whole[x + n..y].fill(0);
         }
         dst.copy_from_slice(&whole[a as usize..a as usize + dst.len()]);
-        if !self.failed.is_failed() {
-            // A failed completion only costs the caching (a failed SSD write is sticky).
-            let _ = self.complete(i, c, held, &whole);
-        }
-        Ok(())
-    }
-
-    /// Writes the parts slot `i` lacks from `whole` (the chunk's current bytes) and, once
-    /// they are durable, names them in its entry. The caller holds the slot's lock.
-    fn complete(&self, i: usize, c: u64, held: Parts, whole: &[u8]) -> io::Result<()> {
-        let all = self.chunk_parts(c);
-        let base = self.slot_offset(i);
-        for (x, y) in self.byte_runs(all.minus(held), whole.len()) {
-            self.ssd_write(&whole[x..y], base + x as u64)?;
-        }
-        self.ssd_sync()?;
-        let mut st = self.state.lock();
-        if st.by_chunk.get(&c) != Some(&i) {
-            return Ok(()); // a clean slot evicted meanwhile: its entry says FREE
-        }
-        let e = Entry {
-            chunk: c,
-            state: st.slots[i].state,
-            parts: all,
-            seq: 0,
-        };
-        self.write_entry(&mut st, i, e)?;
-        st.slots[i].parts = all;
-        self.completions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -798,43 +764,88 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         None
     }
 
+    /// Copies dirty slot `i` to the lower tier and marks it CLEAN unless written meanwhile.
+    /// A slot holding only some parts is completed first, so that a clean slot always holds
+    /// its whole chunk and later reads of it never reach the lower tier: the parts it lacks
+    /// are read from the lower tier without the slot's lock (writes to the chunk need not
+    /// wait for the slow tier; the lower tier's bytes of parts the slot lacks are current),
+    /// written into the slot under the lock, and named once the sync below made them durable.
     fn write_back(&self, i: usize) -> io::Result<()> {
-        let (chunk, before, pieces) = {
+        let (chunk, held) = {
+            let st = self.state.lock();
+            (st.slots[i].chunk, st.slots[i].parts)
+        };
+        let (start, end) = self.chunk_range(chunk);
+        let all = self.chunk_parts(chunk);
+        let mut whole = None;
+        if held != all {
+            let mut b = vec![0u8; (end - start) as usize];
+            let n = read_full(&self.lower, &mut b, start)?;
+            b[n..].fill(0);
+            whole = Some(b);
+        }
+        let base = self.slot_offset(i);
+        let (before, filled, pieces) = {
             let _g = self.locks[i].lock();
-            let (chunk, before, held) = {
+            let (before, held) = {
                 let st = self.state.lock();
-                (st.slots[i].chunk, st.slots[i].writes, st.slots[i].parts)
+                // A dirty slot being written back is neither evicted nor dropped.
+                assert_eq!(
+                    st.slots[i].chunk, chunk,
+                    "slot {i} changed chunk while dirty"
+                );
+                (st.slots[i].writes, st.slots[i].parts)
             };
-            let (start, end) = self.chunk_range(chunk);
-            let base = self.slot_offset(i);
-            let mut pieces = Vec::new();
-            for (x, y) in self.byte_runs(held, (end - start) as usize) {
-                let mut b = vec![0u8; y - x];
-                read_full(&self.ssd, &mut b, base + x as u64)?;
-                pieces.push((x as u64, b));
-            }
-            (chunk, before, pieces)
+            let mut filled = Parts::NONE;
+            let pieces = match whole {
+                Some(mut w) => {
+                    // Parts added by writes since the read above are in the slot already.
+                    for (x, y) in self.byte_runs(held, w.len()) {
+                        read_full(&self.ssd, &mut w[x..y], base + x as u64)?;
+                    }
+                    filled = all.minus(held);
+                    for (x, y) in self.byte_runs(filled, w.len()) {
+                        self.ssd_write(&w[x..y], base + x as u64)?;
+                    }
+                    vec![(0, w)]
+                }
+                None => {
+                    let mut pieces = Vec::new();
+                    for (x, y) in self.byte_runs(held, (end - start) as usize) {
+                        let mut b = vec![0u8; y - x];
+                        read_full(&self.ssd, &mut b, base + x as u64)?;
+                        pieces.push((x as u64, b));
+                    }
+                    pieces
+                }
+            };
+            (before, filled, pieces)
         };
         self.ssd_sync()?;
-        let (start, _) = self.chunk_range(chunk);
         for (x, b) in &pieces {
             self.lower.write_at(b, start + x)?;
         }
         self.lower.sync()?;
         let mut st = self.state.lock();
-        if st.slots[i].chunk == chunk
-            && st.slots[i].writes == before
-            && st.slots[i].state == SLOT_DIRTY
-        {
-            // The parts now may exceed those written back: a read completed the slot from
-            // the lower tier meanwhile, with bytes equal to what the lower tier now holds.
-            let e = Entry {
-                chunk,
-                state: SLOT_CLEAN,
-                parts: st.slots[i].parts,
-                seq: 0,
-            };
-            self.write_entry(&mut st, i, e)?;
+        let clean = st.slots[i].writes == before && st.slots[i].state == SLOT_DIRTY;
+        // Filled parts a write took meanwhile were named by that write; naming the rest is
+        // safe whatever happened since: their bytes are durable and equal the lower tier's.
+        let parts = st.slots[i].parts.union(filled);
+        if !clean && parts == st.slots[i].parts {
+            return Ok(());
+        }
+        let e = Entry {
+            chunk,
+            state: if clean { SLOT_CLEAN } else { SLOT_DIRTY },
+            parts,
+            seq: 0,
+        };
+        self.write_entry(&mut st, i, e)?;
+        st.slots[i].parts = parts;
+        if !filled.is_empty() {
+            self.completions.fetch_add(1, Ordering::Relaxed);
+        }
+        if clean {
             st.slots[i].state = SLOT_CLEAN;
             st.dirty -= 1;
             self.written_back.fetch_add(1, Ordering::Relaxed);
@@ -889,7 +900,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                         dst[n..].fill(0);
                         s.reads_ssd.fetch_add(1, Ordering::Relaxed);
                     } else {
-                        s.read_completing(i, c, held, dst, pos - start)?;
+                        s.read_merged(i, c, held, dst, pos - start)?;
                         s.reads_lower.fetch_add(1, Ordering::Relaxed);
                     }
                     served = true;
