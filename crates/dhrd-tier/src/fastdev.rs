@@ -61,9 +61,20 @@ pub(crate) fn fixed_size(len: u64, size: u64, msg: &'static str) -> io::Result<(
 /// a write-back error once per open file). So once a write or sync of the device failed,
 /// every later sync fails too, and syncs never overlap: a sync that returns Ok vouches for
 /// every write made before it.
+///
+/// Group commit: callers that wait while a sync runs share the next one. A caller's writes
+/// were made before it asked, so any sync that began after it asked covers them; when the
+/// caller gets the lock and such a sync has already succeeded, it returns without one of
+/// its own. (Concurrent writers of the tier otherwise queued one device flush each behind
+/// the lock.)
 pub(crate) struct StickyFailure {
     failed: AtomicBool,
+    /// Held while a sync runs.
     sync_lock: Mutex<()>,
+    /// The number of the last sync begun (syncs are numbered from 1 as they begin).
+    begun: AtomicU64,
+    /// The number of the last sync that succeeded.
+    synced: AtomicU64,
     /// What `check` says once failed.
     why: &'static str,
 }
@@ -73,6 +84,8 @@ impl StickyFailure {
         Self {
             failed: AtomicBool::new(false),
             sync_lock: Mutex::new(()),
+            begun: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
             why,
         }
     }
@@ -86,12 +99,22 @@ impl StickyFailure {
         r.inspect_err(|_| self.failed.store(true, Ordering::Release))
     }
 
-    /// Syncs `dev`, one sync at a time, refusing once any write or sync of it failed.
+    /// Makes every write made before this call durable: with a sync of `dev` of its own, or
+    /// with one that began after the call and succeeded (group commit). One sync at a time;
+    /// refuses once any write or sync of the device failed.
     pub(crate) fn sync<F: Durable>(&self, dev: &F) -> io::Result<()> {
+        // Syncs numbered above this one begin after this call, so after its writes.
+        let begun_before = self.begun.load(Ordering::SeqCst);
         let _g = self.sync_lock.lock();
         self.check()?;
+        if self.synced.load(Ordering::SeqCst) > begun_before {
+            return Ok(());
+        }
+        let number = self.begun.fetch_add(1, Ordering::SeqCst) + 1;
         dev.sync()
-            .inspect_err(|_| self.failed.store(true, Ordering::Release))
+            .inspect_err(|_| self.failed.store(true, Ordering::Release))?;
+        self.synced.store(number, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Err once the device failed.
@@ -163,5 +186,99 @@ impl<S> Background<'_, S> {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A device whose syncs wait for a permit, so a test decides when each one ends.
+    #[derive(Default)]
+    struct Gated {
+        syncs: AtomicU64,
+        permits: Mutex<u64>,
+        cv: Condvar,
+    }
+
+    impl Gated {
+        fn permit(&self) {
+            *self.permits.lock() += 1;
+            self.cv.notify_all();
+        }
+        /// Waits until `n` syncs began; panics if they do not within a minute (a hang guard,
+        /// not a timing assertion).
+        fn wait_syncs(&self, n: u64) {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while self.syncs.load(Ordering::SeqCst) < n {
+                assert!(Instant::now() < deadline, "sync {n} never began");
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    impl Durable for Gated {
+        fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn sync(&self) -> io::Result<()> {
+            self.syncs.fetch_add(1, Ordering::SeqCst);
+            let mut p = self.permits.lock();
+            while *p == 0 {
+                self.cv.wait(&mut p);
+            }
+            *p -= 1;
+            Ok(())
+        }
+        fn len(&self) -> io::Result<u64> {
+            Ok(0)
+        }
+        fn set_len(&self, _len: u64) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Two callers that arrive while a sync runs share the next sync; neither returns
+    /// before a sync that began after it asked.
+    #[test]
+    fn callers_waiting_during_a_sync_share_the_next() -> io::Result<()> {
+        let joined = |h: std::thread::JoinHandle<io::Result<()>>| {
+            h.join()
+                .unwrap_or_else(|_| Err(io::Error::other("a syncing thread panicked")))
+        };
+        let dev = Arc::new(Gated::default());
+        let f = Arc::new(StickyFailure::new("failed"));
+        let spawn = |dev: &Arc<Gated>, f: &Arc<StickyFailure>| {
+            let (dev, f) = (dev.clone(), f.clone());
+            std::thread::spawn(move || f.sync(&*dev))
+        };
+        let first = spawn(&dev, &f);
+        dev.wait_syncs(1);
+        let waiters = [spawn(&dev, &f), spawn(&dev, &f)];
+        // Time for both to note that the running sync began before they asked (not a
+        // timing assertion: a late waiter would only make a sync of its own).
+        std::thread::sleep(Duration::from_millis(200));
+        dev.permit();
+        joined(first)?;
+        dev.wait_syncs(2);
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "returned before a later sync"
+        );
+        // Enough permits for a sync each, so that a waiter that did not share cannot hang.
+        dev.permit();
+        dev.permit();
+        for w in waiters {
+            joined(w)?;
+        }
+        assert_eq!(dev.syncs.load(Ordering::SeqCst), 2);
+        // Once a sync failed, nobody is told a later one covered them.
+        f.failed.store(true, Ordering::SeqCst);
+        assert!(f.sync(&*dev).is_err());
+        Ok(())
     }
 }
