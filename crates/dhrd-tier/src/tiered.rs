@@ -556,12 +556,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             return Ok(());
         }
         let parts = self.chunk_parts(c);
-        let e = Entry {
-            chunk: c,
-            state: SLOT_CLEAN,
-            parts,
-            seq: 0,
-        };
+        let e = Entry::new(c, SLOT_CLEAN, parts);
         if let Err(e) = self.write_entry(&mut st, i, e) {
             st.free.push(i);
             return Err(e);
@@ -609,12 +604,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         let mut st = self.state.lock();
         debug_assert_eq!(st.slots[i].state, SLOT_DIRTY);
         let parts = held.union(touched);
-        let e = Entry {
-            chunk: c,
-            state: SLOT_DIRTY,
-            parts,
-            seq: 0,
-        };
+        let e = Entry::new(c, SLOT_DIRTY, parts);
         self.write_entry(&mut st, i, e)?;
         st.slots[i].parts = parts;
         Ok(())
@@ -636,12 +626,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 if st.slots[i].state == SLOT_CLEAN {
                     st.slots[i].state = SLOT_DIRTY;
                     st.dirty += 1;
-                    let e = Entry {
-                        chunk: c,
-                        state: SLOT_DIRTY,
-                        parts: st.slots[i].parts,
-                        seq: 0,
-                    };
+                    let e = Entry::new(c, SLOT_DIRTY, st.slots[i].parts);
                     self.write_entry(&mut st, i, e)?;
                     drop(st);
                     self.ssd_sync()?;
@@ -675,12 +660,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 st.free.push(i);
                 continue;
             }
-            let e = Entry {
-                chunk: c,
-                state: SLOT_DIRTY,
-                parts,
-                seq: 0,
-            };
+            let e = Entry::new(c, SLOT_DIRTY, parts);
             self.write_entry(&mut st, i, e)?;
             st.slots[i].hold(c, SLOT_DIRTY, parts, 1);
             st.by_chunk.insert(c, i);
@@ -834,12 +814,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         if !clean && parts == st.slots[i].parts {
             return Ok(());
         }
-        let e = Entry {
-            chunk,
-            state: if clean { SLOT_CLEAN } else { SLOT_DIRTY },
-            parts,
-            seq: 0,
-        };
+        let e = Entry::new(chunk, if clean { SLOT_CLEAN } else { SLOT_DIRTY }, parts);
         self.write_entry(&mut st, i, e)?;
         st.slots[i].parts = parts;
         if !filled.is_empty() {

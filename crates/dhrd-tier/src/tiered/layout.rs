@@ -154,6 +154,16 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An entry to write; `write_entry` gives it its sequence number.
+    pub fn new(chunk: u64, state: u8, parts: Parts) -> Self {
+        Self {
+            chunk,
+            state,
+            parts,
+            seq: 0,
+        }
+    }
+
     pub const FREE: Entry = Entry {
         chunk: 0,
         state: SLOT_FREE,
