@@ -594,7 +594,10 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     /// and whose lock the caller holds. Parts new to the slot are named by its entry only
     /// after their bytes are durable; the caller's final sync makes the entry durable.
     fn write_dirty_slot(&self, i: usize, c: u64, buf: &[u8], a: u64) -> io::Result<()> {
-        // Stable: a DIRTY slot's parts change only under its lock, which the caller holds.
+        // A DIRTY slot's parts only grow: writes add them under the slot's lock, which the
+        // caller holds, and the write-back names the parts it completed without that lock.
+        // So `held` may fall behind, never ahead: a part it lacks but the write-back filled
+        // holds the lower tier's bytes, as does an edge fill from there.
         let held = self.state.lock().slots[i].parts;
         let touched = self.write_parts(i, c, held, buf, a)?;
         if touched.minus(held).is_empty() {
@@ -603,7 +606,9 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         self.ssd_sync()?;
         let mut st = self.state.lock();
         debug_assert_eq!(st.slots[i].state, SLOT_DIRTY);
-        let parts = held.union(touched);
+        // The current parts, not `held`: naming from a stale `held` would drop parts the
+        // write-back named meanwhile, and with them later writes into those parts.
+        let parts = st.slots[i].parts.union(touched);
         let e = Entry::new(c, SLOT_DIRTY, parts);
         self.write_entry(&mut st, i, e)?;
         st.slots[i].parts = parts;
