@@ -47,6 +47,18 @@ pub(crate) fn format<F: Durable>(
     dev.sync()
 }
 
+/// Fills `buf` from `dev` at `offset`; bytes past the device's end read as zero (the last
+/// chunk of a device need not be whole).
+pub(crate) fn read_padded<F: Durable + ?Sized>(
+    dev: &F,
+    buf: &mut [u8],
+    offset: u64,
+) -> io::Result<()> {
+    let n = dhrd_io::read_full(dev, buf, offset)?;
+    buf[n..].fill(0);
+    Ok(())
+}
+
 /// `set_len` of a device whose size is its backing's: only the same size is accepted.
 pub(crate) fn fixed_size(len: u64, size: u64, msg: &'static str) -> io::Result<()> {
     if len == size {

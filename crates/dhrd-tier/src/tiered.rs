@@ -34,7 +34,8 @@
 //!
 //! - SSD syncs run one at a time, and none succeeds once a write or sync of the SSD
 //!   failed: a failed sync may drop writes of other requests that their own later syncs
-//!   would report as done (`sync_lock`).
+//!   would report as done. Callers waiting meanwhile share the next sync
+//!   (`fastdev::StickyFailure`).
 //!
 //! Crash semantics: every acknowledged write survives a power cut of both devices; after
 //! a crash the slot table is read back and the parts it names are served from the SSD
@@ -48,7 +49,7 @@
 mod layout;
 mod parts;
 
-use crate::fastdev::{self, invalid, Background, StickyFailure};
+use crate::fastdev::{self, invalid, read_padded, Background, StickyFailure};
 use dhrd_engine::cache::{AccessBits, Admission, Admit, CachePolicy, Residency, ACCESS_COUNT_MAX};
 use dhrd_io::{read_full, Durable, Persistence};
 use layout::{Entry, Found, Geometry, SLOT_CLEAN, SLOT_DIRTY, SLOT_FREE};
@@ -485,7 +486,8 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         self.failed.write(self.ssd.write_at(buf, offset))
     }
 
-    /// Syncs the SSD, one sync at a time, and fails once any write or sync of it failed:
+    /// Syncs the SSD (or shares a sync that began after the call), one sync at a time, and
+    /// fails once any write or sync of it failed:
     /// what a sync that returns Ok vouches for (an acknowledgement, a slot marked CLEAN,
     /// a slot reused) was not dropped by an earlier failure.
     fn ssd_sync(&self) -> io::Result<()> {
@@ -582,8 +584,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 continue;
             }
             let mut fill = vec![0u8; (y - x) as usize];
-            let n = read_full(&self.lower, &mut fill, start + x)?;
-            fill[n..].fill(0);
+            read_padded(&self.lower, &mut fill, start + x)?;
             self.ssd_write(&fill, base + x)?;
         }
         self.ssd_write(buf, base + a)?;
@@ -714,14 +715,18 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     fn read_merged(&self, i: usize, c: u64, held: Parts, dst: &mut [u8], a: u64) -> io::Result<()> {
         let (start, end) = self.chunk_range(c);
         let mut whole = vec![0u8; (end - start) as usize];
-        let n = read_full(&self.lower, &mut whole, start)?;
-        whole[n..].fill(0);
+        read_padded(&self.lower, &mut whole, start)?;
+        self.lay_parts_over(i, held, &mut whole)?;
+        dst.copy_from_slice(&whole[a as usize..a as usize + dst.len()]);
+        Ok(())
+    }
+
+    /// Copies the parts `held` of slot `i` over `whole`, a buffer of its whole chunk.
+    fn lay_parts_over(&self, i: usize, held: Parts, whole: &mut [u8]) -> io::Result<()> {
         let base = self.slot_offset(i);
         for (x, y) in self.byte_runs(held, whole.len()) {
-            let n = read_full(&self.ssd, &mut whole[x..y], base + x as u64)?;
-            whole[x + n..y].fill(0);
+            read_padded(&self.ssd, &mut whole[x..y], base + x as u64)?;
         }
-        dst.copy_from_slice(&whole[a as usize..a as usize + dst.len()]);
         Ok(())
     }
 
@@ -765,8 +770,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         let mut whole = None;
         if held != all {
             let mut b = vec![0u8; (end - start) as usize];
-            let n = read_full(&self.lower, &mut b, start)?;
-            b[n..].fill(0);
+            read_padded(&self.lower, &mut b, start)?;
             whole = Some(b);
         }
         let base = self.slot_offset(i);
@@ -785,9 +789,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             let pieces = match whole {
                 Some(mut w) => {
                     // Parts added by writes since the read above are in the slot already.
-                    for (x, y) in self.byte_runs(held, w.len()) {
-                        read_full(&self.ssd, &mut w[x..y], base + x as u64)?;
-                    }
+                    self.lay_parts_over(i, held, &mut w)?;
                     filled = all.minus(held);
                     for (x, y) in self.byte_runs(filled, w.len()) {
                         self.ssd_write(&w[x..y], base + x as u64)?;
@@ -798,7 +800,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                     let mut pieces = Vec::new();
                     for (x, y) in self.byte_runs(held, (end - start) as usize) {
                         let mut b = vec![0u8; y - x];
-                        read_full(&self.ssd, &mut b, base + x as u64)?;
+                        read_padded(&self.ssd, &mut b, base + x as u64)?;
                         pieces.push((x as u64, b));
                     }
                     pieces
@@ -876,8 +878,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                         piece_end - start,
                     );
                     if need.minus(held).is_empty() {
-                        let n = read_full(&s.ssd, dst, s.slot_offset(i) + (pos - start))?;
-                        dst[n..].fill(0);
+                        read_padded(&s.ssd, dst, s.slot_offset(i) + (pos - start))?;
                         s.reads_ssd.fetch_add(1, Ordering::Relaxed);
                     } else {
                         s.read_merged(i, c, held, dst, pos - start)?;
@@ -892,16 +893,14 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                 if admit {
                     // Read the whole chunk once: it serves this read and fills the slot.
                     let mut whole = vec![0u8; (cend - start) as usize];
-                    let n = read_full(&s.lower, &mut whole, start)?;
-                    whole[n..].fill(0);
+                    read_padded(&s.lower, &mut whole, start)?;
                     dst.copy_from_slice(
                         &whole[(pos - start) as usize..(piece_end - start) as usize],
                     );
                     // A failed promotion only costs the caching.
                     let _ = s.promote(c, &whole);
                 } else {
-                    let n = read_full(&s.lower, dst, pos)?;
-                    dst[n..].fill(0);
+                    read_padded(&s.lower, dst, pos)?;
                 }
                 s.reads_lower.fetch_add(1, Ordering::Relaxed);
             }

@@ -377,8 +377,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                     self.fast_write(buf, self.data_offset + offset)?;
                 } else {
                     let mut whole = vec![0u8; (end - start) as usize];
-                    let n = dhrd_io::read_full(&self.slow, &mut whole, start)?;
-                    whole[n..].fill(0);
+                    fastdev::read_padded(&self.slow, &mut whole, start)?;
                     let at = (offset - start) as usize;
                     whole[at..at + buf.len()].copy_from_slice(buf);
                     self.fast_write(&whole, self.data_offset + start)?;
@@ -471,12 +470,11 @@ impl<F: Durable, S: Durable> Durable for WriteBack<F, S> {
             let piece_end = cend.min(end);
             let dst = &mut buf[(pos - offset) as usize..(piece_end - offset) as usize];
             let on_fast = s.state.lock().map[c as usize] != CHUNK_INVALID;
-            let n = if on_fast {
-                dhrd_io::read_full(&s.fast, dst, s.data_offset + pos)?
+            if on_fast {
+                fastdev::read_padded(&s.fast, dst, s.data_offset + pos)?;
             } else {
-                dhrd_io::read_full(&s.slow, dst, pos)?
-            };
-            dst[n..].fill(0);
+                fastdev::read_padded(&s.slow, dst, pos)?;
+            }
             pos = piece_end;
         }
         Ok(end.saturating_sub(offset) as usize)

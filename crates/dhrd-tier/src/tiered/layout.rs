@@ -25,7 +25,7 @@
 //! is FREE.
 
 use super::parts::{self, Parts, PARTS_BYTES};
-use crate::fastdev::{fnv64, invalid};
+use crate::fastdev::{fnv64, invalid, read_padded};
 use dhrd_io::{read_full, Durable};
 use std::io;
 
@@ -216,8 +216,7 @@ pub fn read_table<F: Durable>(ssd: &F, g: &Geometry) -> io::Result<Vec<Entry>> {
     let mut copies = Vec::new();
     for copy in 0..TABLE_COPIES {
         let mut table = vec![0u8; (g.slots * ENTRY_BYTES) as usize];
-        let got = read_full(ssd, &mut table, g.entry_offset(0, copy))?;
-        table[got..].fill(0);
+        read_padded(ssd, &mut table, g.entry_offset(0, copy))?;
         copies.push(table);
     }
     Ok((0..g.slots as usize)
