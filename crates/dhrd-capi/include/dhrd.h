@@ -71,6 +71,12 @@ typedef struct dhrd_options {
   // Device timing of the SSD tier's file, in `backing_timing`'s syntax. NULL or "":
   // none (no environment variable applies).
   const char *tier_ssd_timing;
+  // The SSD tier records which backing it caches. When it was made for another backing
+  // (or this one was moved or copied), or the backing was changed while no object was
+  // open over it, its clean chunks are dropped; while it holds dirty chunks `dhrd_open`
+  // fails with `EINVAL`, unless this is true: then the dirty chunks are kept and written
+  // back over the backing.
+  bool tier_adopt;
 } dhrd_options;
 
 // Load progress of the RAM tier.

@@ -28,7 +28,7 @@
 use dhrd_engine::{Durability, Error, HybridObject, ObjectConfig, RamBudget};
 use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions, Timed};
 use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
-use dhrd_tier::{SsdTier, TierMode};
+use dhrd_tier::{LowerIdentity, SsdTier, TierMode};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -98,6 +98,12 @@ pub struct dhrd_options {
     /// Device timing of the SSD tier's file, in `backing_timing`'s syntax. NULL or "":
     /// none (no environment variable applies).
     pub tier_ssd_timing: *const c_char,
+    /// The SSD tier records which backing it caches. When it was made for another backing
+    /// (or this one was moved or copied), or the backing was changed while no object was
+    /// open over it, its clean chunks are dropped; while it holds dirty chunks `dhrd_open`
+    /// fails with `EINVAL`, unless this is true: then the dirty chunks are kept and written
+    /// back over the backing.
+    pub tier_adopt: bool,
 }
 
 /// What `dhrd_options_default` fills in, and what a null `opts` means.
@@ -118,6 +124,7 @@ const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
     tier_ssd_bytes: 0,
     tier_mode: std::ptr::null(),
     tier_ssd_timing: std::ptr::null(),
+    tier_adopt: false,
 };
 
 /// The environment variable a NULL `dhrd_options.backing_timing` defers to, so that an
@@ -338,6 +345,10 @@ unsafe fn tier_options_of(o: &dhrd_options) -> Result<Option<TierOptions>, c_int
     Ok(Some((path, mode, timing)))
 }
 
+/// An open backing, the chunk size that suits it (if it has one) and what an SSD tier
+/// records of it.
+type OpenedBacking = (Arc<dyn Durable>, Option<u64>, LowerIdentity);
+
 /// The backing `path` names: a Ceph RBD image for `rbd:POOL/IMAGE` (the cluster from
 /// `$CEPH_CONF` or /etc/ceph/ceph.conf, the client from `$CEPH_ARGS`, e.g. `--id NAME`),
 /// else a file or block device; with the chunk size that suits it, if it has one.
@@ -345,7 +356,7 @@ fn open_backing(
     path: &Path,
     o: &dhrd_options,
     fopts: &FileOptions,
-) -> Result<(Arc<dyn Durable>, Option<u64>), c_int> {
+) -> Result<OpenedBacking, c_int> {
     let name = path.to_string_lossy();
     if RbdSpec::is_rbd(&name) {
         let spec = RbdSpec::parse(&name).map_err(|e| e.errno())?;
@@ -357,10 +368,12 @@ fn open_backing(
         };
         let b = RbdBacking::open(&spec, &ropts).map_err(|e| e.errno())?;
         let chunk = b.preferred_chunk_bytes();
-        return Ok((Arc::new(b), Some(chunk)));
+        return Ok((Arc::new(b), Some(chunk), LowerIdentity::rbd_image(&spec)));
     }
-    let b = FileBacking::open(path, fopts).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-    Ok((Arc::new(b), None))
+    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let b = FileBacking::open(path, fopts).map_err(errno)?;
+    let id = LowerIdentity::of_file(&b).map_err(errno)?;
+    Ok((Arc::new(b), None, id))
 }
 
 /// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
@@ -405,7 +418,8 @@ pub unsafe extern "C" fn dhrd_open(
         let timing = unsafe { timing_of(&o) }?;
         // SAFETY: as above.
         let tier_opts = unsafe { tier_options_of(&o) }?;
-        let (backing, preferred_chunk) = open_backing(path, &o, &fopts)?;
+        let (backing, preferred_chunk, mut identity) = open_backing(path, &o, &fopts)?;
+        identity.adopt = o.tier_adopt;
         let backing: Arc<dyn Durable> = match timing {
             Some(p) => Arc::new(Timed::new(backing, p)),
             None => backing,
@@ -417,6 +431,7 @@ pub unsafe extern "C" fn dhrd_open(
             Some((ssd, mode, timing)) => {
                 let t = dhrd_tier::open_ssd_file(
                     backing,
+                    identity,
                     &ssd,
                     o.tier_ssd_bytes,
                     cfg.chunk_bytes,

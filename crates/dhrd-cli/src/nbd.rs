@@ -20,6 +20,7 @@ use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions, WriteSync};
 use dhrd_nbd::limits::{IDLE_EVICT_AFTER, MAX_CONNECTIONS, POLL_BEFORE_BLOCK};
 use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
 use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
+use dhrd_tier::LowerIdentity;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -128,6 +129,13 @@ pub struct NbdArgs {
     /// Device timing of the --tier-ssd, as --backing-timing.
     #[arg(long, value_name = "PROFILE", value_parser = crate::timing::parse, requires = "tier_ssd")]
     pub tier_ssd_timing: Option<DeviceProfile>,
+    /// The --tier-ssd or --ram-file records which backing it caches. When it was made for
+    /// another backing (or this one was moved or copied), or the backing was changed
+    /// while dhrd was not running over it, its clean chunks are dropped, and while it
+    /// holds dirty chunks dhrd refuses to start. This flag keeps those dirty chunks and
+    /// writes them back over the backing instead.
+    #[arg(long)]
+    pub adopt_cache: bool,
     /// sync (every write durable before its reply), fsync (durable at FLUSH/FUA) or
     /// periodic:N (fsync plus a flush every N seconds).
     #[arg(long, default_value = "sync")]
@@ -248,7 +256,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         backing,
         preferred_chunk,
         rbd,
+        mut identity,
     } = open_backing(&a)?;
+    identity.adopt = a.adopt_cache;
     // Described before the timing wrapper, which the startup line names on its own.
     let describe = backing.describe();
     let backing = crate::timing::wrap(backing, a.backing_timing);
@@ -258,7 +268,13 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             if a.read_only {
                 bail!("--ram-kind nvm takes writes; it cannot be combined with --read-only");
             }
-            Some(crate::nvm::wrap(backing.clone(), f, chunk_bytes, a.ram_timing)?)
+            Some(crate::nvm::wrap(
+                backing.clone(),
+                identity.clone(),
+                f,
+                chunk_bytes,
+                a.ram_timing,
+            )?)
         }
         (Some(_), Some(crate::nvm::RamKind::Dram)) => bail!(
             "--ram-kind dram: DRAM is volatile, so writes stay write-through and a --ram-file              has no use; give --ram-kind nvm for a file on non-volatile memory"
@@ -267,6 +283,13 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     };
     if let Some(wb) = &writeback {
         let s = wb.stats();
+        if let Some(why) = wb.distrusted_at_open() {
+            eprintln!(
+                "dhrd nbd: the --ram-file was not trusted ({why}): {} clean chunks dropped, {} \
+                 dirty chunks adopted",
+                s.chunks_dropped_at_open, s.chunks_adopted_dirty
+            );
+        }
         if s.chunks_dirty_at_open > 0 {
             eprintln!(
                 "dhrd nbd: {} chunks were dirty in the --ram-file: served from it and written back now",
@@ -281,6 +304,7 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             }
             Some(crate::nvm::tier(
                 backing.clone(),
+                identity.clone(),
                 f,
                 size,
                 chunk_bytes,
@@ -292,6 +316,13 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     };
     if let Some(t) = &tier {
         let s = t.stats();
+        if let Some(why) = t.distrusted_at_open() {
+            eprintln!(
+                "dhrd nbd: the --tier-ssd was not trusted ({why}): {} clean chunks dropped, {} \
+                 dirty chunks adopted",
+                s.dropped_at_open, s.adopted_dirty
+            );
+        }
         if s.dirty_at_open > 0 {
             eprintln!(
                 "dhrd nbd: {} chunks were dirty on the --tier-ssd: served from it and written back now",
@@ -358,7 +389,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
                     serde_json::json!({"chunks": s.chunks, "chunks_dirty": s.chunks_dirty,
                         "chunks_written_back": s.chunks_written_back,
                         "chunks_dirty_at_open": s.chunks_dirty_at_open,
-                        "failures": s.writeback_failures, "fills": s.fills}),
+                        "failures": s.writeback_failures, "fills": s.fills,
+                        "chunks_dropped_at_open": s.chunks_dropped_at_open,
+                        "chunks_adopted_dirty": s.chunks_adopted_dirty}),
                 );
             }
             if let Some(t) = &t {
@@ -372,7 +405,8 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
                         "writeback_failures": s.writeback_failures,
                         "writes_bypassed": s.writes_bypassed, "dirty_at_open": s.dirty_at_open,
                         "partial_fills": s.partial_fills, "completions": s.completions,
-                        "upgraded_dirty": s.upgraded_dirty}),
+                        "upgraded_dirty": s.upgraded_dirty,
+                        "dropped_at_open": s.dropped_at_open, "adopted_dirty": s.adopted_dirty}),
                 );
             }
             v
@@ -494,6 +528,8 @@ struct Opened {
     /// exclusive lock is released at once (threads still holding the object would keep it
     /// until the cluster notices this process is gone).
     rbd: Option<Arc<RbdBacking>>,
+    /// What a --tier-ssd or --ram-file records of the backing.
+    identity: LowerIdentity,
 }
 
 /// Opens the backing the arguments name: an RBD image for `rbd:...`, else a file or device.
@@ -530,6 +566,7 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             backing: b.clone(),
             preferred_chunk: Some(b.preferred_chunk_bytes()),
             rbd: Some(b),
+            identity: LowerIdentity::rbd_image(&spec),
         });
     }
     if a.ceph_conf.is_some()
@@ -575,10 +612,13 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             );
         }
     }
+    let identity = LowerIdentity::of_file(&backing)
+        .with_context(|| format!("identifying backing {}", a.backing.display()))?;
     Ok(Opened {
         backing: Arc::new(backing),
         preferred_chunk: None,
         rbd: None,
+        identity,
     })
 }
 

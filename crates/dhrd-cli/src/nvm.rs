@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Context, Result};
 use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions};
-use dhrd_tier::{TierMode, TierStats, WriteBack, WriteBackStats};
+use dhrd_tier::{LowerIdentity, TierMode, TierStats, WriteBack, WriteBackStats};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +63,7 @@ fn check_non_volatile(path: &Path) -> Result<()> {
 /// Puts the write-back tier in front of `backing`.
 pub fn wrap(
     backing: Arc<dyn Durable>,
+    identity: LowerIdentity,
     ram_file: &Path,
     chunk_bytes: u64,
     timing: Option<DeviceProfile>,
@@ -77,7 +78,7 @@ pub fn wrap(
     )
     .with_context(|| format!("opening --ram-file {}", ram_file.display()))?;
     let fast: Arc<dyn Durable> = crate::timing::wrap(Arc::new(fast), timing);
-    let wb = WriteBack::open(fast, backing, chunk_bytes, WRITEBACK_THREADS)
+    let wb = WriteBack::open(fast, backing, identity, chunk_bytes, WRITEBACK_THREADS)
         .with_context(|| format!("opening the write-back tier on {}", ram_file.display()))?;
     Ok(Arc::new(wb))
 }
@@ -116,14 +117,23 @@ pub use dhrd_tier::SsdTier;
 /// Puts an SSD cache tier of `ssd_bytes` in `ssd_file` in front of `lower`.
 pub fn tier(
     lower: Arc<dyn Durable>,
+    identity: LowerIdentity,
     ssd_file: &Path,
     ssd_bytes: u64,
     chunk_bytes: u64,
     mode: TierMode,
     timing: Option<DeviceProfile>,
 ) -> Result<Arc<SsdTier>> {
-    let t = dhrd_tier::open_ssd_file(lower, ssd_file, ssd_bytes, chunk_bytes, mode, timing)
-        .with_context(|| format!("opening the SSD tier on {}", ssd_file.display()))?;
+    let t = dhrd_tier::open_ssd_file(
+        lower,
+        identity,
+        ssd_file,
+        ssd_bytes,
+        chunk_bytes,
+        mode,
+        timing,
+    )
+    .with_context(|| format!("opening the SSD tier on {}", ssd_file.display()))?;
     Ok(Arc::new(t))
 }
 

@@ -50,7 +50,7 @@ fn acknowledged_writes_survive_sigkill_on_the_ssd_tier() {
         &std::fs::read_to_string(&status).unwrap_or_else(|e| panic!("status: {e}")),
     )
     .unwrap_or_else(|e| panic!("status JSON: {e}"));
-    // (2,200 KiB - the 4 KiB header) / (64 KiB + a 16-byte entry) = 34 slots.
+    // (2,200 KiB - the 4 KiB header - two tables of one page) / 64 KiB = 34 slots.
     assert_eq!(doc["tier"]["slots"].as_u64(), Some(34), "{doc}");
     assert!(
         doc["tier"]["dirty_at_open"].as_u64().unwrap_or(0) > 0,
@@ -66,4 +66,83 @@ fn acknowledged_writes_survive_sigkill_on_the_ssd_tier() {
         d.stderr_text()
     );
     check_file_blocks(&backing, &acked, 2);
+}
+
+/// The SSD records which backing it caches: started over another backing it refuses its
+/// dirty chunks (and touches neither file), `--adopt-cache` writes them back over that
+/// backing, and clean chunks of a backing that is not the recorded one are never served.
+#[test]
+fn the_ssd_tier_serves_only_the_backing_it_was_made_for() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    let ssd = dir.path().join("ssd.img");
+    blocks_file(&a, EXPORT_BLOCKS, 1);
+    blocks_file(&b, EXPORT_BLOCKS, 2);
+    let ssd_s = ssd.to_string_lossy().to_string();
+    let plain = [
+        "--tier-ssd",
+        ssd_s.as_str(),
+        "--tier-ssd-size",
+        "2200K",
+        "--chunk",
+        "64K",
+        "--mem",
+        "1M",
+    ];
+    // A write to the lower tier takes 5 s: the write-back is far from done at the kill.
+    let mut slow = plain.to_vec();
+    slow.extend(["--backing-timing", "0,5000000,0,0"]);
+    let mut d = Dhrd::start(dir.path(), &a, &slow);
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    c.write(0, &block(0, 3), false)
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    drop(c);
+    d.kill9();
+    // Over b: refused, with the way out named.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dhrd"))
+        .args(["nbd", "--socket"])
+        .arg(dir.path().join("refused.sock"))
+        .arg("--backing")
+        .arg(&b)
+        .args(plain)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("dirty chunks") && said.contains("--adopt-cache"),
+        "{said}"
+    );
+    check_file_blocks(&b, &(0..EXPORT_BLOCKS).collect::<Vec<_>>(), 2);
+    // Adopted over b: the dirty block is served and written back to b at the stop.
+    let mut adopt = plain.to_vec();
+    adopt.push("--adopt-cache");
+    let mut d = Dhrd::start(dir.path(), &b, &adopt);
+    assert!(
+        d.stderr_text().contains("dirty chunks adopted"),
+        "{}",
+        d.stderr_text()
+    );
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    let got = c
+        .read(0, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    assert!(got == block(0, 3), "the adopted block is not served");
+    drop(c);
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    check_file_blocks(&b, &[0], 3);
+    // Back over a, cleanly: the SSD now holds b's block 0 (clean); a's own is served.
+    let mut d = Dhrd::start(dir.path(), &a, &plain);
+    assert!(
+        d.stderr_text().contains("not trusted"),
+        "{}",
+        d.stderr_text()
+    );
+    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    let got = c
+        .read(0, BLOCK as u32)
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    assert!(got == block(0, 1), "another backing's chunk was served");
+    drop(c);
+    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
 }

@@ -25,6 +25,7 @@ mod bucket;
 mod error;
 mod extent;
 mod fastdev;
+pub mod pairing;
 pub mod rehypar;
 mod space;
 #[cfg(test)]
@@ -35,6 +36,7 @@ pub mod writeback;
 pub use bucket::{BucketAllocator, BUCKETS_MAX};
 pub use error::Error;
 pub use extent::{ExtentAllocator, FitPolicy};
+pub use pairing::LowerIdentity;
 pub use rehypar::{FreePolicy, ReHypar, ReHyparConfig, SectionSpec};
 pub use space::{
     AllocOutcome, BlockAddr, BlockCount, Extent, FreeOutcome, LiveSet, Placement, SpaceAllocator,

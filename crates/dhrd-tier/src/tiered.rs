@@ -13,7 +13,8 @@
 //! lays the slot's parts over the lower tier's bytes, and the write-back completes the slot
 //! before it marks it clean (so a clean slot holds its whole chunk).
 //!
-//! SSD layout and its upgrade from the first format: `layout.rs`.
+//! SSD layout and its upgrade from the first format: `layout.rs`. Which lower tier the SSD
+//! caches, and what happens when it is opened over another one: `pairing.rs`.
 //!
 //! Invariants:
 //! - A lower chunk is in at most one slot, on the device too: a slot is reused only after
@@ -50,6 +51,7 @@ mod layout;
 mod parts;
 
 use crate::fastdev::{self, invalid, read_padded, Background, StickyFailure};
+use crate::pairing::{self, LowerIdentity, Verdict};
 use dhrd_engine::cache::{AccessBits, Admission, Admit, CachePolicy, Residency, ACCESS_COUNT_MAX};
 use dhrd_io::{read_full, Durable, Persistence};
 use layout::{Entry, Found, Geometry, SLOT_CLEAN, SLOT_DIRTY, SLOT_FREE};
@@ -120,6 +122,11 @@ pub struct TierStats {
     pub completions: u64,
     /// Dirty chunks of a first-format SSD written back when it was upgraded at open.
     pub upgraded_dirty: u64,
+    /// Clean chunks dropped at open because the SSD was made for another lower tier, or
+    /// the lower tier changed while the SSD was detached (`pairing.rs`).
+    pub dropped_at_open: u64,
+    /// Dirty chunks kept at open in such a case because the opener adopted them.
+    pub adopted_dirty: u64,
 }
 
 struct Slot {
@@ -195,6 +202,14 @@ struct Shared<F: Durable, S: Durable> {
     completions: AtomicU64,
     dirty_at_open: u64,
     upgraded_dirty: u64,
+    /// The lower tier as the opener named it, and the number of the SSD's pairing record
+    /// written at open (`pairing.rs`); a clean close writes the next one.
+    identity: LowerIdentity,
+    record_seq: u64,
+    /// Why the SSD's copies were not trusted at open, if they were not.
+    distrust: Option<String>,
+    dropped_at_open: u64,
+    adopted_dirty: u64,
 }
 
 /// See the module documentation.
@@ -226,6 +241,7 @@ pub const SSD_TIER_THREADS: usize = crate::writeback::WRITEBACK_THREADS_DEFAULT;
 /// file options and the thread count cannot drift apart between them.
 pub fn open_ssd_file(
     lower: Arc<dyn Durable>,
+    identity: LowerIdentity,
     ssd_path: &std::path::Path,
     ssd_bytes: u64,
     chunk_bytes: u64,
@@ -243,14 +259,26 @@ pub fn open_ssd_file(
         Some(p) => Arc::new(dhrd_io::Timed::new(ssd, p)),
         None => Arc::new(ssd),
     };
-    Tiered::open(ssd, lower, ssd_bytes, chunk_bytes, mode, SSD_TIER_THREADS)
+    Tiered::open(
+        ssd,
+        lower,
+        identity,
+        ssd_bytes,
+        chunk_bytes,
+        mode,
+        SSD_TIER_THREADS,
+    )
 }
 
 impl<F: Durable, S: Durable> Tiered<F, S> {
-    /// Opens (or formats) the SSD `ssd` of `ssd_bytes` as the cache of `lower`.
+    /// Opens (or formats) the SSD `ssd` of `ssd_bytes` as the cache of `lower`, which
+    /// `identity` names. An SSD made for another lower tier, or whose lower tier changed
+    /// while it was detached, has its clean chunks dropped; while it holds dirty chunks it
+    /// is refused, unless `identity.adopt` (then they are written back over the lower tier).
     pub fn open(
         ssd: F,
         lower: S,
+        identity: LowerIdentity,
         ssd_bytes: u64,
         chunk_bytes: u64,
         mode: TierMode,
@@ -285,6 +313,9 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         head.truncate(n);
         let mut entries = Vec::new();
         let mut upgraded_dirty = 0;
+        // Formatting wipes the pairing records with the header page: a fresh SSD is
+        // unrecorded.
+        let mut verdict = (Verdict::Unrecorded, 1);
         match Geometry::decode(&head)? {
             Found::Current(g) => {
                 entries = layout::read_table(&ssd, &g)?;
@@ -299,6 +330,8 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
                     }
                     entries.clear();
                     Self::format(&ssd, want)?;
+                } else {
+                    verdict = pairing::check(&ssd, &identity)?;
                 }
             }
             Found::Format1(g) => {
@@ -313,6 +346,32 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             }
             Found::Nothing => Self::format(&ssd, want)?,
         }
+        let (verdict, mut record_seq) = verdict;
+        let mut distrust = None;
+        let (mut dropped_at_open, mut adopted_dirty) = (0, 0);
+        if !verdict.trusted() {
+            let why = verdict.why(&identity);
+            let count = |state| entries.iter().filter(|e| e.state == state).count() as u64;
+            let (clean, dirty) = (count(SLOT_CLEAN), count(SLOT_DIRTY));
+            if dirty > 0 && !identity.adopt {
+                return Err(invalid(format!(
+                    "tier SSD holds {dirty} dirty chunks, but {why}: open it over the lower \
+                     tier it was made for, or adopt its dirty chunks to write them back over \
+                     this one (dhrd: --adopt-cache)"
+                )));
+            }
+            if dirty == 0 {
+                entries.clear();
+                Self::format(&ssd, want)?;
+                record_seq = 1;
+            } else {
+                Self::drop_clean(&ssd, &want, &mut entries)?;
+                adopted_dirty = dirty;
+            }
+            dropped_at_open = clean;
+            distrust = Some(why);
+        }
+        pairing::attach(&ssd, &identity, record_seq)?;
         entries.resize(slots as usize, Entry::FREE);
         let mut st = State {
             slots: Vec::with_capacity(slots as usize),
@@ -377,6 +436,11 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             completions: AtomicU64::new(0),
             dirty_at_open,
             upgraded_dirty,
+            identity,
+            record_seq,
+            distrust,
+            dropped_at_open,
+            adopted_dirty,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -395,6 +459,28 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
 
     fn format(ssd: &F, g: Geometry) -> io::Result<()> {
         fastdev::format(ssd, g.encode(), HEADER_BYTES, g.ssd_bytes())
+    }
+
+    /// Frees the clean slots of `entries` durably (at open, before anything is served).
+    fn drop_clean(ssd: &F, g: &Geometry, entries: &mut [Entry]) -> io::Result<()> {
+        for (i, e) in entries.iter_mut().enumerate() {
+            if e.state != SLOT_CLEAN {
+                continue;
+            }
+            let free = Entry {
+                seq: e.seq + 1,
+                ..Entry::FREE
+            };
+            ssd.write_at(&layout::encode_entry(&free), g.entry_offset(i, free.seq))?;
+            *e = free;
+        }
+        ssd.sync()
+    }
+
+    /// Why the SSD's copies were not trusted at open (it was made for another lower tier,
+    /// or the lower tier changed while it was detached), if they were not.
+    pub fn distrusted_at_open(&self) -> Option<&str> {
+        self.shared.distrust.as_deref()
     }
 
     pub fn stats(&self) -> TierStats {
@@ -416,6 +502,8 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             partial_fills: g(&s.partial_fills),
             completions: g(&s.completions),
             upgraded_dirty: s.upgraded_dirty,
+            dropped_at_open: s.dropped_at_open,
+            adopted_dirty: s.adopted_dirty,
         }
     }
 
@@ -435,6 +523,16 @@ impl<F: Durable, S: Durable> Drop for Tiered<F, S> {
         self.shared.cv.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        // A clean close: nothing writes the lower tier any more, so its stamp now is what
+        // the next open compares with. Best effort: without this record the next open
+        // trusts the SSD, as after a crash.
+        let s = &self.shared;
+        if !s.failed.is_failed() {
+            let _ = s
+                .lower
+                .sync()
+                .and_then(|()| pairing::detach(&s.ssd, &s.identity, s.record_seq + 1));
         }
     }
 }

@@ -10,6 +10,8 @@
 //! Fast device layout (direct-mapped: the fast device holds a copy of every chunk at the
 //! chunk's own offset):
 //! - `[0, HEADER_BYTES)`: the header: magic, version, chunk size, data size, checksum;
+//!   and, from [`crate::pairing::RECORD_OFFSET`], the record of which slow device the
+//!   fast device caches (`pairing.rs`);
 //! - `[HEADER_BYTES, data_offset)`: the chunk map, one byte per chunk: [`CHUNK_INVALID`]
 //!   (the fast copy is not current; read the slow device), [`CHUNK_DIRTY`] (the fast copy
 //!   is the only current one), [`CHUNK_CLEAN`] (both copies are current);
@@ -43,6 +45,7 @@
 //! the slow device's error, having changed nothing.
 
 use crate::fastdev::{self, fnv64, invalid, Background, StickyFailure};
+use crate::pairing::{self, LowerIdentity, Verdict};
 use dhrd_io::{Durable, Persistence};
 use parking_lot::{Condvar, Mutex};
 use std::io;
@@ -59,6 +62,11 @@ pub const CHUNK_CLEAN: u8 = 2;
 /// Bytes of the header; the map starts here.
 pub const HEADER_BYTES: u64 = 4096;
 const MAGIC: &[u8; 8] = b"DHRDWB01";
+// The header (36 bytes) and the two pairing records share the header page.
+const _: () = assert!(
+    36 <= crate::pairing::RECORD_OFFSET
+        && crate::pairing::RECORD_OFFSET + 2 * crate::pairing::RECORD_BYTES <= HEADER_BYTES
+);
 const VERSION: u32 = 1;
 /// Stripes of the chunk locks (a write and the write-back of the same chunk serialise).
 const LOCK_STRIPES: usize = 256;
@@ -134,6 +142,11 @@ pub struct WriteBackStats {
     pub writeback_failures: u64,
     /// Writes of a chunk whose fast copy had to be filled from the slow device first.
     pub fills: u64,
+    /// Clean chunks dropped at open because the fast device was made for another slow
+    /// device, or the slow device changed while detached (`pairing.rs`).
+    pub chunks_dropped_at_open: u64,
+    /// Dirty chunks kept at open in such a case because the opener adopted them.
+    pub chunks_adopted_dirty: u64,
 }
 
 struct State {
@@ -167,6 +180,14 @@ struct Shared<F: Durable, S: Durable> {
     failures: AtomicU64,
     fills: AtomicU64,
     dirty_at_open: u64,
+    /// The slow device as the opener named it, and the number of the pairing record
+    /// written at open; a clean close writes the next one.
+    identity: LowerIdentity,
+    record_seq: u64,
+    /// Why the fast device's copies were not trusted at open, if they were not.
+    distrust: Option<String>,
+    dropped_at_open: u64,
+    adopted_dirty: u64,
 }
 
 /// See the module documentation.
@@ -179,8 +200,17 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
     /// Opens (or formats, if the fast device holds no write-back header) the pair. The
     /// export's size is the slow device's. A header for another size or chunk size is
     /// refused while any chunk is dirty (that data exists nowhere else); without dirty
-    /// chunks the fast device is formatted anew.
-    pub fn open(fast: F, slow: S, chunk_bytes: u64, threads: usize) -> io::Result<Self> {
+    /// chunks the fast device is formatted anew. A fast device made for another slow
+    /// device than `identity` names, or whose slow device changed while it was detached,
+    /// has its clean chunks dropped and is refused while it holds dirty ones, unless
+    /// `identity.adopt` (then they are written back over the slow device).
+    pub fn open(
+        fast: F,
+        slow: S,
+        identity: LowerIdentity,
+        chunk_bytes: u64,
+        threads: usize,
+    ) -> io::Result<Self> {
         if chunk_bytes == 0 || !chunk_bytes.is_power_of_two() || chunk_bytes < 512 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -197,6 +227,8 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
         header.truncate(n);
         let found = Geometry::decode(&header)?;
         let mut map = vec![CHUNK_INVALID; want.chunks() as usize];
+        // Formatting wipes the pairing records with the header page.
+        let mut verdict = (Verdict::Unrecorded, 1);
         match found {
             Some(g) => {
                 let mut old_map = vec![0u8; g.chunks() as usize];
@@ -210,6 +242,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
                         ));
                     }
                     map = old_map;
+                    verdict = pairing::check(&fast, &identity)?;
                 } else if dirty > 0 {
                     return Err(invalid(format!(
                         "write-back device holds {dirty} dirty chunks for {} bytes in chunks of {}, \
@@ -223,10 +256,40 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             }
             None => Self::format(&fast, want)?,
         }
+        let (verdict, mut record_seq) = verdict;
+        let mut distrust = None;
+        let (mut dropped_at_open, mut adopted_dirty) = (0, 0);
+        if !verdict.trusted() {
+            let why = verdict.why(&identity);
+            let count = |state| map.iter().filter(|b| **b == state).count() as u64;
+            let (clean, dirty) = (count(CHUNK_CLEAN), count(CHUNK_DIRTY));
+            if dirty > 0 && !identity.adopt {
+                return Err(invalid(format!(
+                    "write-back device holds {dirty} dirty chunks, but {why}: open it over the \
+                     backing it was made for, or adopt its dirty chunks to write them back \
+                     over this one (dhrd: --adopt-cache)"
+                )));
+            }
+            if dirty == 0 {
+                Self::format(&fast, want)?;
+                map.fill(CHUNK_INVALID);
+                record_seq = 1;
+            } else {
+                for b in map.iter_mut().filter(|b| **b == CHUNK_CLEAN) {
+                    *b = CHUNK_INVALID;
+                }
+                fast.write_at(&map, HEADER_BYTES)?;
+                fast.sync()?;
+                adopted_dirty = dirty;
+            }
+            dropped_at_open = clean;
+            distrust = Some(why);
+        }
         if fast.len()? < want.fast_bytes() {
             fast.set_len(want.fast_bytes())?;
             fast.sync()?;
         }
+        pairing::attach(&fast, &identity, record_seq)?;
         let dirty = map.iter().filter(|b| **b == CHUNK_DIRTY).count() as u64;
         let chunks = map.len();
         let shared = Arc::new(Shared {
@@ -251,6 +314,11 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             failures: AtomicU64::new(0),
             fills: AtomicU64::new(0),
             dirty_at_open: dirty,
+            identity,
+            record_seq,
+            distrust,
+            dropped_at_open,
+            adopted_dirty,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -282,7 +350,15 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             chunks_dirty_at_open: s.dirty_at_open,
             writeback_failures: s.failures.load(Ordering::Relaxed),
             fills: s.fills.load(Ordering::Relaxed),
+            chunks_dropped_at_open: s.dropped_at_open,
+            chunks_adopted_dirty: s.adopted_dirty,
         }
+    }
+
+    /// Why the fast device's copies were not trusted at open (it was made for another slow
+    /// device, or that changed while detached), if they were not.
+    pub fn distrusted_at_open(&self) -> Option<&str> {
+        self.shared.distrust.as_deref()
     }
 
     /// Waits until no chunk is dirty (or `timeout` passes); true when clean.
@@ -305,6 +381,16 @@ impl<F: Durable, S: Durable> Drop for WriteBack<F, S> {
         self.shared.cv.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        // A clean close: nothing writes the slow device any more, so its stamp now is what
+        // the next open compares with. Best effort: without this record the next open
+        // trusts the fast device, as after a crash.
+        let s = &self.shared;
+        if !s.failed.is_failed() {
+            let _ = s
+                .slow
+                .sync()
+                .and_then(|()| pairing::detach(&s.fast, &s.identity, s.record_seq + 1));
         }
     }
 }

@@ -5,7 +5,8 @@
 //! size, slots, lower size, checksum), two slot tables of [`ENTRY_BYTES`] per slot (lower
 //! chunk, state, the parts of the slot that hold the chunk's bytes, a sequence number,
 //! checksum), each starting on a page of its own, then the slots' data, each `chunk_bytes`
-//! long.
+//! long. The header page also holds the pairing records (`pairing.rs`) from
+//! [`crate::pairing::RECORD_OFFSET`].
 //!
 //! Why two tables: a slot's entry is rewritten while the slot is dirty (when a write adds
 //! parts), and a failed or interrupted write may leave any prefix of its bytes. Each change
@@ -42,6 +43,11 @@ const VERSION_V1: u32 = 1;
 const ENTRY_BYTES_V1: u64 = 16;
 /// Bytes of the header that its checksum covers.
 const HEADER_SUMMED: usize = 36;
+// The header and the two pairing records share the header page without overlapping.
+const _: () = assert!(
+    HEADER_SUMMED as u64 + 8 <= crate::pairing::RECORD_OFFSET
+        && crate::pairing::RECORD_OFFSET + 2 * crate::pairing::RECORD_BYTES <= HEADER_BYTES
+);
 
 pub const SLOT_FREE: u8 = 0;
 pub const SLOT_CLEAN: u8 = 1;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::pairing;
 use crate::testutil::{check, read_all, same, seeds};
 use dhrd_io::{SimBacking, SplitMix64};
 use layout::{SLOT_CLEAN, SLOT_DIRTY};
@@ -10,6 +11,10 @@ const SIZE: u64 = CB * CHUNKS;
 const SSD_BYTES: u64 = HEADER_BYTES + 2 * HEADER_BYTES + 8 * CB;
 const WAIT: Duration = Duration::from_secs(10);
 
+fn lower_id() -> LowerIdentity {
+    LowerIdentity::named("the simulated lower tier")
+}
+
 #[test]
 fn the_ssd_size_gives_exactly_its_slots() -> io::Result<()> {
     assert_eq!(ssd_bytes_for(8, CB), SSD_BYTES);
@@ -20,6 +25,7 @@ fn the_ssd_size_gives_exactly_its_slots() -> io::Result<()> {
             let r = Tiered::open(
                 SimBacking::new(1),
                 lower,
+                lower_id(),
                 size,
                 chunk,
                 TierMode::WriteBack,
@@ -76,7 +82,15 @@ fn reads_and_writes_match_the_model_in_both_modes() -> io::Result<()> {
     for mode in [TierMode::WriteBack, TierMode::WriteThrough] {
         let ssd = Arc::new(SimBacking::new(1));
         let lower = Arc::new(SimBacking::from_bytes(initial(), 2));
-        let t = Tiered::open(ssd.clone(), lower.clone(), SSD_BYTES, CB, mode, 2)?;
+        let t = Tiered::open(
+            ssd.clone(),
+            lower.clone(),
+            lower_id(),
+            SSD_BYTES,
+            CB,
+            mode,
+            2,
+        )?;
         let mut model = initial();
         for op in workload(5, 400) {
             match op {
@@ -133,6 +147,7 @@ fn crash_enumeration() -> io::Result<()> {
             let Ok(t) = Tiered::open(
                 ssd.clone(),
                 lower.clone(),
+                lower_id(),
                 SSD_BYTES,
                 CB,
                 TierMode::WriteBack,
@@ -173,6 +188,7 @@ fn crash_enumeration() -> io::Result<()> {
             let t = Tiered::open(
                 Arc::new(SimBacking::from_image(simg, n + 7)),
                 Arc::new(SimBacking::from_image(limg, n + 8)),
+                lower_id(),
                 SSD_BYTES,
                 CB,
                 TierMode::WriteBack,
@@ -215,7 +231,15 @@ fn a_full_ssd_of_dirty_slots_writes_through() -> io::Result<()> {
         persist: true,
         reads: false,
     });
-    let t = Tiered::open(ssd, lower.clone(), SSD_BYTES, CB, TierMode::WriteBack, 1)?;
+    let t = Tiered::open(
+        ssd,
+        lower.clone(),
+        lower_id(),
+        SSD_BYTES,
+        CB,
+        TierMode::WriteBack,
+        1,
+    )?;
     let mut model = initial();
     for c in 0..8u64 {
         let d = vec![c as u8 + 1; CB as usize];
@@ -276,6 +300,7 @@ fn check_recovery(
     let t = Tiered::open(
         Arc::new(SimBacking::from_image(simg, 91)),
         Arc::new(SimBacking::from_image(limg, 92)),
+        lower_id(),
         SSD_BYTES,
         CB,
         mode,
@@ -302,7 +327,15 @@ fn crash_of_the_lower_tier_at_every_operation() -> io::Result<()> {
                 let lower = Arc::new(SimBacking::from_bytes(initial(), seed * 1000 + n + 1));
                 lower.crash_at_op(n);
                 let what = format!("{mode:?} seed {seed} lower crash at {n}");
-                let t = Tiered::open(ssd.clone(), lower.clone(), SSD_BYTES, CB, mode, 1)?;
+                let t = Tiered::open(
+                    ssd.clone(),
+                    lower.clone(),
+                    lower_id(),
+                    SSD_BYTES,
+                    CB,
+                    mode,
+                    1,
+                )?;
                 let (acked, inflight) = run_until_failure(&t, &ops, &what);
                 // Give the write-back its chance to reach the crash point.
                 let _ = t.drain(Duration::from_millis(50));
@@ -342,7 +375,15 @@ fn eio_and_enospc_on_either_device() -> io::Result<()> {
                     };
                     let ssd = Arc::new(SimBacking::new(seed * 100 + at_op));
                     let lower = Arc::new(SimBacking::from_bytes(initial(), seed * 100 + at_op + 1));
-                    let t = Tiered::open(ssd.clone(), lower.clone(), SSD_BYTES, CB, mode, 1)?;
+                    let t = Tiered::open(
+                        ssd.clone(),
+                        lower.clone(),
+                        lower_id(),
+                        SSD_BYTES,
+                        CB,
+                        mode,
+                        1,
+                    )?;
                     let fault = Fault {
                         at_op,
                         kind,
@@ -384,7 +425,15 @@ fn a_write_miss_fills_only_its_parts() -> io::Result<()> {
     use dhrd_io::{Fault, FaultKind};
     let ssd = Arc::new(SimBacking::new(1));
     let lower = Arc::new(SimBacking::from_bytes(initial(), 2));
-    let t = Tiered::open(ssd, lower.clone(), SSD_BYTES, CB, TierMode::WriteBack, 1)?;
+    let t = Tiered::open(
+        ssd,
+        lower.clone(),
+        lower_id(),
+        SSD_BYTES,
+        CB,
+        TierMode::WriteBack,
+        1,
+    )?;
     let mut model = initial();
     lower.inject(Fault {
         at_op: 0,
@@ -466,6 +515,7 @@ fn a_first_format_ssd_is_upgraded_without_loss() -> io::Result<()> {
         let first = Tiered::open(
             ssd.clone(),
             lower.clone(),
+            lower_id(),
             SSD_BYTES,
             CB,
             TierMode::WriteBack,
@@ -481,6 +531,7 @@ fn a_first_format_ssd_is_upgraded_without_loss() -> io::Result<()> {
         let t = Tiered::open(
             Arc::new(SimBacking::from_image(simg, 3)),
             Arc::new(SimBacking::from_image(limg, 4)),
+            lower_id(),
             SSD_BYTES,
             CB,
             TierMode::WriteBack,
@@ -495,6 +546,189 @@ fn a_first_format_ssd_is_upgraded_without_loss() -> io::Result<()> {
         if finished {
             assert!(crash_at > 2, "the upgrade took only {crash_at} operations");
             break;
+        }
+    }
+    Ok(())
+}
+
+/// A lower tier named `key` whose stamp the test sets.
+fn stamped(key: &str, stamp: &Arc<std::sync::atomic::AtomicU64>) -> LowerIdentity {
+    let s = stamp.clone();
+    LowerIdentity {
+        key: key.into(),
+        stamp: Some(Arc::new(move || Ok(s.load(Ordering::SeqCst)))),
+        adopt: false,
+    }
+}
+
+fn adopting(mut id: LowerIdentity) -> LowerIdentity {
+    id.adopt = true;
+    id
+}
+
+#[test]
+fn an_ssd_serves_only_the_lower_tier_it_was_made_for() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    let open = |ssd: &Arc<SimBacking>, lower: &Arc<SimBacking>, id| {
+        Tiered::open(
+            ssd.clone(),
+            lower.clone(),
+            id,
+            SSD_BYTES,
+            CB,
+            TierMode::WriteBack,
+            1,
+        )
+    };
+    let ssd = Arc::new(SimBacking::new(1));
+    let a = Arc::new(SimBacking::from_bytes(initial(), 2));
+    let b_bytes = vec![0x11u8; SIZE as usize];
+    let b = Arc::new(SimBacking::from_bytes(b_bytes.clone(), 3));
+    let stamp = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    {
+        // Over a: chunk 0 written and written back (a clean slot), then chunk 1 written
+        // while a refuses writes (a dirty slot).
+        let t = open(&ssd, &a, stamped("a", &stamp))?;
+        t.write_at(&[1; CB as usize], 0)?;
+        assert!(t.drain(WAIT));
+        a.inject(Fault {
+            at_op: 0,
+            kind: FaultKind::Eio,
+            persist: true,
+            reads: false,
+        });
+        t.write_at(&[2; CB as usize], CB)?;
+        assert_eq!(t.stats().slots_dirty, 1);
+    }
+    // Over b the dirty chunk is refused, and b is not touched.
+    let e = open(&ssd, &b, LowerIdentity::named("b"))
+        .err()
+        .ok_or_else(|| io::Error::other("opened over another lower tier"))?;
+    assert!(e.to_string().contains("made for a, not for b"), "{e}");
+    same(&b.volatile(), &b_bytes, "b after the refusal");
+    // A clean close recorded a's stamp (as after an unfinished drain); a changed since.
+    let (_, seq) = pairing::check(&*ssd, &stamped("a", &stamp))?;
+    pairing::detach(&*ssd, &stamped("a", &stamp), seq)?;
+    stamp.store(2, Ordering::SeqCst);
+    let e = open(&ssd, &a, stamped("a", &stamp))
+        .err()
+        .ok_or_else(|| io::Error::other("opened over a changed lower tier"))?;
+    assert!(e.to_string().contains("was changed"), "{e}");
+    // Adopted over b: the dirty chunk is served and written back to b, the clean one is
+    // dropped (b's own bytes are served there).
+    let mut want = b_bytes.clone();
+    want[CB as usize..2 * CB as usize].fill(2);
+    {
+        let t = open(&ssd, &b, adopting(LowerIdentity::named("b")))?;
+        let s = t.stats();
+        assert_eq!((s.dropped_at_open, s.adopted_dirty), (1, 1), "{s:?}");
+        assert!(t.distrusted_at_open().is_some());
+        same(&read_all(&t, SIZE), &want, "adopted over b");
+        assert!(t.drain(WAIT));
+        same(&b.volatile(), &want, "b after the write-back");
+    }
+    // From then on the SSD is b's.
+    let t = open(&ssd, &b, LowerIdentity::named("b"))?;
+    assert_eq!(t.distrusted_at_open(), None);
+    same(&read_all(&t, SIZE), &want, "reopened over b");
+    Ok(())
+}
+
+#[test]
+fn clean_copies_of_a_lower_tier_changed_while_detached_are_dropped() -> io::Result<()> {
+    let open = |ssd: &Arc<SimBacking>, lower: &Arc<SimBacking>, id| {
+        Tiered::open(
+            ssd.clone(),
+            lower.clone(),
+            id,
+            SSD_BYTES,
+            CB,
+            TierMode::WriteBack,
+            1,
+        )
+    };
+    let ssd = Arc::new(SimBacking::new(1));
+    let a = Arc::new(SimBacking::from_bytes(initial(), 2));
+    let stamp = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let mut want = initial();
+    for c in 0..4u64 {
+        want[(c * CB) as usize..((c + 1) * CB) as usize].fill(c as u8 + 1);
+    }
+    {
+        let t = open(&ssd, &a, stamped("a", &stamp))?;
+        for c in 0..4u64 {
+            t.write_at(&[c as u8 + 1; CB as usize], c * CB)?;
+        }
+        assert!(t.drain(WAIT));
+    }
+    // Unchanged: trusted, the four chunks still cached.
+    {
+        let t = open(&ssd, &a, stamped("a", &stamp))?;
+        assert_eq!((t.distrusted_at_open(), t.stats().slots_used), (None, 4));
+    }
+    // Another writer changes a while no tier is attached.
+    a.write_at(&[9; 100], CB)?;
+    a.sync()?;
+    want[CB as usize..CB as usize + 100].fill(9);
+    stamp.store(2, Ordering::SeqCst);
+    let t = open(&ssd, &a, stamped("a", &stamp))?;
+    let s = t.stats();
+    assert_eq!((s.dropped_at_open, s.slots_used), (4, 0), "{s:?}");
+    same(&read_all(&t, SIZE), &want, "after the change");
+    Ok(())
+}
+
+/// Power cut at every SSD operation of an open that adopts another lower tier's dirty
+/// chunk: the next open still serves it, never the dropped clean chunk.
+#[test]
+fn a_crash_while_adopting_loses_nothing() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    let open = |ssd: Arc<SimBacking>, lower: Arc<SimBacking>, id| {
+        Tiered::open(ssd, lower, id, SSD_BYTES, CB, TierMode::WriteBack, 1)
+    };
+    let ssd = Arc::new(SimBacking::new(1));
+    let a = Arc::new(SimBacking::from_bytes(initial(), 2));
+    {
+        let t = open(ssd.clone(), a.clone(), LowerIdentity::named("a"))?;
+        t.write_at(&[1; CB as usize], 0)?;
+        assert!(t.drain(WAIT));
+        a.inject(Fault {
+            at_op: 0,
+            kind: FaultKind::Eio,
+            persist: true,
+            reads: false,
+        });
+        t.write_at(&[2; CB as usize], CB)?;
+    }
+    let base = ssd.crash_image();
+    let b_bytes = vec![0x11u8; SIZE as usize];
+    let mut want = b_bytes.clone();
+    want[CB as usize..2 * CB as usize].fill(2);
+    let b_id = || adopting(LowerIdentity::named("b"));
+    // A crash keeps each unsynced sector or not at random: many seeds per point (cheap).
+    for seed in 0..seeds(64).max(16) {
+        for n in 0u64.. {
+            let sim_seed = seed * 1000 + n * 4;
+            let ssd = Arc::new(SimBacking::from_image(base.clone(), sim_seed));
+            let b = Arc::new(SimBacking::from_bytes(b_bytes.clone(), sim_seed + 1));
+            ssd.crash_at_op(n);
+            let first = open(ssd.clone(), b.clone(), b_id());
+            let finished = first.is_ok() && ssd.crashed_image().is_none();
+            drop(first);
+            let simg = ssd.crashed_image().unwrap_or_else(|| ssd.crash_image());
+            let t = open(
+                Arc::new(SimBacking::from_image(simg, sim_seed + 2)),
+                Arc::new(SimBacking::from_image(b.crash_image(), sim_seed + 3)),
+                b_id(),
+            )?;
+            let what = format!("seed {seed}, crash at {n}");
+            same(&read_all(&t, SIZE), &want, &what);
+            assert!(t.drain(WAIT));
+            same(&t.lower().volatile(), &want, &format!("{what}: b"));
+            if finished {
+                assert!(n >= 3, "the adopting open took only {n} operations");
+                break;
+            }
         }
     }
     Ok(())

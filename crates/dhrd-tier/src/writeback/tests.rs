@@ -8,6 +8,10 @@ const CHUNKS: u64 = 8;
 const SIZE: u64 = CB * CHUNKS;
 const WAIT: Duration = Duration::from_secs(10);
 
+fn slow_id() -> LowerIdentity {
+    LowerIdentity::named("the simulated slow device")
+}
+
 fn initial() -> Vec<u8> {
     (0..SIZE as usize).map(|i| (i % 251) as u8 | 0x80).collect()
 }
@@ -31,7 +35,7 @@ fn workload(seed: u64, n: usize) -> Vec<(u64, Vec<u8>)> {
 fn writes_read_back_and_reach_the_slow_device() -> io::Result<()> {
     let fast = Arc::new(SimBacking::new(1));
     let slow = Arc::new(SimBacking::from_bytes(initial(), 2));
-    let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 2)?;
+    let wb = WriteBack::open(fast.clone(), slow.clone(), slow_id(), CB, 2)?;
     let mut model = initial();
     for (off, data) in workload(3, 50) {
         assert_eq!(wb.write_durably(&data, off)?, Persistence::Durable);
@@ -60,7 +64,7 @@ fn a_dead_slow_device_delays_write_back_but_loses_nothing() -> io::Result<()> {
         persist: true,
         reads: false,
     });
-    let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 1)?;
+    let wb = WriteBack::open(fast.clone(), slow.clone(), slow_id(), CB, 1)?;
     let mut model = initial();
     for (off, data) in workload(9, 20) {
         wb.write_at(&data, off)?;
@@ -80,7 +84,7 @@ fn a_header_for_another_backing_is_refused_while_dirty() -> io::Result<()> {
     let fast = Arc::new(SimBacking::new(1));
     let slow = Arc::new(SimBacking::from_bytes(initial(), 2));
     {
-        let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 0)?;
+        let wb = WriteBack::open(fast.clone(), slow.clone(), slow_id(), CB, 0)?;
         // No thread would write back with 0 threads? One is always started; stop it
         // before it runs by dropping right after the write.
         wb.write_at(&[1; 10], 0)?;
@@ -88,7 +92,7 @@ fn a_header_for_another_backing_is_refused_while_dirty() -> io::Result<()> {
     let img = fast.crash_image();
     let fast2 = Arc::new(SimBacking::from_image(img, 3));
     let other = Arc::new(SimBacking::from_bytes(vec![0; 2 * SIZE as usize], 4));
-    match WriteBack::open(fast2.clone(), other, CB, 1) {
+    match WriteBack::open(fast2.clone(), other, slow_id(), CB, 1) {
         Ok(w) if w.stats().chunks_dirty_at_open == 0 => {} // written back before the drop
         Ok(_) => panic!("opened dirty chunks against another backing"),
         Err(e) => assert!(e.to_string().contains("dirty chunks"), "{e}"),
@@ -108,7 +112,7 @@ fn crash_enumeration_on_the_fast_device() -> io::Result<()> {
             let fast = Arc::new(SimBacking::new(seed * 1000 + n));
             let slow = Arc::new(SimBacking::from_bytes(initial(), seed * 1000 + n + 1));
             fast.crash_at_op(n);
-            let Ok(wb) = WriteBack::open(fast.clone(), slow.clone(), CB, 1) else {
+            let Ok(wb) = WriteBack::open(fast.clone(), slow.clone(), slow_id(), CB, 1) else {
                 points += 1;
                 continue; // crashed while formatting: nothing acknowledged
             };
@@ -133,6 +137,7 @@ fn crash_enumeration_on_the_fast_device() -> io::Result<()> {
             let wb = WriteBack::open(
                 Arc::new(SimBacking::from_image(fimg, n + 7)),
                 Arc::new(SimBacking::from_image(simg, n + 8)),
+                slow_id(),
                 CB,
                 1,
             )?;
@@ -172,7 +177,7 @@ fn crash_enumeration_on_the_slow_device() -> io::Result<()> {
             let fast = Arc::new(SimBacking::new(seed * 1000 + n));
             let slow = Arc::new(SimBacking::from_bytes(initial(), seed * 1000 + n + 1));
             slow.crash_at_op(n);
-            let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 1)?;
+            let wb = WriteBack::open(fast.clone(), slow.clone(), slow_id(), CB, 1)?;
             let mut acked = initial();
             let mut inflight = None;
             let started = Instant::now();
@@ -196,6 +201,7 @@ fn crash_enumeration_on_the_slow_device() -> io::Result<()> {
             let wb = WriteBack::open(
                 Arc::new(SimBacking::from_image(fimg, n + 7)),
                 Arc::new(SimBacking::from_image(simg, n + 8)),
+                slow_id(),
                 CB,
                 1,
             )?;
@@ -234,7 +240,7 @@ fn eio_and_enospc_on_either_device() -> io::Result<()> {
                     let persist = r.chance(1, 2);
                     let fast = Arc::new(SimBacking::new(seed * 100 + at_op));
                     let slow = Arc::new(SimBacking::from_bytes(initial(), seed * 100 + at_op + 1));
-                    let wb = WriteBack::open(fast.clone(), slow.clone(), CB, 1)?;
+                    let wb = WriteBack::open(fast.clone(), slow.clone(), slow_id(), CB, 1)?;
                     let fault = Fault {
                         at_op,
                         kind,
@@ -274,6 +280,7 @@ fn eio_and_enospc_on_either_device() -> io::Result<()> {
                     let wb = WriteBack::open(
                         Arc::new(SimBacking::from_image(fimg, at_op + 7)),
                         Arc::new(SimBacking::from_image(simg, at_op + 8)),
+                        slow_id(),
                         CB,
                         1,
                     )?;
@@ -287,5 +294,62 @@ fn eio_and_enospc_on_either_device() -> io::Result<()> {
         }
     }
     assert!(cases > 100, "only {cases} cases");
+    Ok(())
+}
+
+#[test]
+fn a_fast_device_serves_only_the_slow_device_it_was_made_for() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let stamp = Arc::new(AtomicU64::new(1));
+    let named = |key: &str, adopt: bool| {
+        let s = stamp.clone();
+        LowerIdentity {
+            key: key.into(),
+            stamp: Some(Arc::new(move || Ok(s.load(Ordering::SeqCst)))),
+            adopt,
+        }
+    };
+    let fast = Arc::new(SimBacking::new(1));
+    let a = Arc::new(SimBacking::from_bytes(initial(), 2));
+    {
+        // Over a: chunk 0 written back (clean), then chunk 1 written while a refuses.
+        let wb = WriteBack::open(fast.clone(), a.clone(), named("a", false), CB, 1)?;
+        wb.write_at(&[1; CB as usize], 0)?;
+        assert!(wb.drain(WAIT));
+        a.inject(Fault {
+            at_op: 0,
+            kind: FaultKind::Eio,
+            persist: true,
+            reads: false,
+        });
+        wb.write_at(&[2; CB as usize], CB)?;
+    }
+    let b_bytes = vec![0x11u8; SIZE as usize];
+    let b = Arc::new(SimBacking::from_bytes(b_bytes.clone(), 3));
+    let e = WriteBack::open(fast.clone(), b.clone(), named("b", false), CB, 1)
+        .err()
+        .ok_or_else(|| io::Error::other("opened over another slow device"))?;
+    assert!(e.to_string().contains("made for a, not for b"), "{e}");
+    same(&b.volatile(), &b_bytes, "b after the refusal");
+    let mut want = b_bytes.clone();
+    want[CB as usize..2 * CB as usize].fill(2);
+    {
+        let wb = WriteBack::open(fast.clone(), b.clone(), named("b", true), CB, 1)?;
+        let s = wb.stats();
+        assert_eq!((s.chunks_dropped_at_open, s.chunks_adopted_dirty), (1, 1));
+        same(&read_all(&wb, SIZE), &want, "adopted over b");
+        assert!(wb.drain(WAIT));
+        same(&b.volatile(), &want, "b after the write-back");
+    }
+    // b changed by another writer after a clean close: its clean copies are dropped.
+    b.write_at(&[9; 10], CB)?;
+    want[CB as usize..CB as usize + 10].fill(9);
+    stamp.store(2, Ordering::SeqCst);
+    let wb = WriteBack::open(fast.clone(), b.clone(), named("b", false), CB, 1)?;
+    assert!(wb
+        .distrusted_at_open()
+        .is_some_and(|w| w.contains("changed")));
+    same(&read_all(&wb, SIZE), &want, "after the change");
     Ok(())
 }

@@ -1,0 +1,403 @@
+//! Which slow device a fast device caches, recorded on the fast device: a cache must never
+//! be served for, or written back over, a device it was not made for, nor serve copies
+//! that went stale while the slow device was used without it.
+//!
+//! The caller names the slow device with a [`LowerIdentity`]: a key that stays the same
+//! across restarts (a regular file's device and inode numbers, a block device's path, an
+//! RBD image's pool and name) and, where one exists, a stamp that changes whenever the
+//! device's contents may have changed (a regular file's modification time and size).
+//!
+//! Records: two copies of [`RECORD_BYTES`] in the fast device's header page, at
+//! [`RECORD_OFFSET`] and the sector after it; a change goes to the copy that does not hold
+//! the newest record, with the next sequence number, and the newest valid copy wins (a torn
+//! write costs only the change it was making, as with the tier's slot tables). A record says
+//! which slow device (the key) and whether a process has the pair open (ATTACHED) or it was
+//! closed cleanly (DETACHED, with the slow device's stamp taken after the last write-back).
+//!
+//! At open, [`check`] compares; then the layer acts on the [`Verdict`] (clean copies of a
+//! foreign or changed device are dropped; dirty ones are refused unless the operator adopts
+//! them) and [`attach`] writes ATTACHED durably before anything may write the slow device.
+//! At a clean close [`detach`] writes DETACHED with the stamp.
+//!
+//! Invariants: the slow device is written by the write-back only while the newest durable
+//! record says ATTACHED with its key; so a DETACHED record's stamp was the slow device's
+//! stamp when the pair was last closed, and a different stamp now means another writer.
+//!
+//! Crash semantics: a crash leaves ATTACHED, and the next open trusts the fast device (the
+//! crashed process was the slow device's writer); a slow device changed by another writer
+//! after a crash and before the next open is not detected. A torn record leaves the older
+//! copy: an older DETACHED record whose stamp no longer matches makes the next open drop
+//! clean copies or refuse dirty ones, which is the safe side. A fast device formatted by a
+//! version without records has none; its first open records its slow device.
+
+use crate::fastdev::fnv64;
+use dhrd_io::Durable;
+use std::io;
+use std::sync::Arc;
+
+/// Where the first copy of the record lives in the header page (the headers of both
+/// layers end well before it); the second copy is in the next sector.
+pub const RECORD_OFFSET: u64 = 1024;
+/// Bytes of one copy.
+pub const RECORD_BYTES: u64 = 512;
+const COPIES: u64 = 2;
+const MAGIC: &[u8; 8] = b"DHRDPR01";
+/// Longest key kept (longer keys are cut; the checksum of the whole key is kept too).
+pub const KEY_BYTES_MAX: usize = 440;
+const STATE_ATTACHED: u8 = 1;
+const STATE_DETACHED: u8 = 2;
+// Field offsets inside a record.
+const AT_SEQ: usize = 8;
+const AT_STATE: usize = 16;
+const AT_HAS_STAMP: usize = 17;
+const AT_KEY_LEN: usize = 18;
+const AT_STAMP: usize = 24;
+const AT_KEY_SUM: usize = 32;
+const AT_KEY: usize = 40;
+const AT_SUM: usize = RECORD_BYTES as usize - 8;
+
+/// A function returning the slow device's stamp now.
+pub type StampFn = Arc<dyn Fn() -> io::Result<u64> + Send + Sync>;
+
+/// The slow device a fast device caches, as the opener names it.
+#[derive(Clone)]
+pub struct LowerIdentity {
+    /// Names the device, the same across restarts. Shown in messages.
+    pub key: String,
+    /// The device's stamp now: changes whenever its contents may have changed. None where
+    /// no such value exists (block devices, RBD images): then a change while detached is
+    /// not detected.
+    pub stamp: Option<StampFn>,
+    /// Keep the dirty copies of a fast device that recorded another device, or whose device
+    /// changed while detached, and write them back over it (clean copies are dropped all
+    /// the same). Without it such a device is refused while it holds dirty data.
+    pub adopt: bool,
+}
+
+impl std::fmt::Debug for LowerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LowerIdentity")
+            .field("key", &self.key)
+            .field("stamped", &self.stamp.is_some())
+            .field("adopt", &self.adopt)
+            .finish()
+    }
+}
+
+impl LowerIdentity {
+    /// A device known by `key` alone, without a stamp.
+    pub fn named(key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            stamp: None,
+            adopt: false,
+        }
+    }
+
+    /// An RBD image, by its spec (`rbd:POOL/IMAGE`), unstamped.
+    pub fn rbd_image(spec: impl std::fmt::Display) -> Self {
+        Self::named(format!("RBD image {spec}"))
+    }
+
+    /// The identity of a file or block device opened as `backing`: a regular file by its
+    /// device and inode numbers (so a rename keeps it, a copy or another file at the same
+    /// path does not), stamped by its modification time and size; a block device by its
+    /// path, unstamped.
+    pub fn of_file(backing: &dhrd_io::FileBacking) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = backing.file().metadata()?;
+        if backing.is_block_device() {
+            let path = backing
+                .path()
+                .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            return Ok(Self::named(format!("block device {path}")));
+        }
+        let file = backing.file().try_clone()?;
+        let stamp: StampFn = Arc::new(move || {
+            let m = file.metadata()?;
+            let mut b = Vec::with_capacity(24);
+            b.extend_from_slice(&m.mtime().to_le_bytes());
+            b.extend_from_slice(&m.mtime_nsec().to_le_bytes());
+            b.extend_from_slice(&m.size().to_le_bytes());
+            Ok(fnv64(&b))
+        });
+        Ok(Self {
+            key: format!("file on device {:#x}, inode {}", m.dev(), m.ino()),
+            stamp: Some(stamp),
+            adopt: false,
+        })
+    }
+
+    fn stamp_now(&self) -> io::Result<Option<u64>> {
+        self.stamp.as_ref().map(|f| f()).transpose()
+    }
+}
+
+/// A decoded record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    seq: u64,
+    attached: bool,
+    stamp: Option<u64>,
+    key_sum: u64,
+    key: String,
+}
+
+impl Record {
+    fn encode(&self) -> Vec<u8> {
+        let mut r = vec![0u8; RECORD_BYTES as usize];
+        r[..8].copy_from_slice(MAGIC);
+        r[AT_SEQ..AT_SEQ + 8].copy_from_slice(&self.seq.to_le_bytes());
+        r[AT_STATE] = if self.attached {
+            STATE_ATTACHED
+        } else {
+            STATE_DETACHED
+        };
+        r[AT_HAS_STAMP] = u8::from(self.stamp.is_some());
+        let key = cut(&self.key);
+        r[AT_KEY_LEN..AT_KEY_LEN + 2].copy_from_slice(&(key.len() as u16).to_le_bytes());
+        r[AT_STAMP..AT_STAMP + 8].copy_from_slice(&self.stamp.unwrap_or(0).to_le_bytes());
+        r[AT_KEY_SUM..AT_KEY_SUM + 8].copy_from_slice(&self.key_sum.to_le_bytes());
+        r[AT_KEY..AT_KEY + key.len()].copy_from_slice(key.as_bytes());
+        let sum = fnv64(&r[..AT_SUM]);
+        r[AT_SUM..].copy_from_slice(&sum.to_le_bytes());
+        r
+    }
+
+    /// None for a torn, foreign or absent record.
+    fn decode(r: &[u8]) -> Option<Self> {
+        if r.len() < RECORD_BYTES as usize || &r[..8] != MAGIC {
+            return None;
+        }
+        if fnv64(&r[..AT_SUM]) != u64_at(r, AT_SUM) {
+            return None;
+        }
+        let attached = match r[AT_STATE] {
+            STATE_ATTACHED => true,
+            STATE_DETACHED => false,
+            _ => return None,
+        };
+        let key_len = u16::from_le_bytes([r[AT_KEY_LEN], r[AT_KEY_LEN + 1]]) as usize;
+        let key = String::from_utf8_lossy(r.get(AT_KEY..AT_KEY + key_len)?).into_owned();
+        Some(Self {
+            seq: u64_at(r, AT_SEQ),
+            attached,
+            stamp: (r[AT_HAS_STAMP] == 1).then(|| u64_at(r, AT_STAMP)),
+            key_sum: u64_at(r, AT_KEY_SUM),
+            key,
+        })
+    }
+}
+
+/// The first `KEY_BYTES_MAX` bytes of `key`, cut at a character boundary.
+fn cut(key: &str) -> &str {
+    let mut end = key.len().min(KEY_BYTES_MAX);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    &key[..end]
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
+fn offset_of(seq: u64) -> u64 {
+    RECORD_OFFSET + (seq % COPIES) * RECORD_BYTES
+}
+
+/// What the fast device's record says of the slow device being opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No record: a device just formatted, or formatted by a version without records.
+    Unrecorded,
+    /// The record names this device, and it has not changed since (as far as its stamp
+    /// tells), or the pair was not closed cleanly.
+    Same,
+    /// The record names another device (its key, as recorded).
+    Foreign(String),
+    /// The record names this device, closed cleanly, and its stamp changed since: another
+    /// writer used it without this cache.
+    Changed,
+}
+
+impl Verdict {
+    /// Whether the fast device's clean copies may be served.
+    pub fn trusted(&self) -> bool {
+        matches!(self, Verdict::Unrecorded | Verdict::Same)
+    }
+
+    /// Why the copies are not trusted, for messages.
+    pub fn why(&self, lower: &LowerIdentity) -> String {
+        match self {
+            Verdict::Unrecorded | Verdict::Same => String::new(),
+            Verdict::Foreign(k) => format!("it was made for {k}, not for {}", lower.key),
+            Verdict::Changed => format!(
+                "{} was changed while the cache was not attached to it",
+                lower.key
+            ),
+        }
+    }
+}
+
+/// The newest valid record of `fast`, if any.
+fn newest<F: Durable + ?Sized>(fast: &F) -> io::Result<Option<Record>> {
+    let mut best: Option<Record> = None;
+    for copy in 0..COPIES {
+        let mut r = vec![0u8; RECORD_BYTES as usize];
+        let n = dhrd_io::read_full(fast, &mut r, RECORD_OFFSET + copy * RECORD_BYTES)?;
+        r.truncate(n);
+        if let Some(rec) = Record::decode(&r) {
+            if offset_of(rec.seq) != RECORD_OFFSET + copy * RECORD_BYTES {
+                continue; // a copy at the wrong place is not ours
+            }
+            if best.as_ref().is_none_or(|b| rec.seq > b.seq) {
+                best = Some(rec);
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Compares the fast device's record with `lower`. Returns the verdict and the sequence
+/// number the next record takes.
+pub fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io::Result<(Verdict, u64)> {
+    let Some(rec) = newest(fast)? else {
+        return Ok((Verdict::Unrecorded, 1));
+    };
+    let next = rec.seq + 1;
+    if rec.key_sum != fnv64(lower.key.as_bytes()) {
+        return Ok((Verdict::Foreign(rec.key), next));
+    }
+    if rec.attached {
+        return Ok((Verdict::Same, next));
+    }
+    let changed = match (rec.stamp, lower.stamp_now()?) {
+        (Some(then), Some(now)) => then != now,
+        // Stamped then and not now (or the reverse): the device is not what it was.
+        (Some(_), None) | (None, Some(_)) => true,
+        (None, None) => false,
+    };
+    Ok((
+        if changed {
+            Verdict::Changed
+        } else {
+            Verdict::Same
+        },
+        next,
+    ))
+}
+
+fn write_record<F: Durable + ?Sized>(fast: &F, rec: &Record) -> io::Result<()> {
+    fast.write_at(&rec.encode(), offset_of(rec.seq))?;
+    fast.sync()
+}
+
+/// Records durably that `lower` is attached, as record `seq`. Call before anything may
+/// write the slow device.
+pub fn attach<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity, seq: u64) -> io::Result<()> {
+    write_record(
+        fast,
+        &Record {
+            seq,
+            attached: true,
+            stamp: None,
+            key_sum: fnv64(lower.key.as_bytes()),
+            key: lower.key.clone(),
+        },
+    )
+}
+
+/// Records durably that `lower` was detached cleanly, with its stamp now, as record `seq`.
+/// Call after the last write to the slow device and its sync.
+pub fn detach<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity, seq: u64) -> io::Result<()> {
+    write_record(
+        fast,
+        &Record {
+            seq,
+            attached: false,
+            stamp: lower.stamp_now()?,
+            key_sum: fnv64(lower.key.as_bytes()),
+            key: lower.key.clone(),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dhrd_io::SimBacking;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn stamped(key: &str, stamp: Arc<AtomicU64>) -> LowerIdentity {
+        LowerIdentity {
+            key: key.into(),
+            stamp: Some(Arc::new(move || Ok(stamp.load(Ordering::SeqCst)))),
+            adopt: false,
+        }
+    }
+
+    #[test]
+    fn the_record_tells_same_foreign_and_changed() -> io::Result<()> {
+        let fast = SimBacking::from_bytes(vec![0; 4096], 1);
+        let stamp = Arc::new(AtomicU64::new(7));
+        let a = stamped("a", stamp.clone());
+        let (v, seq) = check(&fast, &a)?;
+        assert_eq!(v, Verdict::Unrecorded);
+        attach(&fast, &a, seq)?;
+        // Attached (or crashed while attached): trusted whatever the stamp says.
+        stamp.store(8, Ordering::SeqCst);
+        let (v, seq) = check(&fast, &a)?;
+        assert_eq!(v, Verdict::Same);
+        detach(&fast, &a, seq)?;
+        let (v, seq2) = check(&fast, &a)?;
+        assert_eq!((v, seq2), (Verdict::Same, seq + 1));
+        let (v, _) = check(&fast, &LowerIdentity::named("b"))?;
+        assert_eq!(v, Verdict::Foreign("a".into()));
+        stamp.store(9, Ordering::SeqCst);
+        let (v, _) = check(&fast, &a)?;
+        assert_eq!(v, Verdict::Changed);
+        assert!(!v.trusted());
+        Ok(())
+    }
+
+    #[test]
+    fn a_torn_record_leaves_the_one_before() -> io::Result<()> {
+        let fast = SimBacking::from_bytes(vec![0; 4096], 1);
+        let a = LowerIdentity::named("a");
+        attach(&fast, &a, 1)?;
+        detach(&fast, &a, 2)?;
+        // Record 3 torn half-way: record 2 (detached) is the newest valid one.
+        let rec = Record {
+            seq: 3,
+            attached: true,
+            stamp: None,
+            key_sum: fnv64(b"a"),
+            key: "a".into(),
+        }
+        .encode();
+        fast.write_at(&rec[..100], offset_of(3))?;
+        let got = newest(&fast)?.map(|r| (r.seq, r.attached));
+        assert_eq!(got, Some((2, false)));
+        Ok(())
+    }
+
+    #[test]
+    fn long_keys_are_cut_but_compared_whole() -> io::Result<()> {
+        let fast = SimBacking::from_bytes(vec![0; 4096], 1);
+        let long = "é".repeat(400);
+        let a = LowerIdentity::named(long.clone());
+        attach(&fast, &a, 1)?;
+        assert_eq!(check(&fast, &a)?.0, Verdict::Same);
+        let other = LowerIdentity::named(format!("{long}x"));
+        match check(&fast, &other)?.0 {
+            Verdict::Foreign(k) => assert!(k.len() <= KEY_BYTES_MAX && long.starts_with(&k)),
+            v => panic!("{v:?}"),
+        }
+        Ok(())
+    }
+}
