@@ -100,13 +100,16 @@ pub fn describe(s: &WriteBackStats) -> String {
 pub fn drain(wb: &NvmTier, timeout: Duration) {
     let done = wb.drain(timeout);
     let s = wb.stats();
+    if let Some(why) = wb.failure() {
+        eprintln!("dhrd nbd: the --ram-file failed: {why}");
+    }
     if done {
         eprintln!("dhrd nbd: write-back complete: {}", describe(&s));
     } else {
         eprintln!(
-            "dhrd nbd: write-back not finished after {} s: {}; the dirty chunks are safe in the \
+            "dhrd nbd: write-back not finished{}: {}; the dirty chunks are safe in the \
              --ram-file and are written back at the next start",
-            timeout.as_secs(),
+            stopped_after(wb.failure().is_some(), timeout),
             describe(&s)
         );
     }
@@ -162,14 +165,26 @@ pub fn describe_tier(s: &TierStats) -> String {
 pub fn drain_tier(t: &SsdTier, timeout: Duration) {
     let done = t.drain(timeout);
     let s = t.stats();
+    if let Some(why) = t.failure() {
+        eprintln!("dhrd nbd: the --tier-ssd failed: {why}");
+    }
     if done {
         eprintln!("dhrd nbd: SSD tier written back: {}", describe_tier(&s));
     } else {
         eprintln!(
-            "dhrd nbd: SSD tier write-back not finished after {} s: {}; the dirty chunks are \
+            "dhrd nbd: SSD tier write-back not finished{}: {}; the dirty chunks are \
              safe on the SSD and are written back at the next start",
-            timeout.as_secs(),
+            stopped_after(t.failure().is_some(), timeout),
             describe_tier(&s)
         );
+    }
+}
+
+/// How an unfinished drain ended: it gave up at once on a failed tier, or timed out.
+fn stopped_after(failed: bool, timeout: Duration) -> String {
+    if failed {
+        String::new()
+    } else {
+        format!(" after {} s", timeout.as_secs())
     }
 }

@@ -5,7 +5,8 @@
 //! Invariants: a device is formatted by truncating it, sizing it, syncing, then writing
 //! and syncing the header, so a crash in between leaves no header and the next open
 //! formats again. The write-back loop holds no lock while it works on a unit, retries a
-//! failed unit with doubling back-off, and can always be stopped within one wait.
+//! failed unit with doubling back-off, and can always be stopped within one wait; a panic
+//! while it works fails the layer for good (never a write-back thread gone unnoticed).
 //!
 //! Crash semantics: none of its own; the callers' modules state theirs.
 
@@ -13,6 +14,7 @@ use dhrd_io::Durable;
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Back-off after a failed write-back, doubling up to the maximum.
@@ -30,6 +32,17 @@ pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
     })
+}
+
+/// The message of a panic's payload.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        return (*s).to_string();
+    }
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_else(|| "no message".into())
 }
 
 /// Formats `dev` to `dev_bytes` of zeros with `header` (padded to `header_bytes`) at 0.
@@ -89,6 +102,9 @@ pub(crate) struct StickyFailure {
     synced: AtomicU64,
     /// What `check` says once failed.
     why: &'static str,
+    /// What `check` says instead, when the failure was not the device's (a panic of the
+    /// write-back).
+    cause: OnceLock<String>,
 }
 
 impl StickyFailure {
@@ -99,7 +115,20 @@ impl StickyFailure {
             begun: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             why,
+            cause: OnceLock::new(),
         }
+    }
+
+    /// Fails for good for a reason other than the device's (the first reason given stays).
+    pub(crate) fn fail_because(&self, cause: String) {
+        let _ = self.cause.set(cause);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Why it failed, once it did.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.is_failed()
+            .then(|| self.cause.get().cloned().unwrap_or_else(|| self.why.into()))
     }
 
     pub(crate) fn is_failed(&self) -> bool {
@@ -131,8 +160,8 @@ impl StickyFailure {
 
     /// Err once the device failed.
     pub(crate) fn check(&self) -> io::Result<()> {
-        if self.is_failed() {
-            return Err(io::Error::other(self.why));
+        if let Some(why) = self.failure() {
+            return Err(io::Error::other(why));
         }
         Ok(())
     }
@@ -144,6 +173,9 @@ pub(crate) struct Background<'a, S> {
     pub cv: &'a Condvar,
     pub stop: &'a AtomicBool,
     pub failures: &'a AtomicU64,
+    /// The layer's sticky failure: a panic of `work` sets it, and `drain` gives up once it
+    /// is set (nothing is written back after it).
+    pub failed: &'a StickyFailure,
 }
 
 impl<S> Background<'_, S> {
@@ -169,8 +201,25 @@ impl<S> Background<'_, S> {
                     self.cv.wait_for(&mut st, IDLE_WAIT);
                 }
             };
-            let r = work(unit);
+            // A panic here is a broken invariant (or a device that panics). Caught, so that it
+            // cannot stop the write-back unnoticed: the layer fails for good, as after a
+            // device failure (writes refused, reads go on), with the panic as the cause, and
+            // the dirty units stay where they are for the next open.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(unit)));
             release(&mut self.state.lock(), unit);
+            let r = match r {
+                Ok(r) => r,
+                Err(payload) => {
+                    self.failures.fetch_add(1, Ordering::Relaxed);
+                    self.failed.fail_because(format!(
+                        "the write-back stopped on a panic ({}): writes are refused, and the \
+                         dirty data on the fast device is written back when it is opened again",
+                        panic_text(payload.as_ref())
+                    ));
+                    self.cv.notify_all();
+                    return;
+                }
+            };
             self.cv.notify_all();
             match r {
                 Ok(()) => backoff = RETRY_BASE,
@@ -192,6 +241,9 @@ impl<S> Background<'_, S> {
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock();
         while dirty(&st) > 0 {
+            if self.failed.is_failed() {
+                return false; // nothing is written back any more
+            }
             self.cv.notify_all();
             if self.cv.wait_until(&mut st, deadline).timed_out() {
                 return dirty(&st) == 0;

@@ -41,3 +41,32 @@ pub(crate) fn check(got: &[u8], acked: &[u8], inflight: Option<&(u64, Vec<u8>)>,
         assert!(ok, "{what}: byte {i} is {g:#x}, acknowledged {a:#x}");
     }
 }
+
+/// A slow device that panics on writes while `armed`: a stand-in for a broken invariant in
+/// the write-back.
+pub(crate) struct Panicky {
+    pub inner: std::sync::Arc<dhrd_io::SimBacking>,
+    pub armed: std::sync::atomic::AtomicBool,
+}
+
+impl Durable for Panicky {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        assert!(
+            !self.armed.load(std::sync::atomic::Ordering::SeqCst),
+            "a test's broken invariant"
+        );
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+}

@@ -507,6 +507,12 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         }
     }
 
+    /// Why writes are refused, once a write or sync of the fast device failed or the
+    /// write-back stopped on a panic.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failed.failure()
+    }
+
     /// Waits until no slot is dirty (or `timeout` passes); true when clean.
     pub fn drain(&self, timeout: Duration) -> bool {
         self.shared.background().drain(timeout, |st| st.dirty)
@@ -544,6 +550,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             cv: &self.cv,
             stop: &self.stop,
             failures: &self.failures,
+            failed: &self.failed,
         }
     }
 

@@ -361,6 +361,12 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
         self.shared.distrust.as_deref()
     }
 
+    /// Why writes are refused, once a write or sync of the fast device failed or the
+    /// write-back stopped on a panic.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failed.failure()
+    }
+
     /// Waits until no chunk is dirty (or `timeout` passes); true when clean.
     pub fn drain(&self, timeout: Duration) -> bool {
         self.shared.background().drain(timeout, |st| st.dirty)
@@ -402,6 +408,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             cv: &self.cv,
             stop: &self.stop,
             failures: &self.failures,
+            failed: &self.failed,
         }
     }
 

@@ -733,3 +733,59 @@ fn a_crash_while_adopting_loses_nothing() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// A panic in the write-back fails the tier for good, visibly: writes are refused with the
+/// panic as the cause, `drain` gives up at once, reads go on, and the next open writes the
+/// dirty chunk back.
+#[test]
+fn a_panic_in_the_write_back_fails_the_tier_visibly() -> io::Result<()> {
+    use crate::testutil::Panicky;
+    let ssd = Arc::new(SimBacking::new(1));
+    let lower = Arc::new(SimBacking::from_bytes(initial(), 2));
+    let panicky = Arc::new(Panicky {
+        inner: lower.clone(),
+        armed: std::sync::atomic::AtomicBool::new(true),
+    });
+    let mut want = initial();
+    want[..CB as usize].fill(5);
+    {
+        let t = Tiered::open(
+            ssd.clone(),
+            panicky.clone(),
+            lower_id(),
+            SSD_BYTES,
+            CB,
+            TierMode::WriteBack,
+            2,
+        )?;
+        t.write_at(&[5; CB as usize], 0)?;
+        let started = std::time::Instant::now();
+        assert!(!t.drain(WAIT));
+        assert!(
+            started.elapsed() < WAIT,
+            "drain waited for a dead write-back"
+        );
+        let why = t.failure().unwrap_or_default();
+        assert!(why.contains("a test's broken invariant"), "{why}");
+        let e = t
+            .write_at(&[6; 10], CB)
+            .err()
+            .ok_or_else(|| io::Error::other("a write was taken after the panic"))?;
+        assert!(e.to_string().contains("panic"), "{e}");
+        same(&read_all(&t, SIZE), &want, "reads after the panic");
+    }
+    panicky.armed.store(false, Ordering::SeqCst);
+    let t = Tiered::open(
+        ssd,
+        panicky,
+        lower_id(),
+        SSD_BYTES,
+        CB,
+        TierMode::WriteBack,
+        1,
+    )?;
+    assert_eq!(t.stats().dirty_at_open, 1);
+    assert!(t.drain(WAIT));
+    same(&lower.volatile(), &want, "lower tier after the reopen");
+    Ok(())
+}

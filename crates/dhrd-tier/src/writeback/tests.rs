@@ -353,3 +353,33 @@ fn a_fast_device_serves_only_the_slow_device_it_was_made_for() -> io::Result<()>
     same(&read_all(&wb, SIZE), &want, "after the change");
     Ok(())
 }
+
+#[test]
+fn a_panic_in_the_write_back_fails_the_layer_visibly() -> io::Result<()> {
+    use crate::testutil::Panicky;
+    let fast = Arc::new(SimBacking::new(1));
+    let slow = Arc::new(SimBacking::from_bytes(initial(), 2));
+    let panicky = Arc::new(Panicky {
+        inner: slow.clone(),
+        armed: std::sync::atomic::AtomicBool::new(true),
+    });
+    let mut want = initial();
+    want[..10].fill(5);
+    {
+        let wb = WriteBack::open(fast.clone(), panicky.clone(), slow_id(), CB, 2)?;
+        wb.write_at(&[5; 10], 0)?;
+        assert!(!wb.drain(WAIT));
+        let why = wb.failure().unwrap_or_default();
+        assert!(why.contains("a test's broken invariant"), "{why}");
+        assert!(wb.write_at(&[6; 10], CB).is_err());
+        same(&read_all(&wb, SIZE), &want, "reads after the panic");
+    }
+    panicky
+        .armed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let wb = WriteBack::open(fast, panicky, slow_id(), CB, 1)?;
+    assert_eq!(wb.stats().chunks_dirty_at_open, 1);
+    assert!(wb.drain(WAIT));
+    same(&slow.volatile(), &want, "slow device after the reopen");
+    Ok(())
+}
