@@ -162,6 +162,10 @@ def start(ctx, config, data, ssd, ssd_bytes, mem, keep_ssd=False):
     status = os.path.join(ctx.out, "logs", f"tier-{config}.status.json")
     cmd = [ctx.ws.dhrd, "nbd", "--backing", data, "--backing-timing", "hdd", "--socket", sock,
            "--chunk", str(CHUNK), "--status-file", status, "--no-prefill"]
+    if not keep_ssd:
+        # Each configuration starts afresh: whatever an earlier one's cache tier still held
+        # (part B kills it on purpose) is thrown away, so its mark on the lower tier goes.
+        cmd.append("--drop-cache-mark")
     if config == "lower":
         cmd += ["--mem", "0"]
     else:

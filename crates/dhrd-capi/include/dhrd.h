@@ -75,7 +75,9 @@ typedef struct dhrd_options {
   // (or this one was moved or copied), or the backing was changed while no object was
   // open over it, its clean chunks are dropped; while it holds dirty chunks `dhrd_open`
   // fails with `EINVAL`, unless this is true: then the dirty chunks are kept and written
-  // back over the backing.
+  // back over the backing. While an SSD tier holds data its backing file lacks, the
+  // file carries the extended attribute `user.dhrd.cache`, and `dhrd_open` of it without
+  // that SSD tier fails with `EBUSY` (remove the attribute to use the file as it is).
   bool tier_adopt;
 } dhrd_options;
 
@@ -156,8 +158,11 @@ int dhrd_options_default(struct dhrd_options *opts);
 // for one pointer.
 int dhrd_open(const char *path, const struct dhrd_options *opts, struct dhrd_object **out);
 
-// Makes every write durable, stops the loader and frees the handle. The handle is gone
-// even when the flush fails (the error is returned): close exactly once.
+// Makes every write durable, stops the loader and frees the handle. With an SSD tier it
+// waits up to `TIER_DRAIN_ON_CLOSE` (60 s, as `dhrd nbd`'s clean stop) for the tier's
+// write-back; what is left stays safe on the SSD, is written back at the next open, and
+// keeps the backing marked until then. The handle is gone even when the flush fails (the
+// error is returned): close exactly once.
 //
 // # Safety
 // `obj` is null (then `EINVAL`) or a handle from `dhrd_open` that no other thread is

@@ -102,7 +102,9 @@ pub struct dhrd_options {
     /// (or this one was moved or copied), or the backing was changed while no object was
     /// open over it, its clean chunks are dropped; while it holds dirty chunks `dhrd_open`
     /// fails with `EINVAL`, unless this is true: then the dirty chunks are kept and written
-    /// back over the backing.
+    /// back over the backing. While an SSD tier holds data its backing file lacks, the
+    /// file carries the extended attribute `user.dhrd.cache`, and `dhrd_open` of it without
+    /// that SSD tier fails with `EBUSY` (remove the attribute to use the file as it is).
     pub tier_adopt: bool,
 }
 
@@ -420,6 +422,10 @@ pub unsafe extern "C" fn dhrd_open(
         let tier_opts = unsafe { tier_options_of(&o) }?;
         let (backing, preferred_chunk, mut identity) = open_backing(path, &o, &fopts)?;
         identity.adopt = o.tier_adopt;
+        if tier_opts.is_none() {
+            // A backing a cache marked as lacking its data is not served without it.
+            dhrd_tier::pairing::check_mark(&identity, None).map_err(|_| libc::EBUSY)?;
+        }
         let backing: Arc<dyn Durable> = match timing {
             Some(p) => Arc::new(Timed::new(backing, p)),
             None => backing,
@@ -452,8 +458,11 @@ pub unsafe extern "C" fn dhrd_open(
     })
 }
 
-/// Makes every write durable, stops the loader and frees the handle. The handle is gone
-/// even when the flush fails (the error is returned): close exactly once.
+/// Makes every write durable, stops the loader and frees the handle. With an SSD tier it
+/// waits up to `TIER_DRAIN_ON_CLOSE` (60 s, as `dhrd nbd`'s clean stop) for the tier's
+/// write-back; what is left stays safe on the SSD, is written back at the next open, and
+/// keeps the backing marked until then. The handle is gone even when the flush fails (the
+/// error is returned): close exactly once.
 ///
 /// # Safety
 /// `obj` is null (then `EINVAL`) or a handle from `dhrd_open` that no other thread is
@@ -466,9 +475,16 @@ pub unsafe extern "C" fn dhrd_close(obj: *mut dhrd_object) -> c_int {
         }
         // SAFETY: a handle from `dhrd_open` (Box::into_raw), closed once per the contract.
         let b = unsafe { Box::from_raw(obj) };
-        b.obj.close().map_err(|e| errno_of(&e))
+        let r = b.obj.close().map_err(|e| errno_of(&e));
+        if let Some(t) = &b.tier {
+            t.drain(TIER_DRAIN_ON_CLOSE);
+        }
+        r
     })
 }
+
+/// How long `dhrd_close` waits for an SSD tier's write-back.
+const TIER_DRAIN_ON_CLOSE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Reads up to `len` bytes at `offset` into `buf`, like pread(2): `*nread` is less than
 /// `len` only at the end of the object (0 at or past it).

@@ -136,6 +136,12 @@ pub struct NbdArgs {
     /// writes them back over the backing instead.
     #[arg(long)]
     pub adopt_cache: bool,
+    /// Start although the backing is marked as lacking data that a --tier-ssd or
+    /// --ram-file holds (that cache was not stopped cleanly, or its write-back did not
+    /// finish): without that cache, or with another one, its data is lost for the backing.
+    /// The mark is removed, or replaced by the new cache's.
+    #[arg(long)]
+    pub drop_cache_mark: bool,
     /// sync (every write durable before its reply), fsync (durable at FLUSH/FUA) or
     /// periodic:N (fsync plus a flush every N seconds).
     #[arg(long, default_value = "sync")]
@@ -259,6 +265,12 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         mut identity,
     } = open_backing(&a)?;
     identity.adopt = a.adopt_cache;
+    identity.ignore_mark = a.drop_cache_mark;
+    let cached = a.tier_ssd.is_some()
+        || (a.ram_file.is_some() && a.ram_kind == Some(crate::nvm::RamKind::Nvm));
+    if !cached {
+        uncached_start(&identity, a.read_only)?;
+    }
     // Described before the timing wrapper, which the startup line names on its own.
     let describe = backing.describe();
     let backing = crate::timing::wrap(backing, a.backing_timing);
@@ -517,6 +529,34 @@ fn owner_record_dir(a: &NbdArgs) -> Option<PathBuf> {
         }
     }
     Some(dir)
+}
+
+/// A start without a cache over a backing a cache marked as lacking its data: refused, or
+/// with --drop-cache-mark the mark is removed (a read-only start only warns).
+fn uncached_start(identity: &LowerIdentity, read_only: bool) -> anyhow::Result<()> {
+    let Some(mark) = identity.mark.as_ref() else {
+        return Ok(());
+    };
+    let Some(text) = mark.get().context("reading the backing's cache mark")? else {
+        return Ok(());
+    };
+    if !identity.ignore_mark {
+        dhrd_tier::pairing::check_mark(identity, None)?;
+    }
+    if read_only {
+        eprintln!(
+            "dhrd nbd: warning: serving {} although it lacks data that {text} holds",
+            identity.key
+        );
+        return Ok(());
+    }
+    dhrd_tier::pairing::clear_mark(identity).context("removing the backing's cache mark")?;
+    eprintln!(
+        "dhrd nbd: --drop-cache-mark: {} is served without the data {text} holds; its mark \
+         is removed",
+        identity.key
+    );
+    Ok(())
 }
 
 /// An open backing, with what the export needs to know of it.

@@ -98,6 +98,31 @@ fn the_ssd_tier_serves_only_the_backing_it_was_made_for() {
         .unwrap_or_else(|e| panic!("write: {e}"));
     drop(c);
     d.kill9();
+    // Without the tier, a is refused: it lacks the block the SSD holds (where the file
+    // system keeps user extended attributes, which carry the mark).
+    let marked = dhrd_io::xattr::get(
+        &std::fs::File::open(&a).unwrap_or_else(|e| panic!("{e}")),
+        dhrd_tier::pairing::MARK_XATTR,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    if let Some(text) = marked {
+        assert!(text.starts_with(b"dhrd cache "), "{text:?}");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dhrd"))
+            .args(["nbd", "--socket"])
+            .arg(dir.path().join("plain.sock"))
+            .arg("--backing")
+            .arg(&a)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        assert!(
+            said.contains("lacks data") && said.contains("--drop-cache-mark"),
+            "{said}"
+        );
+    } else {
+        eprintln!("no user extended attributes here: the mark is not tested");
+    }
     // Over b: refused, with the way out named.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dhrd"))
         .args(["nbd", "--socket"])

@@ -20,6 +20,7 @@ pub mod pagecache;
 mod rng;
 mod sim;
 mod timed;
+pub mod xattr;
 
 pub use file::{FileBacking, FileOptions, WriteSync, DIRECT_ALIGN_BYTES};
 pub use rng::SplitMix64;

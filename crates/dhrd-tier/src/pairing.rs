@@ -19,6 +19,12 @@
 //! them) and [`attach`] writes ATTACHED durably before anything may write the slow device.
 //! At a clean close [`detach`] writes DETACHED with the stamp.
 //!
+//! The record is on the fast device, so it cannot stop a start that leaves the cache out.
+//! A [`CacheMark`] on the slow device itself (a regular file's extended attribute
+//! [`MARK_XATTR`]) does: it names the cache (a random id kept in the record) and is set,
+//! durably, at every open before anything is written, and removed at a clean close that
+//! left nothing dirty. [`check_mark`] refuses a start without that cache, or with another.
+//!
 //! Invariants: the slow device is written by the write-back only while the newest durable
 //! record says ATTACHED with its key; so a DETACHED record's stamp was the slow device's
 //! stamp when the pair was last closed, and a different stamp now means another writer.
@@ -44,6 +50,9 @@ const COPIES: u64 = 2;
 const MAGIC: &[u8; 8] = b"DHRDPR01";
 /// Longest key kept (longer keys are cut; the checksum of the whole key is kept too).
 pub const KEY_BYTES_MAX: usize = 440;
+/// The extended attribute by which a cache marks a backing file that lacks data the cache
+/// holds.
+pub const MARK_XATTR: &str = "user.dhrd.cache";
 const STATE_ATTACHED: u8 = 1;
 const STATE_DETACHED: u8 = 2;
 // Field offsets inside a record.
@@ -53,7 +62,8 @@ const AT_HAS_STAMP: usize = 17;
 const AT_KEY_LEN: usize = 18;
 const AT_STAMP: usize = 24;
 const AT_KEY_SUM: usize = 32;
-const AT_KEY: usize = 40;
+const AT_CACHE_ID: usize = 40;
+const AT_KEY: usize = 48;
 const AT_SUM: usize = RECORD_BYTES as usize - 8;
 
 /// A function returning the slow device's stamp now.
@@ -72,6 +82,43 @@ pub struct LowerIdentity {
     /// changed while detached, and write them back over it (clean copies are dropped all
     /// the same). Without it such a device is refused while it holds dirty data.
     pub adopt: bool,
+    /// Where the cache marks the device as lacking data the cache holds (a regular file's
+    /// extended attribute [`MARK_XATTR`]), so that a start without this cache, or with
+    /// another one, is refused. None where there is no such place.
+    pub mark: Option<Arc<dyn CacheMark>>,
+    /// Start although the device is marked by another cache (whose data is then lost for
+    /// it); the mark is replaced.
+    pub ignore_mark: bool,
+}
+
+/// A place on the slow device itself that says which cache holds data it lacks.
+pub trait CacheMark: Send + Sync {
+    /// The mark, if the device has one.
+    fn get(&self) -> io::Result<Option<String>>;
+    /// Sets the mark durably. `ErrorKind::Unsupported` where it cannot be kept.
+    fn set(&self, text: &str) -> io::Result<()>;
+    /// Removes the mark durably.
+    fn clear(&self) -> io::Result<()>;
+}
+
+/// [`CacheMark`] as the extended attribute [`MARK_XATTR`] of a regular file.
+struct XattrMark {
+    file: std::fs::File,
+}
+
+impl CacheMark for XattrMark {
+    fn get(&self) -> io::Result<Option<String>> {
+        let v = dhrd_io::xattr::get(&self.file, MARK_XATTR)?;
+        Ok(v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+    fn set(&self, text: &str) -> io::Result<()> {
+        dhrd_io::xattr::set(&self.file, MARK_XATTR, text.as_bytes())?;
+        self.file.sync_all()
+    }
+    fn clear(&self) -> io::Result<()> {
+        dhrd_io::xattr::remove(&self.file, MARK_XATTR)?;
+        self.file.sync_all()
+    }
 }
 
 impl std::fmt::Debug for LowerIdentity {
@@ -80,6 +127,8 @@ impl std::fmt::Debug for LowerIdentity {
             .field("key", &self.key)
             .field("stamped", &self.stamp.is_some())
             .field("adopt", &self.adopt)
+            .field("marked", &self.mark.is_some())
+            .field("ignore_mark", &self.ignore_mark)
             .finish()
     }
 }
@@ -91,6 +140,8 @@ impl LowerIdentity {
             key: key.into(),
             stamp: None,
             adopt: false,
+            mark: None,
+            ignore_mark: false,
         }
     }
 
@@ -102,7 +153,7 @@ impl LowerIdentity {
     /// The identity of a file or block device opened as `backing`: a regular file by its
     /// device and inode numbers (so a rename keeps it, a copy or another file at the same
     /// path does not), stamped by its modification time and size; a block device by its
-    /// path, unstamped.
+    /// path, unstamped. A regular file is marked by its extended attribute [`MARK_XATTR`].
     pub fn of_file(backing: &dhrd_io::FileBacking) -> io::Result<Self> {
         use std::os::unix::fs::MetadataExt;
         let m = backing.file().metadata()?;
@@ -114,6 +165,9 @@ impl LowerIdentity {
                 .unwrap_or_default();
             return Ok(Self::named(format!("block device {path}")));
         }
+        let mark: Arc<dyn CacheMark> = Arc::new(XattrMark {
+            file: backing.file().try_clone()?,
+        });
         let file = backing.file().try_clone()?;
         let stamp: StampFn = Arc::new(move || {
             let m = file.metadata()?;
@@ -127,6 +181,8 @@ impl LowerIdentity {
             key: format!("file on device {:#x}, inode {}", m.dev(), m.ino()),
             stamp: Some(stamp),
             adopt: false,
+            mark: Some(mark),
+            ignore_mark: false,
         })
     }
 
@@ -139,6 +195,9 @@ impl LowerIdentity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Record {
     seq: u64,
+    /// Names the cache (the fast device's contents), random, kept from record to record
+    /// until the fast device is formatted again.
+    cache_id: u64,
     attached: bool,
     stamp: Option<u64>,
     key_sum: u64,
@@ -160,6 +219,7 @@ impl Record {
         r[AT_KEY_LEN..AT_KEY_LEN + 2].copy_from_slice(&(key.len() as u16).to_le_bytes());
         r[AT_STAMP..AT_STAMP + 8].copy_from_slice(&self.stamp.unwrap_or(0).to_le_bytes());
         r[AT_KEY_SUM..AT_KEY_SUM + 8].copy_from_slice(&self.key_sum.to_le_bytes());
+        r[AT_CACHE_ID..AT_CACHE_ID + 8].copy_from_slice(&self.cache_id.to_le_bytes());
         r[AT_KEY..AT_KEY + key.len()].copy_from_slice(key.as_bytes());
         let sum = fnv64(&r[..AT_SUM]);
         r[AT_SUM..].copy_from_slice(&sum.to_le_bytes());
@@ -183,6 +243,7 @@ impl Record {
         let key = String::from_utf8_lossy(r.get(AT_KEY..AT_KEY + key_len)?).into_owned();
         Some(Self {
             seq: u64_at(r, AT_SEQ),
+            cache_id: u64_at(r, AT_CACHE_ID),
             attached,
             stamp: (r[AT_HAS_STAMP] == 1).then(|| u64_at(r, AT_STAMP)),
             key_sum: u64_at(r, AT_KEY_SUM),
@@ -263,18 +324,35 @@ fn newest<F: Durable + ?Sized>(fast: &F) -> io::Result<Option<Record>> {
     Ok(best)
 }
 
-/// Compares the fast device's record with `lower`. Returns the verdict and the sequence
-/// number the next record takes.
-pub fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io::Result<(Verdict, u64)> {
+/// What [`check`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub verdict: Verdict,
+    /// The sequence number the next record takes.
+    pub next_seq: u64,
+    /// The cache's id as recorded, if there is a record.
+    pub cache_id: Option<u64>,
+}
+
+/// Compares the fast device's record with `lower`.
+pub fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io::Result<Checked> {
     let Some(rec) = newest(fast)? else {
-        return Ok((Verdict::Unrecorded, 1));
+        return Ok(Checked {
+            verdict: Verdict::Unrecorded,
+            next_seq: 1,
+            cache_id: None,
+        });
     };
-    let next = rec.seq + 1;
+    let checked = |verdict| Checked {
+        verdict,
+        next_seq: rec.seq + 1,
+        cache_id: Some(rec.cache_id),
+    };
     if rec.key_sum != fnv64(lower.key.as_bytes()) {
-        return Ok((Verdict::Foreign(rec.key), next));
+        return Ok(checked(Verdict::Foreign(rec.key.clone())));
     }
     if rec.attached {
-        return Ok((Verdict::Same, next));
+        return Ok(checked(Verdict::Same));
     }
     let changed = match (rec.stamp, lower.stamp_now()?) {
         (Some(then), Some(now)) => then != now,
@@ -282,14 +360,63 @@ pub fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io::Result
         (Some(_), None) | (None, Some(_)) => true,
         (None, None) => false,
     };
-    Ok((
-        if changed {
-            Verdict::Changed
-        } else {
-            Verdict::Same
-        },
-        next,
+    Ok(checked(if changed {
+        Verdict::Changed
+    } else {
+        Verdict::Same
+    }))
+}
+
+/// A new cache id: the fast device was just formatted.
+pub fn new_cache_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut r = dhrd_io::SplitMix64::new(t ^ (u64::from(std::process::id()) << 32));
+    r.next_u64().max(1)
+}
+
+/// What the mark of cache `cache_id` on `fast` says.
+pub fn mark_text(cache_id: u64, fast: &str) -> String {
+    format!("dhrd cache {cache_id:016x} on {fast}")
+}
+
+/// Refuses to go on when `lower` is marked by a cache other than `cache_id` (None: no
+/// cache, a plain start), unless `lower.ignore_mark`. Call before anything changes.
+pub fn check_mark(lower: &LowerIdentity, cache_id: Option<u64>) -> io::Result<()> {
+    let Some(mark) = &lower.mark else {
+        return Ok(());
+    };
+    let Some(text) = mark.get()? else {
+        return Ok(());
+    };
+    let ours = cache_id.is_some_and(|id| text.contains(&format!("cache {id:016x} ")));
+    if ours || lower.ignore_mark {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        format!(
+            "{} lacks data that {text} holds (it was not stopped cleanly, or its write-back \
+             did not finish): start with that cache to write the data back, or, to use the \
+             backing as it is and lose that data for it, start with --drop-cache-mark",
+            lower.key
+        ),
     ))
+}
+
+/// Marks `lower` as lacking data cache `text` holds, durably (where it can be marked).
+pub fn set_mark(lower: &LowerIdentity, text: &str) -> io::Result<()> {
+    match lower.mark.as_ref().map(|m| m.set(text)) {
+        Some(Err(e)) if e.kind() != io::ErrorKind::Unsupported => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes `lower`'s mark (after a clean stop that left nothing dirty).
+pub fn clear_mark(lower: &LowerIdentity) -> io::Result<()> {
+    lower.mark.as_ref().map_or(Ok(()), |m| m.clear())
 }
 
 fn write_record<F: Durable + ?Sized>(fast: &F, rec: &Record) -> io::Result<()> {
@@ -297,13 +424,19 @@ fn write_record<F: Durable + ?Sized>(fast: &F, rec: &Record) -> io::Result<()> {
     fast.sync()
 }
 
-/// Records durably that `lower` is attached, as record `seq`. Call before anything may
-/// write the slow device.
-pub fn attach<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity, seq: u64) -> io::Result<()> {
+/// Records durably that `lower` is attached to cache `cache_id`, as record `seq`. Call
+/// before anything may write the slow device.
+pub fn attach<F: Durable + ?Sized>(
+    fast: &F,
+    lower: &LowerIdentity,
+    seq: u64,
+    cache_id: u64,
+) -> io::Result<()> {
     write_record(
         fast,
         &Record {
             seq,
+            cache_id,
             attached: true,
             stamp: None,
             key_sum: fnv64(lower.key.as_bytes()),
@@ -312,13 +445,19 @@ pub fn attach<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity, seq: u64) ->
     )
 }
 
-/// Records durably that `lower` was detached cleanly, with its stamp now, as record `seq`.
-/// Call after the last write to the slow device and its sync.
-pub fn detach<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity, seq: u64) -> io::Result<()> {
+/// Records durably that `lower` was detached cleanly from cache `cache_id`, with its stamp
+/// now, as record `seq`. Call after the last write to the slow device and its sync.
+pub fn detach<F: Durable + ?Sized>(
+    fast: &F,
+    lower: &LowerIdentity,
+    seq: u64,
+    cache_id: u64,
+) -> io::Result<()> {
     write_record(
         fast,
         &Record {
             seq,
+            cache_id,
             attached: false,
             stamp: lower.stamp_now()?,
             key_sum: fnv64(lower.key.as_bytes()),
@@ -337,7 +476,7 @@ mod tests {
         LowerIdentity {
             key: key.into(),
             stamp: Some(Arc::new(move || Ok(stamp.load(Ordering::SeqCst)))),
-            adopt: false,
+            ..LowerIdentity::named(key)
         }
     }
 
@@ -346,20 +485,20 @@ mod tests {
         let fast = SimBacking::from_bytes(vec![0; 4096], 1);
         let stamp = Arc::new(AtomicU64::new(7));
         let a = stamped("a", stamp.clone());
-        let (v, seq) = check(&fast, &a)?;
-        assert_eq!(v, Verdict::Unrecorded);
-        attach(&fast, &a, seq)?;
+        let c = check(&fast, &a)?;
+        assert_eq!((c.verdict, c.cache_id), (Verdict::Unrecorded, None));
+        attach(&fast, &a, c.next_seq, 42)?;
         // Attached (or crashed while attached): trusted whatever the stamp says.
         stamp.store(8, Ordering::SeqCst);
-        let (v, seq) = check(&fast, &a)?;
-        assert_eq!(v, Verdict::Same);
-        detach(&fast, &a, seq)?;
-        let (v, seq2) = check(&fast, &a)?;
-        assert_eq!((v, seq2), (Verdict::Same, seq + 1));
-        let (v, _) = check(&fast, &LowerIdentity::named("b"))?;
+        let c = check(&fast, &a)?;
+        assert_eq!((c.verdict, c.cache_id), (Verdict::Same, Some(42)));
+        detach(&fast, &a, c.next_seq, 42)?;
+        let c2 = check(&fast, &a)?;
+        assert_eq!((c2.verdict, c2.next_seq), (Verdict::Same, c.next_seq + 1));
+        let v = check(&fast, &LowerIdentity::named("b"))?.verdict;
         assert_eq!(v, Verdict::Foreign("a".into()));
         stamp.store(9, Ordering::SeqCst);
-        let (v, _) = check(&fast, &a)?;
+        let v = check(&fast, &a)?.verdict;
         assert_eq!(v, Verdict::Changed);
         assert!(!v.trusted());
         Ok(())
@@ -369,11 +508,12 @@ mod tests {
     fn a_torn_record_leaves_the_one_before() -> io::Result<()> {
         let fast = SimBacking::from_bytes(vec![0; 4096], 1);
         let a = LowerIdentity::named("a");
-        attach(&fast, &a, 1)?;
-        detach(&fast, &a, 2)?;
+        attach(&fast, &a, 1, 7)?;
+        detach(&fast, &a, 2, 7)?;
         // Record 3 torn half-way: record 2 (detached) is the newest valid one.
         let rec = Record {
             seq: 3,
+            cache_id: 7,
             attached: true,
             stamp: None,
             key_sum: fnv64(b"a"),
@@ -391,10 +531,10 @@ mod tests {
         let fast = SimBacking::from_bytes(vec![0; 4096], 1);
         let long = "é".repeat(400);
         let a = LowerIdentity::named(long.clone());
-        attach(&fast, &a, 1)?;
-        assert_eq!(check(&fast, &a)?.0, Verdict::Same);
+        attach(&fast, &a, 1, 7)?;
+        assert_eq!(check(&fast, &a)?.verdict, Verdict::Same);
         let other = LowerIdentity::named(format!("{long}x"));
-        match check(&fast, &other)?.0 {
+        match check(&fast, &other)?.verdict {
             Verdict::Foreign(k) => assert!(k.len() <= KEY_BYTES_MAX && long.starts_with(&k)),
             v => panic!("{v:?}"),
         }

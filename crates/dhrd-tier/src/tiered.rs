@@ -206,6 +206,7 @@ struct Shared<F: Durable, S: Durable> {
     /// written at open (`pairing.rs`); a clean close writes the next one.
     identity: LowerIdentity,
     record_seq: u64,
+    cache_id: u64,
     /// Why the SSD's copies were not trusted at open, if they were not.
     distrust: Option<String>,
     dropped_at_open: u64,
@@ -313,10 +314,22 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         head.truncate(n);
         let mut entries = Vec::new();
         let mut upgraded_dirty = 0;
-        // Formatting wipes the pairing records with the header page: a fresh SSD is
-        // unrecorded.
-        let mut verdict = (Verdict::Unrecorded, 1);
-        match Geometry::decode(&head)? {
+        let found = Geometry::decode(&head)?;
+        // What the SSD records of its lower tier, and the lower tier's mark, are checked
+        // before anything changes (`pairing.rs`).
+        let checked = match found {
+            Found::Current(_) => pairing::check(&ssd, &identity)?,
+            _ => pairing::Checked {
+                verdict: Verdict::Unrecorded,
+                next_seq: 1,
+                cache_id: None,
+            },
+        };
+        pairing::check_mark(&identity, checked.cache_id)?;
+        // Formatting wipes the pairing records with the header page: a formatted SSD is
+        // unrecorded, and a new cache.
+        let mut formatted = true;
+        match found {
             Found::Current(g) => {
                 entries = layout::read_table(&ssd, &g)?;
                 let dirty = entries.iter().filter(|e| e.state == SLOT_DIRTY).count();
@@ -331,7 +344,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
                     entries.clear();
                     Self::format(&ssd, want)?;
                 } else {
-                    verdict = pairing::check(&ssd, &identity)?;
+                    formatted = false;
                 }
             }
             Found::Format1(g) => {
@@ -346,7 +359,10 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             }
             Found::Nothing => Self::format(&ssd, want)?,
         }
-        let (verdict, mut record_seq) = verdict;
+        let (verdict, mut record_seq) = match formatted {
+            true => (Verdict::Unrecorded, 1),
+            false => (checked.verdict, checked.next_seq),
+        };
         let mut distrust = None;
         let (mut dropped_at_open, mut adopted_dirty) = (0, 0);
         if !verdict.trusted() {
@@ -363,6 +379,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             if dirty == 0 {
                 entries.clear();
                 Self::format(&ssd, want)?;
+                formatted = true;
                 record_seq = 1;
             } else {
                 Self::drop_clean(&ssd, &want, &mut entries)?;
@@ -371,7 +388,12 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             dropped_at_open = clean;
             distrust = Some(why);
         }
-        pairing::attach(&ssd, &identity, record_seq)?;
+        let cache_id = match (formatted, checked.cache_id) {
+            (false, Some(id)) => id,
+            _ => pairing::new_cache_id(),
+        };
+        pairing::attach(&ssd, &identity, record_seq, cache_id)?;
+        pairing::set_mark(&identity, &pairing::mark_text(cache_id, &ssd.describe()))?;
         entries.resize(slots as usize, Entry::FREE);
         let mut st = State {
             slots: Vec::with_capacity(slots as usize),
@@ -438,6 +460,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             upgraded_dirty,
             identity,
             record_seq,
+            cache_id,
             distrust,
             dropped_at_open,
             adopted_dirty,
@@ -531,14 +554,18 @@ impl<F: Durable, S: Durable> Drop for Tiered<F, S> {
             let _ = t.join();
         }
         // A clean close: nothing writes the lower tier any more, so its stamp now is what
-        // the next open compares with. Best effort: without this record the next open
-        // trusts the SSD, as after a crash.
+        // the next open compares with, and with nothing dirty it lacks nothing. Best
+        // effort: without this record the next open trusts the SSD, as after a crash, and
+        // a mark left in place only refuses a start without this SSD.
         let s = &self.shared;
         if !s.failed.is_failed() {
-            let _ = s
+            let detached = s
                 .lower
                 .sync()
-                .and_then(|()| pairing::detach(&s.ssd, &s.identity, s.record_seq + 1));
+                .and_then(|()| pairing::detach(&s.ssd, &s.identity, s.record_seq + 1, s.cache_id));
+            if detached.is_ok() && s.state.lock().dirty == 0 {
+                let _ = pairing::clear_mark(&s.identity);
+            }
         }
     }
 }

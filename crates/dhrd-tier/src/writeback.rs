@@ -184,6 +184,7 @@ struct Shared<F: Durable, S: Durable> {
     /// written at open; a clean close writes the next one.
     identity: LowerIdentity,
     record_seq: u64,
+    cache_id: u64,
     /// Why the fast device's copies were not trusted at open, if they were not.
     distrust: Option<String>,
     dropped_at_open: u64,
@@ -227,8 +228,20 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
         header.truncate(n);
         let found = Geometry::decode(&header)?;
         let mut map = vec![CHUNK_INVALID; want.chunks() as usize];
-        // Formatting wipes the pairing records with the header page.
-        let mut verdict = (Verdict::Unrecorded, 1);
+        // What the fast device records of its slow device, and the slow device's mark, are
+        // checked before anything changes (`pairing.rs`).
+        let checked = match found {
+            Some(_) => pairing::check(&fast, &identity)?,
+            None => pairing::Checked {
+                verdict: Verdict::Unrecorded,
+                next_seq: 1,
+                cache_id: None,
+            },
+        };
+        pairing::check_mark(&identity, checked.cache_id)?;
+        // Formatting wipes the pairing records with the header page: a formatted device is
+        // unrecorded, and a new cache.
+        let mut formatted = true;
         match found {
             Some(g) => {
                 let mut old_map = vec![0u8; g.chunks() as usize];
@@ -242,7 +255,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
                         ));
                     }
                     map = old_map;
-                    verdict = pairing::check(&fast, &identity)?;
+                    formatted = false;
                 } else if dirty > 0 {
                     return Err(invalid(format!(
                         "write-back device holds {dirty} dirty chunks for {} bytes in chunks of {}, \
@@ -256,7 +269,10 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             }
             None => Self::format(&fast, want)?,
         }
-        let (verdict, mut record_seq) = verdict;
+        let (verdict, mut record_seq) = match formatted {
+            true => (Verdict::Unrecorded, 1),
+            false => (checked.verdict, checked.next_seq),
+        };
         let mut distrust = None;
         let (mut dropped_at_open, mut adopted_dirty) = (0, 0);
         if !verdict.trusted() {
@@ -273,6 +289,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             if dirty == 0 {
                 Self::format(&fast, want)?;
                 map.fill(CHUNK_INVALID);
+                formatted = true;
                 record_seq = 1;
             } else {
                 for b in map.iter_mut().filter(|b| **b == CHUNK_CLEAN) {
@@ -289,7 +306,12 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             fast.set_len(want.fast_bytes())?;
             fast.sync()?;
         }
-        pairing::attach(&fast, &identity, record_seq)?;
+        let cache_id = match (formatted, checked.cache_id) {
+            (false, Some(id)) => id,
+            _ => pairing::new_cache_id(),
+        };
+        pairing::attach(&fast, &identity, record_seq, cache_id)?;
+        pairing::set_mark(&identity, &pairing::mark_text(cache_id, &fast.describe()))?;
         let dirty = map.iter().filter(|b| **b == CHUNK_DIRTY).count() as u64;
         let chunks = map.len();
         let shared = Arc::new(Shared {
@@ -316,6 +338,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             dirty_at_open: dirty,
             identity,
             record_seq,
+            cache_id,
             distrust,
             dropped_at_open,
             adopted_dirty,
@@ -389,14 +412,18 @@ impl<F: Durable, S: Durable> Drop for WriteBack<F, S> {
             let _ = t.join();
         }
         // A clean close: nothing writes the slow device any more, so its stamp now is what
-        // the next open compares with. Best effort: without this record the next open
-        // trusts the fast device, as after a crash.
+        // the next open compares with, and with nothing dirty it lacks nothing. Best
+        // effort: without this record the next open trusts the fast device, as after a
+        // crash, and a mark left in place only refuses a start without this device.
         let s = &self.shared;
         if !s.failed.is_failed() {
-            let _ = s
+            let detached = s
                 .slow
                 .sync()
-                .and_then(|()| pairing::detach(&s.fast, &s.identity, s.record_seq + 1));
+                .and_then(|()| pairing::detach(&s.fast, &s.identity, s.record_seq + 1, s.cache_id));
+            if detached.is_ok() && s.state.lock().dirty == 0 {
+                let _ = pairing::clear_mark(&s.identity);
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::pairing;
+use crate::pairing::{self, CacheMark};
 use crate::testutil::{check, read_all, same, seeds};
 use dhrd_io::{SimBacking, SplitMix64};
 use layout::{SLOT_CLEAN, SLOT_DIRTY};
@@ -555,9 +555,8 @@ fn a_first_format_ssd_is_upgraded_without_loss() -> io::Result<()> {
 fn stamped(key: &str, stamp: &Arc<std::sync::atomic::AtomicU64>) -> LowerIdentity {
     let s = stamp.clone();
     LowerIdentity {
-        key: key.into(),
         stamp: Some(Arc::new(move || Ok(s.load(Ordering::SeqCst)))),
-        adopt: false,
+        ..LowerIdentity::named(key)
     }
 }
 
@@ -607,8 +606,9 @@ fn an_ssd_serves_only_the_lower_tier_it_was_made_for() -> io::Result<()> {
     assert!(e.to_string().contains("made for a, not for b"), "{e}");
     same(&b.volatile(), &b_bytes, "b after the refusal");
     // A clean close recorded a's stamp (as after an unfinished drain); a changed since.
-    let (_, seq) = pairing::check(&*ssd, &stamped("a", &stamp))?;
-    pairing::detach(&*ssd, &stamped("a", &stamp), seq)?;
+    let c = pairing::check(&*ssd, &stamped("a", &stamp))?;
+    let id = c.cache_id.unwrap_or_default();
+    pairing::detach(&*ssd, &stamped("a", &stamp), c.next_seq, id)?;
     stamp.store(2, Ordering::SeqCst);
     let e = open(&ssd, &a, stamped("a", &stamp))
         .err()
@@ -787,5 +787,84 @@ fn a_panic_in_the_write_back_fails_the_tier_visibly() -> io::Result<()> {
     assert_eq!(t.stats().dirty_at_open, 1);
     assert!(t.drain(WAIT));
     same(&lower.volatile(), &want, "lower tier after the reopen");
+    Ok(())
+}
+
+/// A mark kept in memory, as a file's extended attribute would be.
+#[derive(Default)]
+struct MemMark(parking_lot::Mutex<Option<String>>);
+
+impl CacheMark for MemMark {
+    fn get(&self) -> io::Result<Option<String>> {
+        Ok(self.0.lock().clone())
+    }
+    fn set(&self, text: &str) -> io::Result<()> {
+        *self.0.lock() = Some(text.into());
+        Ok(())
+    }
+    fn clear(&self) -> io::Result<()> {
+        *self.0.lock() = None;
+        Ok(())
+    }
+}
+
+/// While the SSD holds data the lower tier lacks, the lower tier is marked: a start with
+/// another (here: a new) SSD is refused until the operator drops the mark, and a clean
+/// stop with nothing dirty removes it.
+#[test]
+fn a_lower_tier_lacking_data_is_marked_for_its_cache() -> io::Result<()> {
+    use dhrd_io::{Fault, FaultKind};
+    let mark = Arc::new(MemMark::default());
+    let id = |ignore_mark| LowerIdentity {
+        mark: Some(mark.clone() as Arc<dyn CacheMark>),
+        ignore_mark,
+        ..LowerIdentity::named("a")
+    };
+    let open = |ssd: &Arc<SimBacking>, lower: &Arc<SimBacking>, id| {
+        Tiered::open(
+            ssd.clone(),
+            lower.clone(),
+            id,
+            SSD_BYTES,
+            CB,
+            TierMode::WriteBack,
+            1,
+        )
+    };
+    let ssd = Arc::new(SimBacking::new(1));
+    let a = Arc::new(SimBacking::from_bytes(initial(), 2));
+    {
+        let t = open(&ssd, &a, id(false))?;
+        assert!(mark.get()?.is_some(), "not marked while attached");
+        a.inject(Fault {
+            at_op: 0,
+            kind: FaultKind::Eio,
+            persist: true,
+            reads: false,
+        });
+        t.write_at(&[2; CB as usize], 0)?;
+    }
+    a.clear_faults();
+    let text = mark.get()?.unwrap_or_default();
+    assert!(text.starts_with("dhrd cache "), "{text}");
+    // A new SSD over the marked lower tier: refused, the mark and both devices untouched.
+    let fresh = Arc::new(SimBacking::new(3));
+    let e = open(&fresh, &a, id(false))
+        .err()
+        .ok_or_else(|| io::Error::other("a second cache took a marked lower tier"))?;
+    assert!(e.to_string().contains("--drop-cache-mark"), "{e}");
+    assert_eq!(mark.get()?, Some(text.clone()));
+    assert_eq!(fresh.stats().ops, 0, "the refused SSD was written");
+    // The SSD that marked it is welcome, writes its chunk back and, stopped cleanly with
+    // nothing dirty, removes the mark.
+    {
+        let t = open(&ssd, &a, id(false))?;
+        assert!(t.drain(WAIT));
+    }
+    assert_eq!(mark.get()?, None);
+    // Dropping a mark on purpose: the new cache's mark replaces it.
+    mark.set(&text)?;
+    drop(open(&fresh, &a, id(true))?);
+    assert_eq!(mark.get()?, None);
     Ok(())
 }

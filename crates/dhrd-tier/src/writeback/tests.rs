@@ -308,6 +308,7 @@ fn a_fast_device_serves_only_the_slow_device_it_was_made_for() -> io::Result<()>
             key: key.into(),
             stamp: Some(Arc::new(move || Ok(s.load(Ordering::SeqCst)))),
             adopt,
+            ..LowerIdentity::named(key)
         }
     };
     let fast = Arc::new(SimBacking::new(1));
