@@ -377,9 +377,11 @@ pub fn new_cache_id() -> u64 {
     r.next_u64().max(1)
 }
 
-/// What the mark of cache `cache_id` on `fast` says.
+/// What the mark of cache `cache_id` on the fast device `fast` (its description) says: the
+/// id and what the device is, without the description's details of how it is opened.
 pub fn mark_text(cache_id: u64, fast: &str) -> String {
-    format!("dhrd cache {cache_id:016x} on {fast}")
+    let what = fast.split([',', '(']).next().unwrap_or(fast).trim();
+    format!("dhrd cache {cache_id:016x} on {what}")
 }
 
 /// Refuses to go on when `lower` is marked by a cache other than `cache_id` (None: no
