@@ -39,6 +39,23 @@ fn acknowledged_writes_survive_sigkill_and_are_written_back() {
     );
     let order: Vec<u64> = (0..EXPORT_BLOCKS).rev().collect();
     let (acked, unacked) = write_until_killed(&mut d, &order, 2, false, 4, 40);
+    // The backing lacks the dirty chunks: it is marked, and a start without the
+    // --ram-file is refused (where the file system keeps user extended attributes).
+    let marked = mark_of(&backing);
+    if marked.is_some() {
+        let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+            .args(["nbd", "--backing"])
+            .arg(&backing)
+            .arg("--socket")
+            .arg(dir.path().join("plain.sock"))
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains("lacks data"),
+            "{said}"
+        );
+    }
     // Restart: the dirty chunks are served from the file.
     let mut d = Dhrd::start(dir.path(), &backing, &args);
     let said = d.stderr_text();
@@ -58,6 +75,16 @@ fn acknowledged_writes_survive_sigkill_and_are_written_back() {
         d.stderr_text()
     );
     check_file_blocks(&backing, &acked, 2);
+    // Written back completely: the mark is gone.
+    if marked.is_some() {
+        assert_eq!(mark_of(&backing), None);
+    }
+}
+
+/// The backing's cache mark, if it has one.
+fn mark_of(path: &std::path::Path) -> Option<Vec<u8>> {
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{e}"));
+    dhrd_io::xattr::get(&f, dhrd_tier::pairing::MARK_XATTR).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
