@@ -468,6 +468,156 @@ pub fn detach<F: Durable + ?Sized>(
     )
 }
 
+/// What an open does about a foreign or changed slow device, decided by [`plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// The fast device's copies are trusted.
+    Keep,
+    /// Nothing dirty: format the fast device (dropping every clean copy).
+    Format,
+    /// Dirty copies adopted: free the clean ones durably, keep the dirty ones.
+    DropClean,
+}
+
+/// An open's decision, before it is carried out.
+pub(crate) struct Plan {
+    pub action: Action,
+    checked: Checked,
+    why: Option<String>,
+    clean: u64,
+    dirty: u64,
+}
+
+/// The pairing of an open fast device with its slow device: what its open found and
+/// decided, and what its clean close records.
+pub(crate) struct Paired {
+    pub identity: LowerIdentity,
+    record_seq: u64,
+    cache_id: u64,
+    /// Why the fast device's copies were not trusted at open, if they were not.
+    pub distrust: Option<String>,
+    /// Clean units dropped, and dirty units adopted, at open.
+    pub dropped_at_open: u64,
+    pub adopted_dirty: u64,
+}
+
+/// The first step of an open, before anything changes: the fast device's record (if it
+/// has a header of its layer, else it is unrecorded) and the slow device's mark.
+pub(crate) fn begin<F: Durable + ?Sized>(
+    fast: &F,
+    lower: &LowerIdentity,
+    has_header: bool,
+) -> io::Result<Checked> {
+    let checked = match has_header {
+        true => check(fast, lower)?,
+        false => Checked {
+            verdict: Verdict::Unrecorded,
+            next_seq: 1,
+            cache_id: None,
+        },
+    };
+    check_mark(lower, checked.cache_id)?;
+    Ok(checked)
+}
+
+/// The second step, once the layer knows whether it formatted the fast device already
+/// (`formatted`, which wipes the record) and counts the `clean` and `dirty` units it holds:
+/// what to do about a foreign or changed slow device. A dirty unit is refused unless
+/// adopted; `what` names the fast device in that refusal.
+pub(crate) fn plan(
+    lower: &LowerIdentity,
+    mut checked: Checked,
+    formatted: bool,
+    clean: u64,
+    dirty: u64,
+    what: &str,
+) -> io::Result<Plan> {
+    if formatted {
+        checked = Checked {
+            verdict: Verdict::Unrecorded,
+            next_seq: 1,
+            cache_id: None,
+        };
+    }
+    if checked.verdict.trusted() {
+        return Ok(Plan {
+            action: Action::Keep,
+            checked,
+            why: None,
+            clean,
+            dirty,
+        });
+    }
+    let why = checked.verdict.why(lower);
+    if dirty > 0 && !lower.adopt {
+        return Err(crate::fastdev::invalid(format!(
+            "{what} holds {dirty} dirty chunks, but {why}: open it over the device it was \
+             made for, or adopt its dirty chunks to write them back over this one (dhrd: \
+             --adopt-cache)"
+        )));
+    }
+    Ok(Plan {
+        action: if dirty == 0 {
+            Action::Format
+        } else {
+            Action::DropClean
+        },
+        checked,
+        why: Some(why),
+        clean,
+        dirty,
+    })
+}
+
+/// The last step, after the layer carried out `plan.action`: records durably that `lower`
+/// is attached and marks it, before anything may write it.
+pub(crate) fn finish<F: Durable + ?Sized>(
+    fast: &F,
+    lower: LowerIdentity,
+    plan: Plan,
+) -> io::Result<Paired> {
+    let fresh = plan.action == Action::Format || plan.checked.cache_id.is_none();
+    let (record_seq, cache_id) = match (fresh, plan.checked.cache_id) {
+        (false, Some(id)) => (plan.checked.next_seq, id),
+        _ => (1, new_cache_id()),
+    };
+    attach(fast, &lower, record_seq, cache_id)?;
+    set_mark(&lower, &mark_text(cache_id, &fast.describe()))?;
+    let (dropped_at_open, adopted_dirty) = match plan.action {
+        Action::Keep => (0, 0),
+        Action::Format => (plan.clean, 0),
+        Action::DropClean => (plan.clean, plan.dirty),
+    };
+    Ok(Paired {
+        identity: lower,
+        record_seq,
+        cache_id,
+        distrust: plan.why,
+        dropped_at_open,
+        adopted_dirty,
+    })
+}
+
+impl Paired {
+    /// At a clean close, once nothing writes the slow device any more (`slow_synced`: its
+    /// final sync): its stamp now is what the next open compares with, and with `dirty`
+    /// units left 0 it lacks nothing, so its mark goes. Best effort: without the record
+    /// the next open trusts the fast device, as after a crash, and a mark left in place
+    /// only refuses a start without this cache.
+    pub(crate) fn close<F: Durable + ?Sized>(
+        &self,
+        fast: &F,
+        slow_synced: io::Result<()>,
+        dirty: impl FnOnce() -> u64,
+    ) {
+        let detached = slow_synced
+            .and_then(|()| detach(fast, &self.identity, self.record_seq + 1, self.cache_id));
+        if detached.is_ok() && dirty() == 0 {
+            let _ = clear_mark(&self.identity);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,7 +51,7 @@ mod layout;
 mod parts;
 
 use crate::fastdev::{self, invalid, read_padded, Background, StickyFailure};
-use crate::pairing::{self, LowerIdentity, Verdict};
+use crate::pairing::{self, LowerIdentity, Paired};
 use dhrd_engine::cache::{AccessBits, Admission, Admit, CachePolicy, Residency, ACCESS_COUNT_MAX};
 use dhrd_io::{read_full, Durable, Persistence};
 use layout::{Entry, Found, Geometry, SLOT_CLEAN, SLOT_DIRTY, SLOT_FREE};
@@ -204,13 +204,7 @@ struct Shared<F: Durable, S: Durable> {
     upgraded_dirty: u64,
     /// The lower tier as the opener named it, and the number of the SSD's pairing record
     /// written at open (`pairing.rs`); a clean close writes the next one.
-    identity: LowerIdentity,
-    record_seq: u64,
-    cache_id: u64,
-    /// Why the SSD's copies were not trusted at open, if they were not.
-    distrust: Option<String>,
-    dropped_at_open: u64,
-    adopted_dirty: u64,
+    paired: Paired,
 }
 
 /// See the module documentation.
@@ -317,17 +311,8 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         let found = Geometry::decode(&head)?;
         // What the SSD records of its lower tier, and the lower tier's mark, are checked
         // before anything changes (`pairing.rs`).
-        let checked = match found {
-            Found::Current(_) => pairing::check(&ssd, &identity)?,
-            _ => pairing::Checked {
-                verdict: Verdict::Unrecorded,
-                next_seq: 1,
-                cache_id: None,
-            },
-        };
-        pairing::check_mark(&identity, checked.cache_id)?;
-        // Formatting wipes the pairing records with the header page: a formatted SSD is
-        // unrecorded, and a new cache.
+        let checked = pairing::begin(&ssd, &identity, matches!(found, Found::Current(_)))?;
+        // Formatting wipes the pairing records with the header page.
         let mut formatted = true;
         match found {
             Found::Current(g) => {
@@ -359,41 +344,18 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             }
             Found::Nothing => Self::format(&ssd, want)?,
         }
-        let (verdict, mut record_seq) = match formatted {
-            true => (Verdict::Unrecorded, 1),
-            false => (checked.verdict, checked.next_seq),
-        };
-        let mut distrust = None;
-        let (mut dropped_at_open, mut adopted_dirty) = (0, 0);
-        if !verdict.trusted() {
-            let why = verdict.why(&identity);
-            let count = |state| entries.iter().filter(|e| e.state == state).count() as u64;
-            let (clean, dirty) = (count(SLOT_CLEAN), count(SLOT_DIRTY));
-            if dirty > 0 && !identity.adopt {
-                return Err(invalid(format!(
-                    "tier SSD holds {dirty} dirty chunks, but {why}: open it over the lower \
-                     tier it was made for, or adopt its dirty chunks to write them back over \
-                     this one (dhrd: --adopt-cache)"
-                )));
-            }
-            if dirty == 0 {
+        let count = |state| entries.iter().filter(|e| e.state == state).count() as u64;
+        let (clean, dirty) = (count(SLOT_CLEAN), count(SLOT_DIRTY));
+        let plan = pairing::plan(&identity, checked, formatted, clean, dirty, "tier SSD")?;
+        match plan.action {
+            pairing::Action::Keep => {}
+            pairing::Action::Format => {
                 entries.clear();
                 Self::format(&ssd, want)?;
-                formatted = true;
-                record_seq = 1;
-            } else {
-                Self::drop_clean(&ssd, &want, &mut entries)?;
-                adopted_dirty = dirty;
             }
-            dropped_at_open = clean;
-            distrust = Some(why);
+            pairing::Action::DropClean => Self::drop_clean(&ssd, &want, &mut entries)?,
         }
-        let cache_id = match (formatted, checked.cache_id) {
-            (false, Some(id)) => id,
-            _ => pairing::new_cache_id(),
-        };
-        pairing::attach(&ssd, &identity, record_seq, cache_id)?;
-        pairing::set_mark(&identity, &pairing::mark_text(cache_id, &ssd.describe()))?;
+        let paired = pairing::finish(&ssd, identity, plan)?;
         entries.resize(slots as usize, Entry::FREE);
         let mut st = State {
             slots: Vec::with_capacity(slots as usize),
@@ -458,12 +420,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             completions: AtomicU64::new(0),
             dirty_at_open,
             upgraded_dirty,
-            identity,
-            record_seq,
-            cache_id,
-            distrust,
-            dropped_at_open,
-            adopted_dirty,
+            paired,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -503,7 +460,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
     /// Why the SSD's copies were not trusted at open (it was made for another lower tier,
     /// or the lower tier changed while it was detached), if they were not.
     pub fn distrusted_at_open(&self) -> Option<&str> {
-        self.shared.distrust.as_deref()
+        self.shared.paired.distrust.as_deref()
     }
 
     pub fn stats(&self) -> TierStats {
@@ -525,8 +482,8 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             partial_fills: g(&s.partial_fills),
             completions: g(&s.completions),
             upgraded_dirty: s.upgraded_dirty,
-            dropped_at_open: s.dropped_at_open,
-            adopted_dirty: s.adopted_dirty,
+            dropped_at_open: s.paired.dropped_at_open,
+            adopted_dirty: s.paired.adopted_dirty,
         }
     }
 
@@ -553,19 +510,12 @@ impl<F: Durable, S: Durable> Drop for Tiered<F, S> {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        // A clean close: nothing writes the lower tier any more, so its stamp now is what
-        // the next open compares with, and with nothing dirty it lacks nothing. Best
-        // effort: without this record the next open trusts the SSD, as after a crash, and
-        // a mark left in place only refuses a start without this SSD.
+        // A clean close (`pairing.rs`): the lower tier's stamp is recorded, and its mark
+        // removed when nothing is dirty.
         let s = &self.shared;
         if !s.failed.is_failed() {
-            let detached = s
-                .lower
-                .sync()
-                .and_then(|()| pairing::detach(&s.ssd, &s.identity, s.record_seq + 1, s.cache_id));
-            if detached.is_ok() && s.state.lock().dirty == 0 {
-                let _ = pairing::clear_mark(&s.identity);
-            }
+            s.paired
+                .close(&s.ssd, s.lower.sync(), || s.state.lock().dirty);
         }
     }
 }

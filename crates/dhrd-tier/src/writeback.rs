@@ -45,7 +45,7 @@
 //! the slow device's error, having changed nothing.
 
 use crate::fastdev::{self, fnv64, invalid, Background, StickyFailure};
-use crate::pairing::{self, LowerIdentity, Verdict};
+use crate::pairing::{self, LowerIdentity, Paired};
 use dhrd_io::{Durable, Persistence};
 use parking_lot::{Condvar, Mutex};
 use std::io;
@@ -182,13 +182,7 @@ struct Shared<F: Durable, S: Durable> {
     dirty_at_open: u64,
     /// The slow device as the opener named it, and the number of the pairing record
     /// written at open; a clean close writes the next one.
-    identity: LowerIdentity,
-    record_seq: u64,
-    cache_id: u64,
-    /// Why the fast device's copies were not trusted at open, if they were not.
-    distrust: Option<String>,
-    dropped_at_open: u64,
-    adopted_dirty: u64,
+    paired: Paired,
 }
 
 /// See the module documentation.
@@ -230,15 +224,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
         let mut map = vec![CHUNK_INVALID; want.chunks() as usize];
         // What the fast device records of its slow device, and the slow device's mark, are
         // checked before anything changes (`pairing.rs`).
-        let checked = match found {
-            Some(_) => pairing::check(&fast, &identity)?,
-            None => pairing::Checked {
-                verdict: Verdict::Unrecorded,
-                next_seq: 1,
-                cache_id: None,
-            },
-        };
-        pairing::check_mark(&identity, checked.cache_id)?;
+        let checked = pairing::begin(&fast, &identity, found.is_some())?;
         // Formatting wipes the pairing records with the header page: a formatted device is
         // unrecorded, and a new cache.
         let mut formatted = true;
@@ -269,49 +255,35 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             }
             None => Self::format(&fast, want)?,
         }
-        let (verdict, mut record_seq) = match formatted {
-            true => (Verdict::Unrecorded, 1),
-            false => (checked.verdict, checked.next_seq),
-        };
-        let mut distrust = None;
-        let (mut dropped_at_open, mut adopted_dirty) = (0, 0);
-        if !verdict.trusted() {
-            let why = verdict.why(&identity);
-            let count = |state| map.iter().filter(|b| **b == state).count() as u64;
-            let (clean, dirty) = (count(CHUNK_CLEAN), count(CHUNK_DIRTY));
-            if dirty > 0 && !identity.adopt {
-                return Err(invalid(format!(
-                    "write-back device holds {dirty} dirty chunks, but {why}: open it over the \
-                     backing it was made for, or adopt its dirty chunks to write them back \
-                     over this one (dhrd: --adopt-cache)"
-                )));
-            }
-            if dirty == 0 {
+        let count = |state| map.iter().filter(|b| **b == state).count() as u64;
+        let (clean, dirty) = (count(CHUNK_CLEAN), count(CHUNK_DIRTY));
+        let plan = pairing::plan(
+            &identity,
+            checked,
+            formatted,
+            clean,
+            dirty,
+            "write-back device",
+        )?;
+        match plan.action {
+            pairing::Action::Keep => {}
+            pairing::Action::Format => {
                 Self::format(&fast, want)?;
                 map.fill(CHUNK_INVALID);
-                formatted = true;
-                record_seq = 1;
-            } else {
+            }
+            pairing::Action::DropClean => {
                 for b in map.iter_mut().filter(|b| **b == CHUNK_CLEAN) {
                     *b = CHUNK_INVALID;
                 }
                 fast.write_at(&map, HEADER_BYTES)?;
                 fast.sync()?;
-                adopted_dirty = dirty;
             }
-            dropped_at_open = clean;
-            distrust = Some(why);
         }
         if fast.len()? < want.fast_bytes() {
             fast.set_len(want.fast_bytes())?;
             fast.sync()?;
         }
-        let cache_id = match (formatted, checked.cache_id) {
-            (false, Some(id)) => id,
-            _ => pairing::new_cache_id(),
-        };
-        pairing::attach(&fast, &identity, record_seq, cache_id)?;
-        pairing::set_mark(&identity, &pairing::mark_text(cache_id, &fast.describe()))?;
+        let paired = pairing::finish(&fast, identity, plan)?;
         let dirty = map.iter().filter(|b| **b == CHUNK_DIRTY).count() as u64;
         let chunks = map.len();
         let shared = Arc::new(Shared {
@@ -336,12 +308,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             failures: AtomicU64::new(0),
             fills: AtomicU64::new(0),
             dirty_at_open: dirty,
-            identity,
-            record_seq,
-            cache_id,
-            distrust,
-            dropped_at_open,
-            adopted_dirty,
+            paired,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -373,15 +340,15 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             chunks_dirty_at_open: s.dirty_at_open,
             writeback_failures: s.failures.load(Ordering::Relaxed),
             fills: s.fills.load(Ordering::Relaxed),
-            chunks_dropped_at_open: s.dropped_at_open,
-            chunks_adopted_dirty: s.adopted_dirty,
+            chunks_dropped_at_open: s.paired.dropped_at_open,
+            chunks_adopted_dirty: s.paired.adopted_dirty,
         }
     }
 
     /// Why the fast device's copies were not trusted at open (it was made for another slow
     /// device, or that changed while detached), if they were not.
     pub fn distrusted_at_open(&self) -> Option<&str> {
-        self.shared.distrust.as_deref()
+        self.shared.paired.distrust.as_deref()
     }
 
     /// Why writes are refused, once a write or sync of the fast device failed or the
@@ -411,19 +378,12 @@ impl<F: Durable, S: Durable> Drop for WriteBack<F, S> {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        // A clean close: nothing writes the slow device any more, so its stamp now is what
-        // the next open compares with, and with nothing dirty it lacks nothing. Best
-        // effort: without this record the next open trusts the fast device, as after a
-        // crash, and a mark left in place only refuses a start without this device.
+        // A clean close (`pairing.rs`): the slow device's stamp is recorded, and its mark
+        // removed when nothing is dirty.
         let s = &self.shared;
         if !s.failed.is_failed() {
-            let detached = s
-                .slow
-                .sync()
-                .and_then(|()| pairing::detach(&s.fast, &s.identity, s.record_seq + 1, s.cache_id));
-            if detached.is_ok() && s.state.lock().dirty == 0 {
-                let _ = pairing::clear_mark(&s.identity);
-            }
+            s.paired
+                .close(&s.fast, s.slow.sync(), || s.state.lock().dirty);
         }
     }
 }
