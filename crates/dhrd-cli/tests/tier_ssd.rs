@@ -142,32 +142,28 @@ fn the_ssd_tier_serves_only_the_backing_it_was_made_for() {
     // Adopted over b: the dirty block is served and written back to b at the stop.
     let mut adopt = plain.to_vec();
     adopt.push("--adopt-cache");
-    let mut d = Dhrd::start(dir.path(), &b, &adopt);
-    assert!(
-        d.stderr_text().contains("dirty chunks adopted"),
-        "{}",
-        d.stderr_text()
-    );
-    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
-    let got = c
-        .read(0, BLOCK as u32)
-        .unwrap_or_else(|e| panic!("read: {e}"));
-    assert!(got == block(0, 3), "the adopted block is not served");
-    drop(c);
-    assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
+    serves_block_0(dir.path(), &b, &adopt, "dirty chunks adopted", 3);
     check_file_blocks(&b, &[0], 3);
     // Back over a, cleanly: the SSD now holds b's block 0 (clean); a's own is served.
-    let mut d = Dhrd::start(dir.path(), &a, &plain);
-    assert!(
-        d.stderr_text().contains("not trusted"),
-        "{}",
-        d.stderr_text()
-    );
+    serves_block_0(dir.path(), &a, &plain, "not trusted", 1);
+}
+
+/// Starts dhrd over `backing` with `args`, checks that its stderr says `said` and that
+/// block 0 reads as generation `gen`, and stops it cleanly.
+fn serves_block_0(
+    dir: &std::path::Path,
+    backing: &std::path::Path,
+    args: &[&str],
+    said: &str,
+    gen: u64,
+) {
+    let mut d = Dhrd::start(dir, backing, args);
+    assert!(d.stderr_text().contains(said), "{}", d.stderr_text());
     let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
     let got = c
         .read(0, BLOCK as u32)
         .unwrap_or_else(|e| panic!("read: {e}"));
-    assert!(got == block(0, 1), "another backing's chunk was served");
+    assert!(got == block(0, gen), "block 0 is not of generation {gen}");
     drop(c);
     assert_eq!(d.term(), Some(0), "{}", d.stderr_text());
 }

@@ -434,17 +434,7 @@ pub fn attach<F: Durable + ?Sized>(
     seq: u64,
     cache_id: u64,
 ) -> io::Result<()> {
-    write_record(
-        fast,
-        &Record {
-            seq,
-            cache_id,
-            attached: true,
-            stamp: None,
-            key_sum: fnv64(lower.key.as_bytes()),
-            key: lower.key.clone(),
-        },
-    )
+    write_record(fast, &record_of(lower, seq, cache_id, true, None))
 }
 
 /// Records durably that `lower` was detached cleanly from cache `cache_id`, with its stamp
@@ -455,17 +445,25 @@ pub fn detach<F: Durable + ?Sized>(
     seq: u64,
     cache_id: u64,
 ) -> io::Result<()> {
-    write_record(
-        fast,
-        &Record {
-            seq,
-            cache_id,
-            attached: false,
-            stamp: lower.stamp_now()?,
-            key_sum: fnv64(lower.key.as_bytes()),
-            key: lower.key.clone(),
-        },
-    )
+    let stamp = lower.stamp_now()?;
+    write_record(fast, &record_of(lower, seq, cache_id, false, stamp))
+}
+
+fn record_of(
+    lower: &LowerIdentity,
+    seq: u64,
+    cache_id: u64,
+    attached: bool,
+    stamp: Option<u64>,
+) -> Record {
+    Record {
+        seq,
+        cache_id,
+        attached,
+        stamp,
+        key_sum: fnv64(lower.key.as_bytes()),
+        key: lower.key.clone(),
+    }
 }
 
 /// What an open does about a foreign or changed slow device, decided by [`plan`].

@@ -551,6 +551,23 @@ fn a_first_format_ssd_is_upgraded_without_loss() -> io::Result<()> {
     Ok(())
 }
 
+/// The tier of the pairing tests: 8 slots, write-back, one thread.
+fn open(
+    ssd: &Arc<SimBacking>,
+    lower: &Arc<SimBacking>,
+    id: LowerIdentity,
+) -> io::Result<Tiered<Arc<SimBacking>, Arc<SimBacking>>> {
+    Tiered::open(
+        ssd.clone(),
+        lower.clone(),
+        id,
+        SSD_BYTES,
+        CB,
+        TierMode::WriteBack,
+        1,
+    )
+}
+
 /// A lower tier named `key` whose stamp the test sets.
 fn stamped(key: &str, stamp: &Arc<std::sync::atomic::AtomicU64>) -> LowerIdentity {
     let s = stamp.clone();
@@ -568,17 +585,6 @@ fn adopting(mut id: LowerIdentity) -> LowerIdentity {
 #[test]
 fn an_ssd_serves_only_the_lower_tier_it_was_made_for() -> io::Result<()> {
     use dhrd_io::{Fault, FaultKind};
-    let open = |ssd: &Arc<SimBacking>, lower: &Arc<SimBacking>, id| {
-        Tiered::open(
-            ssd.clone(),
-            lower.clone(),
-            id,
-            SSD_BYTES,
-            CB,
-            TierMode::WriteBack,
-            1,
-        )
-    };
     let ssd = Arc::new(SimBacking::new(1));
     let a = Arc::new(SimBacking::from_bytes(initial(), 2));
     let b_bytes = vec![0x11u8; SIZE as usize];
@@ -636,17 +642,6 @@ fn an_ssd_serves_only_the_lower_tier_it_was_made_for() -> io::Result<()> {
 
 #[test]
 fn clean_copies_of_a_lower_tier_changed_while_detached_are_dropped() -> io::Result<()> {
-    let open = |ssd: &Arc<SimBacking>, lower: &Arc<SimBacking>, id| {
-        Tiered::open(
-            ssd.clone(),
-            lower.clone(),
-            id,
-            SSD_BYTES,
-            CB,
-            TierMode::WriteBack,
-            1,
-        )
-    };
     let ssd = Arc::new(SimBacking::new(1));
     let a = Arc::new(SimBacking::from_bytes(initial(), 2));
     let stamp = Arc::new(std::sync::atomic::AtomicU64::new(1));
@@ -683,13 +678,10 @@ fn clean_copies_of_a_lower_tier_changed_while_detached_are_dropped() -> io::Resu
 #[test]
 fn a_crash_while_adopting_loses_nothing() -> io::Result<()> {
     use dhrd_io::{Fault, FaultKind};
-    let open = |ssd: Arc<SimBacking>, lower: Arc<SimBacking>, id| {
-        Tiered::open(ssd, lower, id, SSD_BYTES, CB, TierMode::WriteBack, 1)
-    };
     let ssd = Arc::new(SimBacking::new(1));
     let a = Arc::new(SimBacking::from_bytes(initial(), 2));
     {
-        let t = open(ssd.clone(), a.clone(), LowerIdentity::named("a"))?;
+        let t = open(&ssd, &a, LowerIdentity::named("a"))?;
         t.write_at(&[1; CB as usize], 0)?;
         assert!(t.drain(WAIT));
         a.inject(Fault {
@@ -712,13 +704,13 @@ fn a_crash_while_adopting_loses_nothing() -> io::Result<()> {
             let ssd = Arc::new(SimBacking::from_image(base.clone(), sim_seed));
             let b = Arc::new(SimBacking::from_bytes(b_bytes.clone(), sim_seed + 1));
             ssd.crash_at_op(n);
-            let first = open(ssd.clone(), b.clone(), b_id());
+            let first = open(&ssd, &b, b_id());
             let finished = first.is_ok() && ssd.crashed_image().is_none();
             drop(first);
             let simg = ssd.crashed_image().unwrap_or_else(|| ssd.crash_image());
             let t = open(
-                Arc::new(SimBacking::from_image(simg, sim_seed + 2)),
-                Arc::new(SimBacking::from_image(b.crash_image(), sim_seed + 3)),
+                &Arc::new(SimBacking::from_image(simg, sim_seed + 2)),
+                &Arc::new(SimBacking::from_image(b.crash_image(), sim_seed + 3)),
                 b_id(),
             )?;
             let what = format!("seed {seed}, crash at {n}");
@@ -819,17 +811,6 @@ fn a_lower_tier_lacking_data_is_marked_for_its_cache() -> io::Result<()> {
         mark: Some(mark.clone() as Arc<dyn CacheMark>),
         ignore_mark,
         ..LowerIdentity::named("a")
-    };
-    let open = |ssd: &Arc<SimBacking>, lower: &Arc<SimBacking>, id| {
-        Tiered::open(
-            ssd.clone(),
-            lower.clone(),
-            id,
-            SSD_BYTES,
-            CB,
-            TierMode::WriteBack,
-            1,
-        )
     };
     let ssd = Arc::new(SimBacking::new(1));
     let a = Arc::new(SimBacking::from_bytes(initial(), 2));
