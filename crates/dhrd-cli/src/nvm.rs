@@ -69,6 +69,8 @@ pub fn wrap(
     timing: Option<DeviceProfile>,
 ) -> Result<Arc<NvmTier>> {
     check_non_volatile(ram_file)?;
+    // Absolute, so that the backing's cache mark names it from anywhere.
+    let ram_file = &std::path::absolute(ram_file).context("--ram-file path")?;
     let fast = FileBacking::open(
         ram_file,
         &FileOptions {

@@ -243,8 +243,10 @@ pub fn open_ssd_file(
     mode: TierMode,
     timing: Option<dhrd_io::DeviceProfile>,
 ) -> io::Result<SsdTier> {
+    // Absolute, so that the backing's cache mark names it from anywhere.
+    let ssd_path = std::path::absolute(ssd_path)?;
     let ssd = dhrd_io::FileBacking::open(
-        ssd_path,
+        &ssd_path,
         &dhrd_io::FileOptions {
             create: true,
             ..Default::default()
