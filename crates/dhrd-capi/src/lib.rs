@@ -424,7 +424,8 @@ pub unsafe extern "C" fn dhrd_open(
         identity.adopt = o.tier_adopt;
         if tier_opts.is_none() {
             // A backing a cache marked as lacking its data is not served without it.
-            dhrd_tier::pairing::check_mark(&identity, None).map_err(|_| libc::EBUSY)?;
+            dhrd_tier::pairing::check_mark(&identity, None)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EBUSY))?;
         }
         let backing: Arc<dyn Durable> = match timing {
             Some(p) => Arc::new(Timed::new(backing, p)),

@@ -534,15 +534,15 @@ fn owner_record_dir(a: &NbdArgs) -> Option<PathBuf> {
 /// A start without a cache over a backing a cache marked as lacking its data: refused, or
 /// with --drop-cache-mark the mark is removed (a read-only start only warns).
 fn uncached_start(identity: &LowerIdentity, read_only: bool) -> anyhow::Result<()> {
+    if !identity.ignore_mark {
+        return Ok(dhrd_tier::pairing::check_mark(identity, None)?);
+    }
     let Some(mark) = identity.mark.as_ref() else {
         return Ok(());
     };
     let Some(text) = mark.get().context("reading the backing's cache mark")? else {
         return Ok(());
     };
-    if !identity.ignore_mark {
-        dhrd_tier::pairing::check_mark(identity, None)?;
-    }
     if read_only {
         eprintln!(
             "dhrd nbd: warning: serving {} although it lacks data that {text} holds",

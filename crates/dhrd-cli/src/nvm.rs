@@ -102,7 +102,8 @@ pub fn describe(s: &WriteBackStats) -> String {
 pub fn drain(wb: &NvmTier, timeout: Duration) {
     let done = wb.drain(timeout);
     let s = wb.stats();
-    if let Some(why) = wb.failure() {
+    let failure = wb.failure();
+    if let Some(why) = &failure {
         eprintln!("dhrd nbd: the --ram-file failed: {why}");
     }
     if done {
@@ -111,7 +112,7 @@ pub fn drain(wb: &NvmTier, timeout: Duration) {
         eprintln!(
             "dhrd nbd: write-back not finished{}: {}; the dirty chunks are safe in the \
              --ram-file and are written back at the next start",
-            stopped_after(wb.failure().is_some(), timeout),
+            stopped_after(failure.is_some(), timeout),
             describe(&s)
         );
     }
@@ -167,7 +168,8 @@ pub fn describe_tier(s: &TierStats) -> String {
 pub fn drain_tier(t: &SsdTier, timeout: Duration) {
     let done = t.drain(timeout);
     let s = t.stats();
-    if let Some(why) = t.failure() {
+    let failure = t.failure();
+    if let Some(why) = &failure {
         eprintln!("dhrd nbd: the --tier-ssd failed: {why}");
     }
     if done {
@@ -176,7 +178,7 @@ pub fn drain_tier(t: &SsdTier, timeout: Duration) {
         eprintln!(
             "dhrd nbd: SSD tier write-back not finished{}: {}; the dirty chunks are \
              safe on the SSD and are written back at the next start",
-            stopped_after(t.failure().is_some(), timeout),
+            stopped_after(failure.is_some(), timeout),
             describe_tier(&s)
         );
     }

@@ -14,10 +14,12 @@
 //! which slow device (the key) and whether a process has the pair open (ATTACHED) or it was
 //! closed cleanly (DETACHED, with the slow device's stamp taken after the last write-back).
 //!
-//! At open, [`check`] compares; then the layer acts on the [`Verdict`] (clean copies of a
-//! foreign or changed device are dropped; dirty ones are refused unless the operator adopts
-//! them) and [`attach`] writes ATTACHED durably before anything may write the slow device.
-//! At a clean close [`detach`] writes DETACHED with the stamp.
+//! Both layers open in three steps: `begin` reads the record (a [`Verdict`]) and checks the
+//! mark before anything changes; `plan` decides what to do about a foreign or changed
+//! device (clean copies are dropped; dirty ones are refused unless the operator adopts
+//! them), which the layer carries out on its own table or map; `finish` writes ATTACHED
+//! durably and sets the mark before anything may write the slow device. At a clean close
+//! `Paired::close` writes DETACHED with the stamp.
 //!
 //! The record is on the fast device, so it cannot stop a start that leaves the cache out.
 //! A [`CacheMark`] on the slow device itself (a regular file's extended attribute
@@ -324,7 +326,7 @@ fn newest<F: Durable + ?Sized>(fast: &F) -> io::Result<Option<Record>> {
     Ok(best)
 }
 
-/// What [`check`] found.
+/// What the fast device's record says at open (`check`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
     pub verdict: Verdict,
@@ -335,7 +337,7 @@ pub struct Checked {
 }
 
 /// Compares the fast device's record with `lower`.
-pub fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io::Result<Checked> {
+pub(crate) fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io::Result<Checked> {
     let Some(rec) = newest(fast)? else {
         return Ok(Checked {
             verdict: Verdict::Unrecorded,
@@ -368,7 +370,7 @@ pub fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io::Result
 }
 
 /// A new cache id: the fast device was just formatted.
-pub fn new_cache_id() -> u64 {
+fn new_cache_id() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -377,11 +379,16 @@ pub fn new_cache_id() -> u64 {
     r.next_u64().max(1)
 }
 
+/// How a mark names cache `cache_id`: the start of its text.
+fn mark_prefix(cache_id: u64) -> String {
+    format!("dhrd cache {cache_id:016x} ")
+}
+
 /// What the mark of cache `cache_id` on the fast device `fast` (its description) says: the
 /// id and what the device is, without the description's details of how it is opened.
-pub fn mark_text(cache_id: u64, fast: &str) -> String {
+fn mark_text(cache_id: u64, fast: &str) -> String {
     let what = fast.split([',', '(']).next().unwrap_or(fast).trim();
-    format!("dhrd cache {cache_id:016x} on {what}")
+    format!("{}on {what}", mark_prefix(cache_id))
 }
 
 /// Refuses to go on when `lower` is marked by a cache other than `cache_id` (None: no
@@ -393,7 +400,7 @@ pub fn check_mark(lower: &LowerIdentity, cache_id: Option<u64>) -> io::Result<()
     let Some(text) = mark.get()? else {
         return Ok(());
     };
-    let ours = cache_id.is_some_and(|id| text.contains(&format!("cache {id:016x} ")));
+    let ours = cache_id.is_some_and(|id| text.starts_with(&mark_prefix(id)));
     if ours || lower.ignore_mark {
         return Ok(());
     }
@@ -409,7 +416,7 @@ pub fn check_mark(lower: &LowerIdentity, cache_id: Option<u64>) -> io::Result<()
 }
 
 /// Marks `lower` as lacking data cache `text` holds, durably (where it can be marked).
-pub fn set_mark(lower: &LowerIdentity, text: &str) -> io::Result<()> {
+fn set_mark(lower: &LowerIdentity, text: &str) -> io::Result<()> {
     match lower.mark.as_ref().map(|m| m.set(text)) {
         Some(Err(e)) if e.kind() != io::ErrorKind::Unsupported => Err(e),
         _ => Ok(()),
@@ -428,7 +435,7 @@ fn write_record<F: Durable + ?Sized>(fast: &F, rec: &Record) -> io::Result<()> {
 
 /// Records durably that `lower` is attached to cache `cache_id`, as record `seq`. Call
 /// before anything may write the slow device.
-pub fn attach<F: Durable + ?Sized>(
+pub(crate) fn attach<F: Durable + ?Sized>(
     fast: &F,
     lower: &LowerIdentity,
     seq: u64,
@@ -439,7 +446,7 @@ pub fn attach<F: Durable + ?Sized>(
 
 /// Records durably that `lower` was detached cleanly from cache `cache_id`, with its stamp
 /// now, as record `seq`. Call after the last write to the slow device and its sync.
-pub fn detach<F: Durable + ?Sized>(
+pub(crate) fn detach<F: Durable + ?Sized>(
     fast: &F,
     lower: &LowerIdentity,
     seq: u64,

@@ -283,8 +283,8 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             fast.set_len(want.fast_bytes())?;
             fast.sync()?;
         }
+        // Dropping clean chunks, or formatting with none dirty, leaves `dirty` as counted.
         let paired = pairing::finish(&fast, identity, plan)?;
-        let dirty = map.iter().filter(|b| **b == CHUNK_DIRTY).count() as u64;
         let chunks = map.len();
         let shared = Arc::new(Shared {
             fast,
