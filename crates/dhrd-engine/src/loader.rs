@@ -43,8 +43,8 @@ pub(crate) enum NextJob {
     RetryAt(Instant),
     /// Nothing left to load.
     Idle,
-    /// Zero RAM that left Loaded, waiting for live views to end (only a loader thread,
-    /// which never holds a view, may wait for them).
+    /// Zero RAM that left Loaded whose views have ended (never waits for a view: a load
+    /// must not stop because some client is slow to take the bytes of one).
     Reclaim,
 }
 

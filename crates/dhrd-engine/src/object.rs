@@ -160,6 +160,11 @@ pub enum View<'a> {
 /// live views, so a chunk evicted or invalidated meanwhile keeps its bytes until the view
 /// ends (see the module header): a view shows the bytes of the time it was taken or newer
 /// ones, never zeros that were not written.
+///
+/// Loading never waits for a view, but while one lives the RAM of every chunk that leaves
+/// Loaded stays allocated (its budget is already free), and size changes wait. So a view
+/// is for copying bytes out, never for waiting on someone else: a frontend sending it to
+/// a client must not hold it while the client is slow to take the bytes.
 pub struct RamView<'a> {
     _guard: ShardedLockReadGuard<'a, Layout>,
     live: &'a AtomicU64,
@@ -305,8 +310,12 @@ struct Inner<D: Durable> {
     /// (see `evict.rs`, `reclaim`).
     views_live: [AtomicU64; 2],
     view_epoch: AtomicU64,
-    /// One reclaimer at a time (it flips the view epoch).
-    reclaim_lock: Mutex<()>,
+    /// One reclaimer at a time (it flips the view epoch); holds the batch whose RAM waits
+    /// for the views of an old epoch to end (see `evict.rs`, `reclaim`).
+    reclaiming: Mutex<Option<ReclaimBatch>>,
+    /// The epoch `reclaiming`'s batch waits for, or `NO_EPOCH`: lets the loader see
+    /// without the mutex whether a reclaim could progress.
+    reclaim_epoch: AtomicU64,
     /// Chunks that left Loaded and whose RAM is not zeroed yet, with their state word at
     /// that time (see the module header and `evict.rs`).
     pending: Mutex<Vec<(u64, u32)>>,
@@ -315,6 +324,7 @@ struct Inner<D: Durable> {
 
 mod evict;
 mod load;
+use evict::ReclaimBatch;
 mod write;
 
 /// The durable hybrid object. Cheap to clone; all methods take `&self` and may be called
@@ -423,7 +433,8 @@ impl<D: Durable> HybridObject<D> {
             cache_active: AtomicBool::new(false),
             views_live: [AtomicU64::new(0), AtomicU64::new(0)],
             view_epoch: AtomicU64::new(0),
-            reclaim_lock: Mutex::new(()),
+            reclaiming: Mutex::new(None),
+            reclaim_epoch: AtomicU64::new(evict::NO_EPOCH),
             pending: Mutex::new(Vec::new()),
             pending_any: AtomicBool::new(false),
             cfg,
@@ -508,7 +519,7 @@ impl<D: Durable> HybridObject<D> {
     /// Makes every completed write durable (fsync, NBD FLUSH).
     pub fn flush(&self) -> Result<()> {
         let r = self.inner.flush();
-        self.inner.reclaim(false);
+        self.inner.reclaim();
         r
     }
 
@@ -553,7 +564,7 @@ impl<D: Durable> HybridObject<D> {
     /// Loads the next chunk on the calling thread, as a loader thread would. With
     /// `load_disabled` this makes loading fully deterministic (simulation tests).
     pub fn load_step(&self) -> LoadStep {
-        self.inner.reclaim(false);
+        self.inner.reclaim();
         match self.inner.next_job_inner(Instant::now(), false) {
             NextJob::Load(c, kind) => match self.inner.load_chunk(c, kind) {
                 LoadResult::Loaded { .. } => LoadStep::Loaded(c),
@@ -615,7 +626,7 @@ impl<D: Durable> Inner<D> {
         if self.kick_pending.swap(false, Ordering::AcqRel) {
             self.kick_loader();
         }
-        self.reclaim(false);
+        self.reclaim();
     }
 
     fn kick_loader(&self) {

@@ -345,3 +345,78 @@ fn writes_go_to_ram_when_there_is_room() -> Result<(), String> {
     assert_eq!(b, vec![7; 100]);
     o.verify_mirror()
 }
+
+/// A zero-copy view held for as long as a stalled consumer likes (an NBD client that
+/// stopped reading its socket holds one while its reply is sent) must not stop loading:
+/// misses of other chunks still evict and load while it lives, the view keeps showing its
+/// bytes, and once it ends the RAM of every evicted chunk is given back (the budget holds
+/// for the memory, not only for the accounting). Before, the first loader thread to
+/// reclaim waited for the view, every other one queued behind it, and no load ran again
+/// until the view ended.
+#[test]
+fn a_long_lived_view_does_not_stop_loading() -> Result<(), String> {
+    use dhrd_engine::{ChunkIndex, ChunkState};
+    use std::time::{Duration, Instant};
+    const CB: u64 = 64 << 10;
+    const CHUNKS: u64 = 12;
+    const BUDGET_CHUNKS: u64 = 3;
+    let data: Vec<u8> = (0..(CHUNKS * CB) as usize)
+        .map(|i| (i % 253) as u8 | 1)
+        .collect();
+    let sim = Arc::new(SimBacking::from_bytes(data.clone(), 9));
+    let budget = RamBudget::new(BUDGET_CHUNKS * CB);
+    let cache = CacheConfig {
+        policy: CachePolicy::Clock,
+        admission: Admission::Always,
+        read_ahead: ReadAhead::None,
+        prefill: false,
+        ..CacheConfig::default()
+    };
+    let o = open(&sim, CB, &budget, cache);
+    // Liveness bound only: every wait below ends as soon as its condition holds.
+    let eventually = |what: &str, cond: &dyn Fn() -> bool| -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            if Instant::now() > deadline {
+                return Err(format!("{what}: {:?} {}", o.progress(), o.stats()));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    };
+    let miss = |c: u64| -> Result<(), String> {
+        let mut b = vec![0u8; 100];
+        o.read_at(&mut b, c * CB + 7).map_err(|e| e.to_string())?;
+        assert_eq!(b, data[(c * CB + 7) as usize..(c * CB + 107) as usize]);
+        eventually(&format!("chunk {c} was not loaded"), &|| {
+            o.chunk_state(ChunkIndex(c)) == Some(ChunkState::Loaded)
+        })
+    };
+    miss(0)?;
+    let view = match o.view(0, CB as usize).map_err(|e| e.to_string())? {
+        View::Ram(v) => v,
+        _ => return Err("chunk 0 not in RAM after its load".into()),
+    };
+    // Each miss beyond the budget evicts a chunk whose RAM the view may still show.
+    for c in 1..CHUNKS {
+        miss(c)?;
+    }
+    assert!(
+        o.stats().evictions >= CHUNKS - BUDGET_CHUNKS,
+        "{}",
+        o.stats()
+    );
+    assert!(budget.used_bytes() <= budget.limit_bytes());
+    assert_eq!(
+        &view[..],
+        &data[..CB as usize],
+        "bytes changed under the view"
+    );
+    drop(view);
+    // Nothing else happens now: the RAM of the evicted chunks is given back anyway.
+    eventually(
+        "evicted chunks still hold RAM after the view ended",
+        &|| o.progress().ram_resident_bytes <= BUDGET_CHUNKS * CB,
+    )?;
+    o.verify_mirror()
+}

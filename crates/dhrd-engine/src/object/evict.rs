@@ -9,8 +9,14 @@
 //!   view that was alive when it left has ended, and only if the chunk's state word is
 //!   still the one it had when it left (it was not Loaded again since, so no newer view
 //!   can show it). Until then its `ram_stale` flag tells a load not to trust its RAM.
+//! - `reclaim` never waits, for a view or for another reclaimer: a view lives as long as
+//!   its holder likes (an NBD reply to a slow client), and a loader thread waiting for one
+//!   would stop loading for every reader of the object. A batch whose views are still out
+//!   is kept (one at a time, in `reclaiming`) and finished by whichever later call finds
+//!   them ended; the loader looks again every [`RECLAIM_POLL`] meanwhile, between loads.
 //! - Lock order: chunk mutex, then the pending list; `reclaim` takes the pending list
-//!   and lets it go before it takes any chunk mutex.
+//!   and lets it go before it takes any chunk mutex; the `reclaiming` mutex is only ever
+//!   tried, never waited for.
 //!
 //! Crash semantics: none; this only moves clean data in or out of RAM.
 
@@ -24,8 +30,18 @@ const AHEAD_QUEUE_MAX: usize = 256;
 /// Victims one eviction looks at before it gives up (a victim may have left Loaded by
 /// another way since the policy recorded it).
 const VICTIM_TRIES_MAX: u32 = 16;
-/// How often a reclaiming loader thread looks whether the views it waits for ended.
-const RECLAIM_POLL: Duration = Duration::from_micros(50);
+/// How soon the loader looks again whether the views a reclaim batch waits for ended,
+/// when no request or load has finished it meanwhile.
+pub(super) const RECLAIM_POLL: Duration = Duration::from_millis(1);
+/// `reclaim_epoch` when no batch waits.
+pub(super) const NO_EPOCH: u64 = u64::MAX;
+
+/// Chunks that left Loaded before the view epoch moved past `epoch`: their RAM is zeroed
+/// once the views counted in `epoch` have ended.
+pub(super) struct ReclaimBatch {
+    chunks: Vec<(u64, u32)>,
+    epoch: u64,
+}
 
 /// The slots' access counters, as the policy sees them.
 struct SlotBits<'a>(&'a Layout);
@@ -193,25 +209,50 @@ impl<D: Durable> Inner<D> {
         }
     }
 
-    /// Zeroes the RAM of chunks that left Loaded, once no view can be showing it. Called
-    /// with no lock held. With `wait` (loader threads only, which hold no view) it flips
-    /// the view epoch and waits for the views of the old one to end; views that start
-    /// after the flip already see the chunks out of Loaded, so it cannot be starved.
-    /// Without `wait` it zeroes only if no view is out at all, and otherwise leaves the
-    /// work to the loader: a request thread may itself hold a view.
-    pub(super) fn reclaim(&self, wait: bool) {
-        if !self.pending_any.load(Ordering::Acquire) {
+    /// Whether `reclaim` would make progress now: a batch whose views have all ended, or
+    /// chunks pending and no batch waiting (then it starts one). Lock-free, for the loader.
+    pub(super) fn reclaim_due(&self) -> bool {
+        match self.reclaim_epoch.load(Ordering::Acquire) {
+            NO_EPOCH => self.pending_any.load(Ordering::Acquire),
+            e => self.views_of(e).load(Ordering::SeqCst) == 0,
+        }
+    }
+
+    /// Whether a batch waits for views to end (the loader must look again later).
+    pub(super) fn reclaim_waiting(&self) -> bool {
+        self.reclaim_epoch.load(Ordering::Acquire) != NO_EPOCH
+    }
+
+    fn views_of(&self, epoch: u64) -> &AtomicU64 {
+        &self.views_live[(epoch & 1) as usize]
+    }
+
+    /// Zeroes the RAM of chunks that left Loaded, once no view can be showing it. Never
+    /// waits (see the header): it returns at once when another thread reclaims, finishes
+    /// the waiting batch if its views have ended, then starts a batch of the chunks pending
+    /// now by moving the view epoch on (views that start after the move already see the
+    /// chunks out of Loaded, so the old epoch's views only drain), and zeroes it at once if
+    /// the old epoch has no view out. Called with no lock held, from any thread; a thread
+    /// holding a view may call it too, since nothing here waits for a view.
+    pub(super) fn reclaim(&self) {
+        if !self.reclaim_waiting() && !self.pending_any.load(Ordering::Acquire) {
             return;
         }
-        let _one = if wait {
-            self.reclaim_lock.lock()
-        } else {
-            match self.reclaim_lock.try_lock() {
-                Some(g) => g,
-                None => return,
-            }
+        let Some(mut batch) = self.reclaiming.try_lock() else {
+            return;
         };
-        self.pending_any.store(false, Ordering::Release);
+        if let Some(b) = batch.as_ref() {
+            if self.views_of(b.epoch).load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            if let Some(b) = batch.take() {
+                self.reclaim_epoch.store(NO_EPOCH, Ordering::Release);
+                self.zero_left(&b.chunks);
+            }
+        }
+        if !self.pending_any.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let list = std::mem::take(&mut *self.pending.lock());
         if list.is_empty() {
             return;
@@ -219,23 +260,27 @@ impl<D: Durable> Inner<D> {
         // Every chunk in the list left Loaded before this fence; a view counted after it
         // sees that and does not use the chunk.
         fence(Ordering::SeqCst);
-        if wait {
-            let old = self.view_epoch.fetch_add(1, Ordering::SeqCst);
-            let live = &self.views_live[(old & 1) as usize];
-            while live.load(Ordering::SeqCst) > 0 {
-                std::thread::sleep(RECLAIM_POLL);
-            }
-        } else if self.views_live.iter().any(|l| l.load(Ordering::SeqCst) > 0) {
-            let mut p = self.pending.lock();
-            p.extend(list);
-            drop(p);
-            self.pending_any.store(true, Ordering::Release);
-            self.kick_loader();
+        let old = self.view_epoch.fetch_add(1, Ordering::SeqCst);
+        if self.views_of(old).load(Ordering::SeqCst) == 0 {
+            self.zero_left(&list);
             return;
         }
+        *batch = Some(ReclaimBatch {
+            chunks: list,
+            epoch: old,
+        });
+        self.reclaim_epoch.store(old, Ordering::Release);
+        drop(batch);
+        // The loader keeps the object queued and looks again (`next_job_inner`).
+        self.kick_loader();
+    }
+
+    /// Zeroes the RAM of `list`'s chunks that stayed out of Loaded since they left; no
+    /// view of the time they were Loaded is alive any more.
+    fn zero_left(&self, list: &[(u64, u32)]) {
         let layout = read_guard(&self.layout);
         let file_bytes = layout.ram.file_bytes();
-        for (i, word) in list {
+        for &(i, word) in list {
             let c = ChunkIndex(i);
             if i as usize >= layout.slots.len() {
                 continue;

@@ -36,9 +36,9 @@ impl<D: Durable> Inner<D> {
             self.lq.lock().over_budget.insert(c.0);
             self.load_cv.notify_all();
         }
-        // Give the memory of what was evicted back now if no view is out; otherwise the
-        // loader does it (NextJob::Reclaim).
-        self.reclaim(false);
+        // Give the memory of what was evicted back now if no view is out; otherwise a later
+        // call does, once the views have ended (NextJob::Reclaim).
+        self.reclaim();
         r
     }
 
@@ -188,7 +188,7 @@ impl<D: Durable> Inner<D> {
         if self.closed.load(Ordering::Acquire) {
             return NextJob::Idle;
         }
-        if may_reclaim && self.pending_any.load(Ordering::Acquire) {
+        if may_reclaim && self.reclaim_due() {
             return NextJob::Reclaim;
         }
         let nchunks = self.geo.chunks_for(self.len.load(Ordering::Acquire));
@@ -236,7 +236,9 @@ impl<D: Durable> Inner<D> {
             }
             return NextJob::Load(ChunkIndex(c), LoadKind::Retry);
         }
-        if let Some(at) = q.retries.values().map(|r| r.due).min() {
+        // A reclaim batch waiting for views: look again soon (see `evict.rs`).
+        let reclaim_at = (may_reclaim && self.reclaim_waiting()).then(|| now + evict::RECLAIM_POLL);
+        if let Some(at) = q.retries.values().map(|r| r.due).chain(reclaim_at).min() {
             return NextJob::RetryAt(at);
         }
         if q.finished.is_none() {
@@ -322,7 +324,7 @@ impl<D: Durable> LoadTarget for Inner<D> {
         self.next_job_inner(now, true)
     }
     fn reclaim(&self) {
-        Inner::reclaim(self, true);
+        Inner::reclaim(self);
     }
     fn load(&self, c: ChunkIndex, kind: LoadKind) -> LoadResult {
         self.load_chunk(c, kind)
