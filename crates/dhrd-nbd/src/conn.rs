@@ -10,8 +10,15 @@
 //!
 //! Invariants:
 //! - a reply is written only after the target call it reports on returned;
-//! - each reply is written with one `write_all` under the writer lock, so replies never
-//!   interleave on the wire; the client matches them by handle;
+//! - each reply is written whole under the writer lock, so replies never interleave on
+//!   the wire; the client matches them by handle (`reply.rs`);
+//! - no client can hold anything beyond its own connection for longer than a deadline:
+//!   a reply must be written within `ConnParams::reply_timeout` in total, a write payload
+//!   must arrive within `ConnParams::payload_timeout` of its header, in total; either
+//!   miss ends the connection. A read reply sent straight from the target's memory keeps
+//!   that memory borrowed while it waits for the client for at most `BORROWED_WAIT_MAX`
+//!   (`reply.rs`), so a client that stops reading cannot stall the engine's loading or
+//!   reclaim for other clients;
 //! - the in-flight budget ([`MAX_IN_FLIGHT_BYTES`]) is taken before a payload or read
 //!   buffer is allocated and given back after the reply is written (or dropped); a single
 //!   maximal request always fits, so it cannot deadlock; requests in flight are bounded by
@@ -37,144 +44,16 @@ use crate::limits::{
     THREAD_STACK_BYTES,
 };
 use crate::proto::*;
+use crate::reply::{Borrowing, Replier};
+use crate::socket::{read_by, Stream};
 use crate::target::Target;
 use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
-use std::io::{self, BufReader, IoSlice, Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::unix::net::UnixStream;
+use std::io::{self, BufReader, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// A connected socket of either family.
-#[derive(Debug)]
-pub(crate) enum Stream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Stream {
-    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
-    }
-
-    pub(crate) fn shutdown(&self, how: Shutdown) {
-        // Fails only if the peer is already gone, which is the state we want.
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(how),
-            Stream::Tcp(s) => s.shutdown(how),
-        };
-    }
-
-    fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        match self {
-            Stream::Unix(s) => s.as_raw_fd(),
-            Stream::Tcp(s) => s.as_raw_fd(),
-        }
-    }
-
-    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_read_timeout(t),
-            Stream::Tcp(s) => s.set_read_timeout(t),
-        }
-    }
-
-    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_write_timeout(t),
-            Stream::Tcp(s) => s.set_write_timeout(t),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.read(buf),
-            Stream::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
-        }
-    }
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write_vectored(bufs),
-            Stream::Tcp(s) => s.write_vectored(bufs),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The single writer of one connection's replies.
-struct Replier {
-    stream: Mutex<Stream>,
-    /// Set when a reply could not be written; the reader then stops.
-    broken: AtomicBool,
-}
-
-impl Replier {
-    fn send(&self, bytes: &[u8]) {
-        self.send_parts(&[bytes]);
-    }
-
-    /// Writes the parts as one reply (one `writev` in the common case).
-    fn send_parts(&self, parts: &[&[u8]]) {
-        if self.broken.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut s = self.stream.lock();
-        if write_all_parts(&mut *s, parts).is_err() {
-            // The client is gone or stopped reading past the write timeout. Closing both
-            // directions wakes the reader so the connection winds down.
-            self.broken.store(true, Ordering::Relaxed);
-            s.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-/// `write_all` over several buffers with vectored writes.
-fn write_all_parts<W: Write>(w: &mut W, parts: &[&[u8]]) -> io::Result<()> {
-    let (mut idx, mut off) = (0usize, 0usize);
-    while idx < parts.len() {
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() - idx);
-        slices.push(IoSlice::new(&parts[idx][off..]));
-        slices.extend(parts.iter().skip(idx + 1).map(|p| IoSlice::new(p)));
-        let mut n = match w.write_vectored(&slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        while idx < parts.len() {
-            let rest = parts.get(idx).map_or(0, |p| p.len()) - off;
-            if n >= rest {
-                n -= rest;
-                idx += 1;
-                off = 0;
-            } else {
-                off += n;
-                break;
-            }
-        }
-    }
-    Ok(())
-}
 
 /// Per-connection bound on bytes (and, as a second guard, requests) in flight.
 struct Budget {
@@ -330,10 +209,22 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
         let hl = reply_header_len(framing, true, 0);
         encode_reply_header(&mut hdr, framing, true, handle, 0, offset, length);
         let head = &hdr[..hl];
-        match target.read_borrowed(offset, length as usize, &mut |data| {
-            replier.send_parts(&[head, data])
-        }) {
-            Ok(true) => return true,
+        let mut unsent = None;
+        let borrowed = {
+            let _borrowing = Borrowing::start();
+            target.read_borrowed(offset, length as usize, &mut |data| {
+                unsent = replier.send_borrowed(head, data);
+            })
+        };
+        match borrowed {
+            Ok(true) => {
+                // The target's memory is no longer borrowed: now the client may be waited
+                // for, up to the reply deadline.
+                if let Some(rest) = unsent {
+                    replier.finish(rest);
+                }
+                return true;
+            }
             Ok(false) => {}
             Err(e) => {
                 let errno = report("read", offset, length, &e);
@@ -511,6 +402,10 @@ pub(crate) struct ConnParams {
     pub size: u64,
     /// How long a reader polls the socket before it blocks (0: never polls).
     pub poll_before_block: Duration,
+    /// Time a reply may take to be written, in total.
+    pub reply_timeout: Duration,
+    /// Time a write payload may take to arrive, in total, from its request header.
+    pub payload_timeout: Duration,
 }
 
 /// Serves requests until the client disconnects or the stream fails, then finishes every
@@ -522,14 +417,12 @@ pub(crate) fn serve<T: Target>(
     params: ConnParams,
     activity: Arc<Activity>,
 ) -> End {
+    let replier = Replier::new(writer, params.reply_timeout);
     let sh = Arc::new(Shared {
         target,
         params,
         read_side: Mutex::new(ReadSide { reader, end: None }),
-        replier: Replier {
-            stream: Mutex::new(writer),
-            broken: AtomicBool::new(false),
-        },
+        replier,
         budget: Budget {
             state: Mutex::new((0, 0)),
             freed: Condvar::new(),
@@ -694,7 +587,7 @@ fn next_job<T: Target>(
     sh: &Shared<T>,
     spare: &mut Vec<u8>,
 ) -> Result<Option<Job>, End> {
-    if sh.replier.broken.load(Ordering::Relaxed) {
+    if sh.replier.is_broken() {
         return Err(End::Error(NbdError::Protocol(
             "reply could not be sent".into(),
         )));
@@ -761,15 +654,21 @@ fn request<T: Target>(
         if payload.len() < n {
             payload.resize(n, 0);
         }
-        match read_msg(reader, &mut payload[..n]) {
-            Ok(true) => {}
-            // The client vanished mid-payload: drop the partial write untouched.
-            Ok(false) | Err(_) => {
-                sh.budget.release(charged);
-                return Err(End::Error(NbdError::Protocol(
-                    "truncated write payload".into(),
-                )));
-            }
+        // The deadline counts from the header, which was just read: a client that stops
+        // mid-payload, or sends a byte now and then, is busy (never idle), so only this
+        // deadline frees its slot.
+        let deadline = Instant::now() + p.payload_timeout;
+        if let Err(e) = read_by(reader, &mut payload[..n], deadline) {
+            // Drop the partial write untouched.
+            sh.budget.release(charged);
+            let why = match e.kind() {
+                io::ErrorKind::TimedOut => format!(
+                    "write payload of {n} bytes not received within {:.1} s",
+                    p.payload_timeout.as_secs_f64()
+                ),
+                _ => format!("truncated write payload: {e}"),
+            };
+            return Err(End::Error(NbdError::Protocol(why)));
         }
     }
     match verdict {
@@ -876,42 +775,6 @@ mod tests {
         );
         assert_eq!(validate(&hdr(5, 0, 0, 8), size, false, s), Err(EINVAL));
         assert_eq!(validate(&hdr(0x1234, 0, 0, 8), size, false, s), Err(EINVAL));
-    }
-
-    /// Accepts at most 3 bytes per call, to exercise partial vectored writes.
-    struct Dribble(Vec<u8>);
-
-    impl Write for Dribble {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            let n = buf.len().min(3);
-            self.0.extend_from_slice(&buf[..n]);
-            Ok(n)
-        }
-        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-            let mut budget = 3;
-            let mut n = 0;
-            for b in bufs {
-                let k = b.len().min(budget);
-                self.0.extend_from_slice(&b[..k]);
-                n += k;
-                budget -= k;
-                if budget == 0 {
-                    break;
-                }
-            }
-            Ok(n)
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn vectored_reply_writes_survive_partial_writes() {
-        let mut d = Dribble(Vec::new());
-        let parts: [&[u8]; 4] = [b"head", b"", b"da", b"ta-tail"];
-        assert!(write_all_parts(&mut d, &parts).is_ok());
-        assert_eq!(d.0, b"headdata-tail");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - in `sync` durability every engine write is durable on return, so FUA costs nothing;
 //!   in `fsync`/`periodic` a FUA request is followed by `flush` before the reply;
 //! - reads of Loaded ranges may be sent straight from the RAM tier (a borrowed view, no
-//!   copy); the view pins the RAM mapping only while the reply is written;
+//!   copy); the view waits for a slow client for at most `BORROWED_WAIT_MAX`, then the
+//!   rest is copied out and the view ends (see `reply.rs`);
 //! - WRITE_ZEROES with NO_HOLE keeps the range allocated (`write_zeroes`: the backing
 //!   zeroes it in place), without a buffer of the client's length.
 

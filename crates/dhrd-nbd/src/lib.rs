@@ -7,6 +7,9 @@
 //! - `conn`: the transmission phase of one connection (a few threads taking turns to
 //!   read requests, executing them in parallel, replies matched by handle under one
 //!   writer lock);
+//! - `reply`: that writer lock, the reply deadline, and the bound on how long borrowed
+//!   RAM may wait for a client;
+//! - `socket`: the socket and its deadline-bounded reads and writes;
 //! - [`server`]: listening sockets, accepting, graceful shutdown;
 //! - [`client`]: a minimal blocking client for tests and tools;
 //! - [`target`]: the narrow interface the server calls, implemented for the engine's
@@ -27,7 +30,9 @@ mod engine;
 mod error;
 pub mod handshake;
 pub mod proto;
+mod reply;
 pub mod server;
+mod socket;
 pub mod target;
 
 pub use engine::EngineTarget;
@@ -56,9 +61,24 @@ pub mod limits {
     /// default of `ServerConfig::handshake_timeout`), so a client that connects and never
     /// negotiates, or sends a byte now and then, cannot hold a slot and a thread for ever.
     pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
-    /// A reply that cannot be written within this time (client stopped reading) ends the
-    /// connection, releasing the memory its replies hold.
-    pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
+    /// A reply not written whole within this time (the client stopped reading, or takes
+    /// a byte now and then) ends the connection, releasing the memory its replies hold
+    /// (the default of `ServerConfig::reply_timeout`). Counted for the whole reply, not
+    /// per system call. Long enough for a 32 MiB reply at 1 MiB/s with room to spare.
+    pub const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
+    /// Longest a reply holds bytes borrowed from the target's memory (a zero-copy view of
+    /// the RAM tier) while it waits for the writer lock or for the client to take them;
+    /// what the client has not taken by then is copied out and the view ends. A client
+    /// that keeps up takes a 1 MiB reply well within it on loopback, so large reads stay
+    /// zero-copy; a stalled one delays the engine's reclaim of evicted RAM by at most
+    /// this per reply (never a load: the loader does not wait for views).
+    pub const BORROWED_WAIT_MAX: Duration = Duration::from_millis(1);
+    /// A write payload not received whole within this time of its request header ends
+    /// the connection (the default of `ServerConfig::payload_timeout`): a client that
+    /// stops mid-payload is busy, not idle, so neither idle eviction nor the idle timeout
+    /// would ever free its slot. Counted for the whole payload; sized like
+    /// [`REPLY_TIMEOUT`].
+    pub const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(120);
     /// Requests of one connection being served at once (a second guard; the thread count
     /// below is the first).
     pub const MAX_IN_FLIGHT_REQUESTS: usize = 128;

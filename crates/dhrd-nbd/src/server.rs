@@ -15,6 +15,10 @@
 //!   are never evicted;
 //! - with `idle_timeout` set, a negotiated connection idle that long with no request in
 //!   flight is closed even when no one waits for its slot (off by default);
+//! - a connection that is not idle is bounded too: a reply must be written within
+//!   `reply_timeout` and a write payload must arrive within `payload_timeout` of its
+//!   header, each in total ([`REPLY_TIMEOUT`], [`PAYLOAD_TIMEOUT`] by default), or the
+//!   connection ends, so no client holds a slot by stopping half-way through a request;
 //! - the server closes a connection (eviction or idle timeout) only between requests: a
 //!   request counts as in flight from its header to its reply, and the choice is atomic
 //!   with the start of a request (`Activity::try_close`). Closing means closing its read
@@ -28,13 +32,14 @@
 //! - shutdown stops accepting first, then closes the read side of every connection, so
 //!   requests already received are executed and answered, and no new one is read.
 
-use crate::conn::{self, Activity, ConnParams, End, Stream};
+use crate::conn::{self, Activity, ConnParams, End};
 use crate::handshake::{self, ExportView, Outcome};
 use crate::limits::{
-    HANDSHAKE_TIMEOUT, IDLE_EVICT_AFTER, MAX_CONNECTIONS, POLL_BEFORE_BLOCK, READ_BUFFER_BYTES,
-    REPLY_WRITE_TIMEOUT, SHUTDOWN_DRAIN_TIMEOUT, THREAD_STACK_BYTES,
+    HANDSHAKE_TIMEOUT, IDLE_EVICT_AFTER, MAX_CONNECTIONS, PAYLOAD_TIMEOUT, POLL_BEFORE_BLOCK,
+    READ_BUFFER_BYTES, REPLY_TIMEOUT, SHUTDOWN_DRAIN_TIMEOUT, THREAD_STACK_BYTES,
 };
 use crate::proto::*;
+use crate::socket::Stream;
 use crate::target::Target;
 use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
@@ -90,6 +95,11 @@ pub struct ServerConfig {
     /// small read's round trip on a VM, for up to one CPU of polling (one poller at a
     /// time in the process).
     pub poll_before_block: Duration,
+    /// Time a reply may take to be written, in total, before the connection is ended.
+    pub reply_timeout: Duration,
+    /// Time a write payload may take to arrive after its request header, in total,
+    /// before the connection is ended.
+    pub payload_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -105,6 +115,8 @@ impl ServerConfig {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             idle_timeout: None,
             poll_before_block: POLL_BEFORE_BLOCK,
+            reply_timeout: REPLY_TIMEOUT,
+            payload_timeout: PAYLOAD_TIMEOUT,
         }
     }
 }
@@ -366,9 +378,17 @@ impl<T: Target> Server<T> {
         }
         // A zero timeout would end every negotiation, or every connection between two
         // requests.
-        if cfg.handshake_timeout.is_zero() || cfg.idle_timeout.is_some_and(|t| t.is_zero()) {
+        if [
+            cfg.handshake_timeout,
+            cfg.reply_timeout,
+            cfg.payload_timeout,
+        ]
+        .iter()
+        .any(Duration::is_zero)
+            || cfg.idle_timeout.is_some_and(|t| t.is_zero())
+        {
             return Err(NbdError::Config(
-                "the handshake and idle timeouts must be longer than zero".into(),
+                "the handshake, reply, payload and idle timeouts must be longer than zero".into(),
             ));
         }
         let listener = bind(&cfg)?;
@@ -579,9 +599,7 @@ impl<T: Target> Server<T> {
             size: self.target.size(),
             tflags: self.tflags(),
         };
-        let verbose = self.cfg.verbose;
-        let handshake_timeout = self.cfg.handshake_timeout;
-        let poll = self.cfg.poll_before_block;
+        let cfg = self.cfg.clone();
         let r = std::thread::Builder::new()
             .name(format!("dhrd-nbd-conn{id}"))
             .stack_size(THREAD_STACK_BYTES)
@@ -589,9 +607,9 @@ impl<T: Target> Server<T> {
                 // Deregisters even if the connection panics, so a drain never waits for
                 // a connection that no longer exists.
                 let _reg = Registration { shared, id };
-                let res = connection(stream, target, &view, handshake_timeout, poll, activity);
+                let res = connection(stream, target, &view, &cfg, activity);
                 match &res {
-                    Ok(()) if verbose => eprintln!("dhrd nbd: connection {id} closed"),
+                    Ok(()) if cfg.verbose => eprintln!("dhrd nbd: connection {id} closed"),
                     Ok(()) => {}
                     Err(e) => eprintln!("dhrd nbd: connection {id} closed: {e}"),
                 }
@@ -705,10 +723,10 @@ fn connection<T: Target>(
     stream: Stream,
     target: Arc<T>,
     view: &ExportView,
-    handshake_timeout: Duration,
-    poll_before_block: Duration,
+    cfg: &ServerConfig,
     activity: Arc<Activity>,
 ) -> Result<(), NbdError> {
+    let handshake_timeout = cfg.handshake_timeout;
     let deadline = Instant::now() + handshake_timeout;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
@@ -731,15 +749,17 @@ fn connection<T: Target>(
     };
     // Transmission: a client may idle between requests for as long as it likes, unless
     // all slots are taken and a new client needs one (`make_room`) or an idle timeout is
-    // set (`close_idle`).
+    // set (`close_idle`). Replies and payloads have their own deadlines (`ConnParams`);
+    // replies are sent without blocking, so the socket's write timeout plays no part.
     reader.get_ref().set_read_timeout(None)?;
-    writer.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
     activity.set_transmitting();
     let params = ConnParams {
         framing,
         read_only: view.tflags & TFLAG_READ_ONLY != 0,
         size: view.size,
-        poll_before_block,
+        poll_before_block: cfg.poll_before_block,
+        reply_timeout: cfg.reply_timeout,
+        payload_timeout: cfg.payload_timeout,
     };
     let end = conn::serve(
         reader,

@@ -28,7 +28,10 @@ pub trait Target: Send + Sync + 'static {
     fn flush(&self) -> Result<(), NbdError>;
     /// Hands the bytes of `[offset, offset + len)` to `send` without copying them, when
     /// the target holds them in memory. Returns `Ok(false)`, without calling `send`, when
-    /// it cannot; the caller then uses [`Target::read_at`].
+    /// it cannot; the caller then uses [`Target::read_at`]. The memory may stay pinned
+    /// (for the engine: a view that delays the reclaim of evicted RAM) until this returns,
+    /// so `send` waits for a client only briefly (`BORROWED_WAIT_MAX`) and copies out
+    /// what the client has not taken by then.
     fn read_borrowed(
         &self,
         offset: u64,

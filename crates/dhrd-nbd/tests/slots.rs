@@ -307,6 +307,14 @@ fn limits_that_would_refuse_everyone_are_configuration_errors() {
             idle_timeout: Some(Duration::ZERO),
             ..cfg()
         },
+        ServerConfig {
+            reply_timeout: Duration::ZERO,
+            ..cfg()
+        },
+        ServerConfig {
+            payload_timeout: Duration::ZERO,
+            ..cfg()
+        },
     ];
     for c in bad {
         assert!(matches!(

@@ -190,8 +190,20 @@ pub fn engine_export_with(
     tweak: impl FnOnce(&mut dhrd_engine::ObjectConfig),
     read_only: bool,
 ) -> EngineExport {
+    engine_export_of(&[], size, tweak, read_only)
+}
+
+/// An engine export whose backing holds `initial` at offset 0 before the object opens
+/// (zeros up to `size` after it).
+pub fn engine_export_of(
+    initial: &[u8],
+    size: u64,
+    tweak: impl FnOnce(&mut dhrd_engine::ObjectConfig),
+    read_only: bool,
+) -> EngineExport {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let backing = dir.path().join("backing.img");
+    std::fs::write(&backing, initial).unwrap_or_else(|e| panic!("backing: {e}"));
     let fb = dhrd_io::FileBacking::open(
         &backing,
         &dhrd_io::FileOptions {

@@ -1,0 +1,222 @@
+//! The single writer of one connection's replies.
+//!
+//! Invariants:
+//! - each reply is written whole under the writer lock, so replies never interleave on
+//!   the wire; the client matches them by handle;
+//! - a reply must be written within the connection's reply timeout, counted for the
+//!   whole reply from the moment its writing starts (not per system call); a reply that
+//!   misses it, or fails, marks the connection broken and closes the socket, which ends
+//!   the connection and releases what its replies hold;
+//! - bytes borrowed from the target's memory (a zero-copy view of the RAM tier) are held
+//!   while waiting (for the writer lock, for the client to take bytes) for at most
+//!   [`BORROWED_WAIT_MAX`] per reply: whatever the client has not taken by then is copied
+//!   out, the view ends, and only then is the client waited for up to the reply deadline.
+//!   A view pins RAM and delays the engine's reclaim of evicted chunks for the whole
+//!   object, so a client that stops reading must not pin it. Asserted: a thread sending
+//!   borrowed bytes panics if it would wait past that bound ([`Borrowing`]).
+//!
+//! Crash semantics: none; a reply is sent only after the target call it reports on
+//! returned (see `conn.rs`).
+
+use crate::limits::BORROWED_WAIT_MAX;
+use crate::socket::{send_parts, Progress, Stream};
+use parking_lot::{Mutex, MutexGuard};
+use std::cell::Cell;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+thread_local! {
+    /// While this thread sends bytes borrowed from the target's memory: the instant up to
+    /// which it may wait with them.
+    static BORROWING: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Marks the current thread as sending borrowed bytes until dropped.
+pub(crate) struct Borrowing(());
+
+impl Borrowing {
+    /// From now on the thread holds borrowed bytes, for at most [`BORROWED_WAIT_MAX`] of
+    /// waiting.
+    pub(crate) fn start() -> Self {
+        BORROWING.with(|b| b.set(Some(Instant::now() + BORROWED_WAIT_MAX)));
+        Borrowing(())
+    }
+
+    /// How long the current thread may wait: until `deadline`, or sooner if it holds
+    /// borrowed bytes.
+    fn wait_limit(deadline: Instant) -> Instant {
+        BORROWING
+            .with(|b| b.get())
+            .map_or(deadline, |l| l.min(deadline))
+    }
+
+    /// Panics if the current thread would wait past `until` with borrowed bytes.
+    fn assert_may_wait(until: Instant, what: &str) {
+        if let Some(limit) = BORROWING.with(|b| b.get()) {
+            assert!(
+                until <= limit,
+                "{what} with bytes borrowed from the target's memory, past the bound"
+            );
+        }
+    }
+}
+
+impl Drop for Borrowing {
+    fn drop(&mut self) {
+        BORROWING.with(|b| b.set(None));
+    }
+}
+
+pub(crate) struct Replier {
+    stream: Mutex<Stream>,
+    /// Set when a reply could not be sent; the reader then stops.
+    broken: AtomicBool,
+    /// Time one reply may take to be written.
+    timeout: Duration,
+}
+
+/// The part of a reply with borrowed data that the socket did not take at once, copied
+/// out, to be sent by [`Replier::finish`] once the borrow has ended.
+pub(crate) struct Unsent<'a> {
+    /// The writer lock, held since part of the reply went out (so no other reply can
+    /// come between), with that reply's deadline; `None` if the lock was busy and
+    /// nothing was sent.
+    held: Option<(MutexGuard<'a, Stream>, Instant)>,
+    bytes: Vec<u8>,
+}
+
+impl Replier {
+    pub(crate) fn new(stream: Stream, timeout: Duration) -> Self {
+        Self {
+            stream: Mutex::new(stream),
+            broken: AtomicBool::new(false),
+            timeout,
+        }
+    }
+
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn send(&self, bytes: &[u8]) {
+        self.send_parts(&[bytes]);
+    }
+
+    /// Writes the parts as one reply (one `sendmsg` in the common case), waiting for the
+    /// lock and for the client as needed, up to the reply timeout.
+    pub(crate) fn send_parts(&self, parts: &[&[u8]]) {
+        if self.is_broken() {
+            return;
+        }
+        Borrowing::assert_may_wait(Instant::now() + self.timeout, "waiting for the lock");
+        let mut s = self.stream.lock();
+        let deadline = Instant::now() + self.timeout;
+        self.complete(&mut s, parts, 0, deadline);
+    }
+
+    /// Starts a reply whose `data` is borrowed from the target's memory: sends what the
+    /// client takes within the borrowing thread's bound ([`Borrowing`]). `None`: all of
+    /// it went out (or the connection is broken); otherwise the rest, copied, for
+    /// [`Replier::finish`] once the borrow has ended.
+    pub(crate) fn send_borrowed(&self, head: &[u8], data: &[u8]) -> Option<Unsent<'_>> {
+        if self.is_broken() {
+            return None;
+        }
+        let copy_from = |from: usize| {
+            let mut v = Vec::with_capacity(head.len() + data.len() - from);
+            if from < head.len() {
+                v.extend_from_slice(&head[from..]);
+            }
+            v.extend_from_slice(&data[from.saturating_sub(head.len())..]);
+            v
+        };
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let borrow_until = Borrowing::wait_limit(deadline);
+        let Some(mut s) = self.stream.try_lock_until(borrow_until) else {
+            // Another reply of this connection is still being written, perhaps to a slow
+            // client: copy rather than wait longer with the bytes borrowed.
+            return Some(Unsent {
+                held: None,
+                bytes: copy_from(0),
+            });
+        };
+        match send_parts(&mut *s, &[head, data], 0, Some(borrow_until)) {
+            Ok(Progress::Whole) => None,
+            Ok(Progress::Partial(sent)) => Some(Unsent {
+                held: Some((s, deadline)),
+                bytes: copy_from(sent),
+            }),
+            Err(_) => {
+                self.fail(&s);
+                None
+            }
+        }
+    }
+
+    /// Sends the rest of a reply started by [`Replier::send_borrowed`]; call it after the
+    /// borrow has ended.
+    pub(crate) fn finish(&self, unsent: Unsent<'_>) {
+        match unsent.held {
+            Some((mut s, deadline)) => self.complete(&mut s, &[&unsent.bytes], 0, deadline),
+            None => self.send(&unsent.bytes),
+        }
+    }
+
+    /// Writes the rest of a reply by its deadline; a reply not written whole by then ends
+    /// the connection.
+    fn complete(&self, s: &mut Stream, parts: &[&[u8]], skip: usize, deadline: Instant) {
+        Borrowing::assert_may_wait(deadline, "waiting for a client");
+        if !matches!(
+            send_parts(s, parts, skip, Some(deadline)),
+            Ok(Progress::Whole)
+        ) {
+            self.fail(s);
+        }
+    }
+
+    /// The client is gone, or did not take a reply by its deadline. Closing both
+    /// directions wakes the reader, so the connection winds down.
+    fn fail(&self, s: &Stream) {
+        self.broken.store(true, Ordering::Relaxed);
+        s.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    #[should_panic(expected = "borrowed from the target's memory")]
+    fn waiting_for_a_client_with_borrowed_bytes_is_refused() {
+        let (a, _b) = UnixStream::pair().unwrap_or_else(|e| panic!("pair: {e}"));
+        let r = Replier::new(Stream::Unix(a), Duration::from_secs(60));
+        let _borrowing = Borrowing::start();
+        r.send(b"a reply that may wait for its client");
+    }
+
+    #[test]
+    fn a_borrowed_reply_the_client_does_not_take_is_copied_out() {
+        let (a, mut b) = UnixStream::pair().unwrap_or_else(|e| panic!("pair: {e}"));
+        let r = Replier::new(Stream::Unix(a), Duration::from_secs(60));
+        let data: Vec<u8> = (0..8 << 20).map(|i| (i % 251) as u8).collect();
+        let rest = {
+            let _borrowing = Borrowing::start();
+            r.send_borrowed(b"head", &data)
+        };
+        let rest = rest.unwrap_or_else(|| panic!("8 MiB fit in the socket at once"));
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            std::io::Read::read_to_end(&mut b, &mut got).map(|_| got)
+        });
+        r.finish(rest);
+        drop(r);
+        let got = reader.join().ok().and_then(Result::ok);
+        let mut want = b"head".to_vec();
+        want.extend_from_slice(&data);
+        assert!(got == Some(want), "the reply arrived changed");
+    }
+}

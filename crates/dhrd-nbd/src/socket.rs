@@ -1,0 +1,313 @@
+//! A connected socket of either family, and the transmission phase's deadline-bounded
+//! reads and writes on it.
+//!
+//! Invariants:
+//! - during transmission the socket is written only with non-blocking sends
+//!   ([`Stream::send_now`]); waiting for a slow client is a separate step
+//!   ([`Stream::wait_writable`]) bounded by a deadline for the whole reply, not by a
+//!   timeout per system call, so a client that takes a byte now and then cannot stretch
+//!   one reply for ever;
+//! - a write payload is read by a deadline for the whole payload ([`read_by`]), for the
+//!   same reason;
+//! - sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished client is an error result.
+//!
+//! Crash semantics: none; this only moves bytes between the socket and memory.
+
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// A connected socket of either family.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        // Fails only if the peer is already gone, which is the state we want.
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        };
+    }
+
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// Waits until `events` are ready on the socket, or `deadline` passes (TimedOut).
+    fn wait_for(&self, events: libc::c_short, deadline: Instant) -> io::Result<()> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            let ms = libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000))
+                .unwrap_or(libc::c_int::MAX);
+            let mut pfd = libc::pollfd {
+                fd: self.raw_fd(),
+                events,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd for the duration of the call.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            match rc {
+                // Ready, or hung up / in error: the next call on the socket reports which.
+                1.. => return Ok(()),
+                0 => {}
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a reply is written to: a socket, or a test double.
+pub(crate) trait ReplySink {
+    /// Writes what the peer takes now, without waiting; `WouldBlock` when it takes
+    /// nothing.
+    fn send_now(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize>;
+    /// Waits until the peer takes bytes again, or `deadline` passes (TimedOut).
+    fn wait_writable(&mut self, deadline: Instant) -> io::Result<()>;
+}
+
+impl ReplySink for Stream {
+    fn send_now(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        // SAFETY: msghdr is plain old data; all-zero is a valid empty message.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is ABI-compatible with iovec on Unix; sendmsg only reads through it.
+        msg.msg_iov = parts.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = parts.len() as _;
+        // SAFETY: the iovecs point into buffers borrowed for the duration of the call.
+        let n =
+            unsafe { libc::sendmsg(self.raw_fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    fn wait_writable(&mut self, deadline: Instant) -> io::Result<()> {
+        self.wait_for(libc::POLLOUT, deadline)
+    }
+}
+
+/// How far [`send_parts`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// Every byte was written.
+    Whole,
+    /// The peer took only this many bytes (counting the skipped ones) by the deadline.
+    Partial(usize),
+}
+
+/// Writes `parts` as one stream of bytes, skipping the first `skip` (already written).
+/// Whenever the peer takes nothing, waits for it until `deadline`; with no deadline, or
+/// once it has passed, stops there ([`Progress::Partial`]).
+pub(crate) fn send_parts<S: ReplySink>(
+    sink: &mut S,
+    parts: &[&[u8]],
+    skip: usize,
+    deadline: Option<Instant>,
+) -> io::Result<Progress> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = skip.min(total);
+    while done < total {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for p in parts {
+            if at + p.len() > done {
+                let from = done.saturating_sub(at);
+                slices.push(IoSlice::new(&p[from..]));
+            }
+            at += p.len();
+        }
+        match sink.send_now(&slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let Some(d) = deadline else {
+                    return Ok(Progress::Partial(done));
+                };
+                match sink.wait_writable(d) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                        return Ok(Progress::Partial(done));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Progress::Whole)
+}
+
+/// Reads exactly `buf.len()` bytes by `deadline` (the time the whole of them may take).
+/// A stream ending part-way is an error, as is the deadline.
+pub(crate) fn read_by(
+    r: &mut BufReader<Stream>,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        if r.buffer().is_empty() {
+            // Readable (or at its end) now, so the read below does not block.
+            r.get_ref().wait_for(libc::POLLIN, deadline)?;
+        }
+        match r.read(&mut buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+/// Blocking writes, for the negotiation (bounded by its own deadline in `server.rs`).
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Takes at most 3 bytes per call and nothing on every other call, to exercise
+    /// partial sends and waits.
+    struct Dribble {
+        got: Vec<u8>,
+        calls: usize,
+        waits: usize,
+    }
+
+    impl ReplySink for Dribble {
+        fn send_now(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(2) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let mut budget = 3;
+            let mut n = 0;
+            for b in parts {
+                let k = b.len().min(budget);
+                self.got.extend_from_slice(&b[..k]);
+                n += k;
+                budget -= k;
+                if budget == 0 {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+        fn wait_writable(&mut self, _deadline: Instant) -> io::Result<()> {
+            self.waits += 1;
+            Ok(())
+        }
+    }
+
+    fn dribble() -> Dribble {
+        Dribble {
+            got: Vec::new(),
+            calls: 0,
+            waits: 0,
+        }
+    }
+
+    #[test]
+    fn sends_survive_partial_writes_and_waits() {
+        let mut d = dribble();
+        let parts: [&[u8]; 4] = [b"head", b"", b"da", b"ta-tail"];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let r = send_parts(&mut d, &parts, 0, Some(deadline));
+        assert_eq!(r.ok(), Some(Progress::Whole));
+        assert_eq!(d.got, b"headdata-tail");
+        assert!(d.waits > 0);
+    }
+
+    #[test]
+    fn without_a_deadline_a_send_stops_where_the_peer_stopped_and_resumes_there() {
+        let mut d = dribble();
+        let parts: [&[u8]; 2] = [b"head", b"data-tail"];
+        let r = send_parts(&mut d, &parts, 0, None);
+        assert_eq!(r.ok(), Some(Progress::Partial(3)));
+        assert_eq!(d.waits, 0);
+        let r = send_parts(&mut d, &parts, 3, None);
+        assert_eq!(r.ok(), Some(Progress::Partial(6)));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let r = send_parts(&mut d, &parts, 6, Some(deadline));
+        assert_eq!(r.ok(), Some(Progress::Whole));
+        assert_eq!(d.got, b"headdata-tail");
+    }
+
+    #[test]
+    fn a_peer_that_takes_nothing_meets_the_deadline_of_the_whole_reply() {
+        let (a, b) = UnixStream::pair().unwrap_or_else(|e| panic!("pair: {e}"));
+        let mut s = Stream::Unix(a);
+        let big = vec![7u8; 8 << 20];
+        let deadline = Instant::now() + Duration::from_millis(200);
+        match send_parts(&mut s, &[&big], 0, Some(deadline)) {
+            Ok(Progress::Partial(n)) => assert!(n < big.len()),
+            r => panic!("{r:?}"),
+        }
+        drop(b);
+    }
+}
