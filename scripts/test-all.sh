@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: formatting, lints, and every test (unit, property,
 # simulation, crash, and integration tests with real FUSE mounts and NBD clients).
-# Long soak runs are opt-in: DHRD_SOAK=1.
+# Long soak runs are opt-in: DHRD_SOAK=1 (more seeds, and the tests marked #[ignore]).
+# At the end it prints how many checks did not run here, and which (DHRD-SKIP lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The packages the tests use (installed when missing; needs root then).
@@ -9,15 +10,32 @@ bash scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
+# Every check that could not run here says so (dhrd-testkit's `skip`, or a line below)
+# and is appended to this file; the run ends with their count and list, whether it passed
+# or failed, so nothing passes in silence.
+DHRD_SKIP_LOG=$(mktemp /tmp/dhrd-skips.XXXXXX)
+export DHRD_SKIP_LOG
+report_skips() {
+  local n
+  n=$(grep -c '^DHRD-SKIP: ' "$DHRD_SKIP_LOG" || true)
+  echo "checks that did not run: $n" >&2
+  [ "$n" -eq 0 ] || sort "$DHRD_SKIP_LOG" >&2
+}
+
 # One throw-away one-node Ceph cluster for the RBD tests and the bench smoke run, started
 # once (about 15 s) and stopped on exit; a random monitor port (below the ephemeral range) lets two runs coexist.
 CEPH_DIR=$(mktemp -d /tmp/dhrd-ceph.XXXXXX)
-trap 'bash scripts/ceph-single-node.sh stop "$CEPH_DIR" >/dev/null 2>&1 || true; rm -rf "$CEPH_DIR"' EXIT
+trap 'report_skips; bash scripts/ceph-single-node.sh stop "$CEPH_DIR" >/dev/null 2>&1 || true; rm -rf "$CEPH_DIR" "$DHRD_SKIP_LOG"' EXIT
 CEPH_MON_PORT=$((20000 + RANDOM % 12000)) bash scripts/ceph-single-node.sh start "$CEPH_DIR"
 export DHRD_CEPH_CONF="$CEPH_DIR/ceph.conf"
 
 # Every test binary runs even when an earlier one fails, so one run shows every failure.
 cargo test --workspace --no-fail-fast
+# Soak runs: more seeds in the tests that read DHRD_SOAK (above), and the tests marked
+# #[ignore] for their length.
+if [ -n "${DHRD_SOAK:-}" ]; then
+  cargo test --workspace --no-fail-fast -- --ignored
+fi
 
 # The benchmark suite's tiny profile, so the harness cannot rot: every experiment and
 # configuration runs with small sizes on the binaries the tests just built, and the report
@@ -33,5 +51,5 @@ if [ "$(id -u)" = 0 ]; then
   done
   rm -rf "$SMOKE"
 else
-  echo "skipping the bench suite smoke run: needs root" >&2
+  echo "DHRD-SKIP: bench-suite-smoke: needs root" | tee -a "$DHRD_SKIP_LOG" >&2
 fi

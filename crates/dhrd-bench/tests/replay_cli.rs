@@ -258,7 +258,11 @@ fn direct_replay(trace: &Path, dir: &Path) -> Result<Option<Value>, Box<dyn Erro
         s(&json),
     ])?;
     if !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("O_DIRECT") {
-        eprintln!("skipping: the file system refuses O_DIRECT: {}", text(&o));
+        dhrd_testkit::skip(format!(
+            "the file system of {} refuses O_DIRECT: {}",
+            dir.display(),
+            text(&o)
+        ));
         return Ok(None);
     }
     assert!(o.status.success(), "{}", text(&o));

@@ -285,6 +285,8 @@ mod tests {
             f.sync_data().expect("fdatasync");
             let (st, _) = cachestat(f.as_fd(), 0, 0).expect("cachestat");
             assert_eq!((st.dirty_pages, st.writeback_pages), (0, 0), "{st:?}");
+        } else {
+            dhrd_testkit::skip("no cachestat(2) (Linux 6.5): dirty and writeback counts");
         }
         let (part, _) = cachestat(f.as_fd(), 4096, 8192).expect("range");
         assert_eq!(part.cached_pages, 2);
@@ -295,11 +297,11 @@ mod tests {
     fn sync_flag_round_trip_where_the_file_system_keeps_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = std::fs::File::open(dir.path()).expect("dir");
-        if probe_sync_flag(d.as_fd()).is_err() {
-            eprintln!(
-                "skipped: the file system of {} refuses FS_SYNC_FL",
+        if let Err(e) = probe_sync_flag(d.as_fd()) {
+            dhrd_testkit::skip(format!(
+                "the file system of {} refuses FS_SYNC_FL: {e}",
                 dir.path().display()
-            );
+            ));
             return;
         }
         let f = std::fs::File::create(dir.path().join("f")).expect("create");

@@ -21,7 +21,6 @@
 #![allow(dead_code)] // Each of the two test crates including this uses part of it.
 
 use dhrd_io::SplitMix64;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -30,31 +29,30 @@ pub const HM0: &str = "msr_cambridge/hm_0.first1000.csv";
 pub const TPCC: &str = "oltp_tpcc/tpcc-small.trace";
 
 /// The public traces (`DHRD_TRACES_DIR`, else `../shared/traces` beside the workspace), or
-/// None when that directory does not exist; then it says once, on the real stderr (not the
-/// test harness's captured output), that the checks on the public traces do not run.
+/// None when that directory does not exist. Every None is reported as a skipped check
+/// (`dhrd_testkit::skip`, counted by scripts/test-all.sh): the synthetic traces are tested
+/// regardless, but the checks on the public ones did not run.
 pub fn traces_dir() -> Option<PathBuf> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = std::env::var_os("DHRD_TRACES_DIR")
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let d = DIR.get_or_init(|| {
+        std::env::var_os("DHRD_TRACES_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| {
                 PathBuf::from(concat!(
                     env!("CARGO_MANIFEST_DIR"),
                     "/../../../shared/traces"
                 ))
-            });
-        if d.is_dir() {
-            return Some(d);
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "NOTE: public trace directory {} not found (set DHRD_TRACES_DIR): the checks on \
-             the public traces are SKIPPED; the synthetic traces are tested regardless",
-            d.display()
-        );
-        None
-    })
-    .clone()
+            })
+    });
+    if d.is_dir() {
+        return Some(d.clone());
+    }
+    dhrd_testkit::skip(format!(
+        "public trace directory {} not found (set DHRD_TRACES_DIR): the checks on the \
+         public traces did not run",
+        d.display()
+    ));
+    None
 }
 
 /// Every synthetic request lies inside one window of this size at a multiple of it.
