@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite and the benchmark suite need (FUSE, the NBD
-# and block clients, the applications the tests run), skipping those already present.
+# and block clients, the applications the tests run, systemd for its unit checker, fstab
+# generator and test mode, which work where systemd is not running), skipping those
+# already present.
 # Idempotent; needs root for apt-get. Rust's toolchain is expected to be present.
 set -euo pipefail
 
 packages=(fuse3 libfuse3-dev fio nbdkit libnbd-bin python3-libnbd nbdfuse qemu-utils sqlite3
           e2fsprogs util-linux pkg-config python3-matplotlib vmtouch postmark postgresql
-          ceph-mon ceph-osd ceph-mgr ceph-common librbd1)
+          ceph-mon ceph-osd ceph-mgr ceph-common librbd1 systemd)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

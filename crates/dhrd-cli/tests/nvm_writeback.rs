@@ -17,6 +17,7 @@ fn acknowledged_writes_survive_sigkill_and_are_written_back() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let backing = dir.path().join("b.img");
     let nvm = dir.path().join("nvm.img");
+    require_user_xattrs(dir.path());
     blocks_file(&backing, EXPORT_BLOCKS, 1);
     let nvm_s = nvm.to_string_lossy().to_string();
     // A slow backing (20 ms per request), so the write-back is far behind the writes
@@ -39,23 +40,24 @@ fn acknowledged_writes_survive_sigkill_and_are_written_back() {
     );
     let order: Vec<u64> = (0..EXPORT_BLOCKS).rev().collect();
     let (acked, unacked) = write_until_killed(&mut d, &order, 2, false, 4, 40);
-    // The backing lacks the dirty chunks: it is marked, and a start without the
-    // --ram-file is refused (where the file system keeps user extended attributes).
-    let marked = mark_of(&backing);
-    if marked.is_some() {
-        let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
-            .args(["nbd", "--backing"])
-            .arg(&backing)
-            .arg("--socket")
-            .arg(dir.path().join("plain.sock"))
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && said.contains("lacks data"),
-            "{said}"
-        );
-    }
+    // The backing lacks the dirty chunks: it is marked (in a user extended attribute, which
+    // the suite's file system must keep), and a start without the --ram-file is refused.
+    assert!(
+        mark_of(&backing).is_some(),
+        "no cache mark on a backing that lacks dirty chunks"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+        .args(["nbd", "--backing"])
+        .arg(&backing)
+        .arg("--socket")
+        .arg(dir.path().join("plain.sock"))
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("lacks data"),
+        "{said}"
+    );
     // Restart: the dirty chunks are served from the file.
     let mut d = Dhrd::start(dir.path(), &backing, &args);
     let said = d.stderr_text();
@@ -76,9 +78,7 @@ fn acknowledged_writes_survive_sigkill_and_are_written_back() {
     );
     check_file_blocks(&backing, &acked, 2);
     // Written back completely: the mark is gone.
-    if marked.is_some() {
-        assert_eq!(mark_of(&backing), None);
-    }
+    assert_eq!(mark_of(&backing), None);
 }
 
 /// The backing's cache mark, if it has one.
@@ -92,10 +92,13 @@ fn a_ram_file_on_tmpfs_is_refused() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let backing = dir.path().join("b.img");
     std::fs::write(&backing, vec![0u8; 1 << 20]).unwrap_or_else(|e| panic!("{e}"));
+    // /dev/shm is a tmpfs on every Linux system this suite supports; without one the
+    // refusal cannot be checked, which is a failure, not a pass.
     let shm = std::path::Path::new("/dev/shm");
-    if !shm.is_dir() {
-        return; // no tmpfs to try
-    }
+    assert!(
+        shm.is_dir() && is_tmpfs(shm),
+        "/dev/shm is not a tmpfs here: the refusal of a --ram-file on tmpfs cannot be checked"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
         .args(["nbd", "--backing"])
         .arg(&backing)
@@ -113,4 +116,15 @@ fn a_ram_file_on_tmpfs_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tmpfs"), "{err}");
     assert!(!std::path::Path::new("/dev/shm/dhrd-test-nvm.img").exists());
+}
+
+fn is_tmpfs(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs into a zeroed struct we own, with a NUL-terminated path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC }
 }

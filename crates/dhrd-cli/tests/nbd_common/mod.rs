@@ -26,6 +26,24 @@ pub fn block(i: u64, gen: u64) -> Vec<u8> {
     v
 }
 
+/// Panics unless the file system of `dir` keeps user extended attributes. The cache mark
+/// of a backing lives in one; a check of the mark must fail where it cannot be kept, never
+/// pass because no mark was found.
+pub fn require_user_xattrs(dir: &Path) {
+    let probe = dir.join("xattr-probe");
+    let f = std::fs::File::create(&probe).unwrap_or_else(|e| panic!("{}: {e}", probe.display()));
+    if let Err(e) = dhrd_io::xattr::set(&f, "user.dhrd.probe", b"1") {
+        panic!(
+            "the file system of {} does not keep user extended attributes ({e}), which the \
+             cache mark of a backing needs: run the tests with TMPDIR on ext4, xfs, btrfs \
+             or tmpfs (Linux 6.6 or later)",
+            dir.display()
+        );
+    }
+    drop(f);
+    let _ = std::fs::remove_file(&probe);
+}
+
 pub fn tool(name: &str) -> PathBuf {
     for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
         if dir.join(name).is_file() {
