@@ -162,9 +162,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_parse() {}
-
-    #[test]
     fn checksum_is_split_independent_and_sensitive() {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
         let mut a = Checksum::default();

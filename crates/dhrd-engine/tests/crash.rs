@@ -137,12 +137,11 @@ fn fsync_mode_keeps_everything_before_the_last_flush() -> Result<(), String> {
     Ok(())
 }
 
-/// Opt-in: many more seeds (DHRD_SOAK=1).
+/// Many more seeds: not part of the default run (it would pass without checking
+/// anything there); `DHRD_SOAK=1 bash scripts/test-all.sh` runs it with `--ignored`.
 #[test]
+#[ignore = "soak: 300 seeds per mode; scripts/test-all.sh runs it with DHRD_SOAK=1"]
 fn crash_soak() -> Result<(), String> {
-    if std::env::var_os("DHRD_SOAK").is_none() {
-        return Ok(());
-    }
     for seed in 100..400 {
         enumerate(Durability::Sync, seed)?;
         enumerate(Durability::Fsync, seed)?;
