@@ -383,7 +383,15 @@ impl Activity {
         Some(idle)
     }
 
-    /// The server chose to close this connection ([`Activity::try_close`] succeeded).
+    /// The server ends this connection because the client missed a reply or payload
+    /// deadline: like a connection chosen by [`Activity::try_close`], it no longer holds a
+    /// slot, and its unflushed writes are flushed for it.
+    fn cut(&self) {
+        self.state.fetch_or(CLOSING, Ordering::AcqRel);
+    }
+
+    /// The server, not the client, ended this connection: it chose to close it
+    /// ([`Activity::try_close`] succeeded) or the client missed a deadline.
     pub(crate) fn closed_by_server(&self) -> bool {
         self.state.load(Ordering::Acquire) & CLOSING != 0
     }
@@ -443,6 +451,9 @@ pub(crate) fn serve<T: Target>(
             }
             None => break,
         }
+    }
+    if sh.replier.deadline_missed() {
+        sh.activity.cut();
     }
     let end = sh.read_side.lock().end.take();
     end.unwrap_or(End::Clean)
@@ -662,10 +673,13 @@ fn request<T: Target>(
             // Drop the partial write untouched.
             sh.budget.release(charged);
             let why = match e.kind() {
-                io::ErrorKind::TimedOut => format!(
-                    "write payload of {n} bytes not received within {:.1} s",
-                    p.payload_timeout.as_secs_f64()
-                ),
+                io::ErrorKind::TimedOut => {
+                    sh.activity.cut();
+                    format!(
+                        "write payload of {n} bytes not received within {:.1} s",
+                        p.payload_timeout.as_secs_f64()
+                    )
+                }
                 _ => format!("truncated write payload: {e}"),
             };
             return Err(End::Error(NbdError::Protocol(why)));

@@ -72,6 +72,8 @@ pub(crate) struct Replier {
     stream: Mutex<Stream>,
     /// Set when a reply could not be sent; the reader then stops.
     broken: AtomicBool,
+    /// Set when that was because the client did not take a reply by its deadline.
+    deadline_missed: AtomicBool,
     /// Time one reply may take to be written.
     timeout: Duration,
 }
@@ -91,12 +93,18 @@ impl Replier {
         Self {
             stream: Mutex::new(stream),
             broken: AtomicBool::new(false),
+            deadline_missed: AtomicBool::new(false),
             timeout,
         }
     }
 
     pub(crate) fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Relaxed)
+    }
+
+    /// A reply was not taken by the client within the reply timeout.
+    pub(crate) fn deadline_missed(&self) -> bool {
+        self.deadline_missed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn send(&self, bytes: &[u8]) {
@@ -168,11 +176,13 @@ impl Replier {
     /// the connection.
     fn complete(&self, s: &mut Stream, parts: &[&[u8]], skip: usize, deadline: Instant) {
         Borrowing::assert_may_wait(deadline, "waiting for a client");
-        if !matches!(
-            send_parts(s, parts, skip, Some(deadline)),
-            Ok(Progress::Whole)
-        ) {
-            self.fail(s);
+        match send_parts(s, parts, skip, Some(deadline)) {
+            Ok(Progress::Whole) => {}
+            Ok(Progress::Partial(_)) => {
+                self.deadline_missed.store(true, Ordering::Relaxed);
+                self.fail(s);
+            }
+            Err(_) => self.fail(s),
         }
     }
 

@@ -19,6 +19,7 @@
 //!   `reply_timeout` and a write payload must arrive within `payload_timeout` of its
 //!   header, each in total ([`REPLY_TIMEOUT`], [`PAYLOAD_TIMEOUT`] by default), or the
 //!   connection ends, so no client holds a slot by stopping half-way through a request;
+//!   such a connection is closed by the server like an evicted one (below);
 //! - the server closes a connection (eviction or idle timeout) only between requests: a
 //!   request counts as in flight from its header to its reply, and the choice is atomic
 //!   with the start of a request (`Activity::try_close`). Closing means closing its read
@@ -769,11 +770,14 @@ fn connection<T: Target>(
         Arc::clone(&activity),
     );
     if activity.closed_by_server() && activity.has_unflushed_writes() {
-        // The server, not the client, ended this connection, so the client cannot send
-        // the FLUSH it may have meant to: make its acknowledged writes durable now,
+        // The server, not the client, ended this connection (to free its slot, at the
+        // idle timeout, or at a missed reply or payload deadline), so the client cannot
+        // send the FLUSH it may have meant to: make its acknowledged writes durable now,
         // before the socket closes. In `sync` mode they already are and this is cheap.
         if let Err(e) = target.flush() {
-            eprintln!("dhrd nbd: flushing the writes of a closed idle connection failed: {e}");
+            eprintln!(
+                "dhrd nbd: flushing the writes of a connection the server closed failed: {e}"
+            );
         }
     }
     match end {

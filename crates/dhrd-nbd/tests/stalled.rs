@@ -243,3 +243,29 @@ fn a_client_that_trickles_its_payload_is_cut_at_the_payload_deadline() {
     assert_eq!(trickle.join().ok(), Some(true));
     assert!(t.data.lock().iter().all(|&x| x == 0));
 }
+
+/// The server, not the client, ends a connection at a deadline, so the client can no
+/// longer send the FLUSH it may have meant to: as when it evicts an idle connection, the
+/// server flushes that connection's unflushed writes before the socket closes.
+#[test]
+fn a_connection_cut_at_a_deadline_has_its_writes_flushed() {
+    const SIZE: usize = 1 << 20;
+    let t = Arc::new(MemTarget::new(SIZE));
+    let srv = TestServer::start_with(Arc::clone(&t), |c| {
+        c.payload_timeout = Duration::from_secs(1);
+    });
+    let (mut a, _, _) = RawClient::handshake(&srv.sock);
+    a.request(0, CMD_WRITE, 1, 0, 5);
+    a.send(b"acked");
+    assert_eq!(a.simple_reply().ok(), Some((0, 1)));
+    a.request(0, CMD_WRITE, 2, 4096, 4096);
+    a.send(&[0xcc; 100]);
+    assert!(a.closed_by_server(), "the stalled payload was not cut");
+    assert!(eventually(|| srv.handle().active_connections() == 0));
+    assert_eq!(
+        t.flushes.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the cut connection's acknowledged write was not flushed"
+    );
+    assert_eq!(&t.data.lock()[..5], b"acked");
+}
