@@ -286,12 +286,23 @@ pub struct LoopFs {
 
 impl LoopFs {
     pub fn new(s: &Scratch) -> Self {
+        Self::with_mkfs(s, "")
+    }
+
+    /// Without a journal (`mkfs.ext4 -O ^has_journal`), as on some cloud images: nothing
+    /// reaches the disk until it is written back or synced.
+    pub fn journal_less(s: &Scratch) -> Self {
+        Self::with_mkfs(s, "-O ^has_journal")
+    }
+
+    /// `mkfs_opts`: extra options of mkfs.ext4.
+    pub fn with_mkfs(s: &Scratch, mkfs_opts: &str) -> Self {
         let img = s.0.join("disk.img");
         let mnt = s.sub("ext4");
         let f = std::fs::File::create(&img).expect("image");
         f.set_len(64 << 20).expect("size");
         drop(f);
-        let (ok, out) = sh(&format!("mkfs.ext4 -q -F {}", img.display()));
+        let (ok, out) = sh(&format!("mkfs.ext4 -q -F {mkfs_opts} {}", img.display()));
         assert!(ok, "mkfs: {out}");
         let (ok, out) = sh(&format!(
             "mount -o loop {} {}",

@@ -1,0 +1,437 @@
+//! Power cuts under a live mount, in every durability mode: the backing directory lives on
+//! an ext4 on a loop device (with a journal, and without one), which the test shuts down
+//! without flushing its journal (`EXT4_IOC_SHUTDOWN`, `EXT4_GOING_FLAGS_NOLOGFLUSH`), as a
+//! power cut would leave the disk. Then everything is unmounted, the ext4 mounted again
+//! (its journal replayed) and the backing files read.
+//!
+//! Each case writes 4 KiB records into a file of its own with one of the ways applications
+//! ask for durability (O_DSYNC, O_SYNC, RWF_DSYNC, RWF_SYNC, fsync, fdatasync, syncfs,
+//! msync, and fallocate and copy_file_range under O_SYNC/O_DSYNC), through a plain open
+//! (passed through to the kernel on the page cache path) and through an O_DIRECT open
+//! (served by the daemon), on the page cache path and on the engine. Every write
+//! acknowledged under a durability contract (docs/crash-model.md) must survive.
+//!
+//! The negative control: in `fsync` and `periodic` mode a plain buffered write with no
+//! sync call must be lost by the cut. If it survives, the cut did not drop unsynced data
+//! and the test could not have seen a loss, so it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod common;
+use common::*;
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::Command;
+
+/// One record: an O_DIRECT-sized block.
+const REC: usize = 4096;
+/// Records each case writes.
+const RECS: usize = 8;
+/// A period that never ends during a test: `periodic` must then keep its promise through
+/// the calls alone, as between two periods.
+const PERIODIC: &str = "periodic:3600";
+
+/// How a case asks for its writes to be durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum How {
+    /// Opened O_DSYNC.
+    Dsync,
+    /// Opened O_SYNC.
+    Osync,
+    /// `pwritev2(RWF_DSYNC)` on a plain open.
+    RwfDsync,
+    /// `pwritev2(RWF_SYNC)` on a plain open.
+    RwfSync,
+    /// Writes, then fsync.
+    Fsync,
+    /// Writes, then fdatasync.
+    Fdatasync,
+    /// Writes, then syncfs of the mount.
+    Syncfs,
+    /// Stores into a shared mapping, then msync(MS_SYNC).
+    Msync,
+    /// copy_file_range into a file opened O_DSYNC.
+    DsyncCopy,
+    /// fallocate (growing the file) of a file opened O_SYNC.
+    OsyncFallocate,
+    /// Writes, no sync at all: the negative control.
+    Plain,
+}
+
+const HOWS: [How; 11] = [
+    How::Dsync,
+    How::Osync,
+    How::RwfDsync,
+    How::RwfSync,
+    How::Fsync,
+    How::Fdatasync,
+    How::Syncfs,
+    How::Msync,
+    How::DsyncCopy,
+    How::OsyncFallocate,
+    How::Plain,
+];
+
+/// What docs/crash-model.md promises for a case after a power cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Promise {
+    Survives,
+    /// Nothing promised: the outcome is printed, not checked.
+    Nothing,
+    /// The negative control: must be gone, or the cut cannot show a loss.
+    Lost,
+}
+
+fn promise(mode: &str, read_path: &str, how: How) -> Promise {
+    match (mode, how) {
+        ("sync", _) => Promise::Survives,
+        // The kernel sends a FUSE daemon no syncfs (only virtiofs gets FUSE_SYNCFS), so
+        // syncfs(2) on the mount reaches neither the daemon nor the backing.
+        (_, How::Syncfs) => Promise::Nothing,
+        // The control needs buffered writes to the backing; the engine may write its
+        // chunks with O_DIRECT, which reach the device before any sync.
+        (_, How::Plain) if read_path == "pagecache" => Promise::Lost,
+        (_, How::Plain) => Promise::Nothing,
+        _ => Promise::Survives,
+    }
+}
+
+/// Block-aligned buffer for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len, REC).expect("layout");
+        // SAFETY: a non-zero size; freed in Drop with the same layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Self { ptr, len }
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the allocation is `len` bytes and lives as long as self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, REC).expect("layout");
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+/// Record `i` of file `tag`: no two records of the test alike, none all zero.
+fn record(tag: &str, i: usize) -> Vec<u8> {
+    let mut h = tag.bytes().fold(0xcbf2_9ce4_8422_2325u64, |a, b| {
+        (a ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }) ^ ((i as u64 + 1) << 40);
+    (0..REC)
+        .map(|_| {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            (h as u8) | 1
+        })
+        .collect()
+}
+
+fn check_io(r: isize, what: &str) {
+    assert!(r >= 0, "{what}: {}", std::io::Error::last_os_error());
+}
+
+fn pwritev2(f: &File, buf: &[u8], off: usize, flags: i32) {
+    let iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut _,
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec over a live buffer, on a descriptor the caller holds.
+    let r = unsafe { libc::pwritev2(f.as_raw_fd(), &iov, 1, off as i64, flags) };
+    assert_eq!(
+        r,
+        buf.len() as isize,
+        "pwritev2: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// The file name of a case.
+fn name_of(how: How, direct: bool) -> String {
+    format!("{how:?}{}", if direct { "-direct" } else { "" }).to_lowercase()
+}
+
+/// Runs one case on the mount: every call it makes returns success (the acknowledgement).
+fn run_case(mnt: &Path, how: How, direct: bool) {
+    let name = name_of(how, direct);
+    let path = mnt.join(&name);
+    let mut custom = 0;
+    if direct {
+        custom |= libc::O_DIRECT;
+    }
+    match how {
+        How::Dsync | How::DsyncCopy => custom |= libc::O_DSYNC,
+        How::Osync | How::OsyncFallocate => custom |= libc::O_SYNC,
+        _ => {}
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(custom)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {name}: {e}"));
+    let mut buf = Aligned::new(REC);
+    match how {
+        How::Msync => {
+            f.set_len((REC * RECS) as u64)
+                .expect("size for the mapping");
+            let map = SharedMap::new(&f, REC * RECS);
+            for i in 0..RECS {
+                let r = record(&name, i);
+                for (j, b) in r.iter().enumerate() {
+                    map.fill(i * REC + j, *b, 1);
+                }
+            }
+            map.msync();
+        }
+        How::DsyncCopy => {
+            // The source holds the records already (written and fsync'ed before the
+            // mount); only the copy is under test.
+            let src = File::open(mnt.join(format!("{name}.src"))).expect("source");
+            let (mut off_in, mut off_out) = (0i64, 0i64);
+            let mut left = REC * RECS;
+            while left > 0 {
+                // SAFETY: two descriptors the test holds and two offsets it owns.
+                let n = unsafe {
+                    libc::copy_file_range(
+                        src.as_raw_fd(),
+                        &mut off_in,
+                        f.as_raw_fd(),
+                        &mut off_out,
+                        left,
+                        0,
+                    )
+                };
+                check_io(n, "copy_file_range");
+                assert!(n > 0, "copy_file_range made no progress");
+                left -= n as usize;
+            }
+        }
+        How::OsyncFallocate => {
+            // SAFETY: fallocate of a descriptor the test holds.
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, (REC * RECS) as i64) };
+            check_io(r as isize, "fallocate");
+        }
+        _ => {
+            for i in 0..RECS {
+                buf.bytes().copy_from_slice(&record(&name, i));
+                match how {
+                    How::RwfDsync => pwritev2(&f, buf.bytes(), i * REC, libc::RWF_DSYNC),
+                    How::RwfSync => pwritev2(&f, buf.bytes(), i * REC, libc::RWF_SYNC),
+                    _ => f
+                        .write_all_at(buf.bytes(), (i * REC) as u64)
+                        .expect("write"),
+                }
+            }
+            match how {
+                How::Fsync => f.sync_all().expect("fsync"),
+                How::Fdatasync => f.sync_data().expect("fdatasync"),
+                How::Syncfs => {
+                    // SAFETY: syncfs of a descriptor the test holds.
+                    let r = unsafe { libc::syncfs(f.as_raw_fd()) };
+                    check_io(r as isize, "syncfs");
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Records of a case found intact on the backing after the cut (for the fallocate case:
+/// RECS when the size survived, else 0).
+fn survivors(backing: &Path, how: How, direct: bool) -> usize {
+    let name = name_of(how, direct);
+    let Ok(data) = fs::read(backing.join(&name)) else {
+        return 0;
+    };
+    if how == How::OsyncFallocate {
+        return if data.len() >= REC * RECS { RECS } else { 0 };
+    }
+    (0..RECS)
+        .filter(|i| data.get(i * REC..(i + 1) * REC) == Some(record(&name, *i).as_slice()))
+        .count()
+}
+
+/// The cases of one read path, in groups that each get a mount of their own: every way,
+/// through plain and O_DIRECT opens (mmap, copy_file_range and fallocate through plain
+/// opens only: O_DIRECT changes nothing there that the daemon sees). An fsync in the
+/// fsync modes ends with a syncfs of the backing (for the metadata), which would cover
+/// every other case's writes too: each such case is a group of its own, so that none can
+/// hide another's loss.
+fn groups(read_path: &str) -> Vec<Vec<(How, bool)>> {
+    let mut alone = Vec::new();
+    let mut rest = Vec::new();
+    for how in HOWS {
+        for direct in [false, true] {
+            if direct && matches!(how, How::Msync | How::DsyncCopy | How::OsyncFallocate) {
+                continue;
+            }
+            // msync of a passed-through mapping syncs the backing file itself; on the
+            // engine it is an FSYNC request like any other.
+            let syncs_all = matches!(how, How::Fsync | How::Fdatasync)
+                || (how == How::Msync && read_path != "pagecache");
+            if syncs_all {
+                alone.push(vec![(how, direct)]);
+            } else {
+                rest.push((how, direct));
+            }
+        }
+    }
+    alone.push(rest);
+    alone
+}
+
+/// One mount on a fresh loop ext4: every case, the cut, the check. Returns the failures.
+fn cut(mode: &str, journal: bool, read_path: &str, cases: &[(How, bool)]) -> Vec<String> {
+    let s = Scratch::new(&format!(
+        "cut-{}-{}-{read_path}",
+        mode.replace(':', ""),
+        if journal { "j" } else { "nj" }
+    ));
+    let disk = if journal {
+        LoopFs::new(&s)
+    } else {
+        LoopFs::journal_less(&s)
+    };
+    let backing = disk.mnt.join("backing");
+    fs::create_dir_all(&backing).expect("backing");
+    // Every file exists, empty, and is durable before the mount: the cut tests the writes.
+    for (how, direct) in cases {
+        let name = name_of(*how, *direct);
+        File::create(backing.join(&name)).expect("create");
+        if *how == How::DsyncCopy {
+            let src: Vec<u8> = (0..RECS).flat_map(|i| record(&name, i)).collect();
+            fs::write(backing.join(format!("{name}.src")), src).expect("source");
+        }
+    }
+    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
+    assert!(ok, "sync: {out}");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(
+        &backing,
+        &mnt,
+        &["--quiet", "--durability", mode, "--read-path", read_path],
+    );
+    for (how, direct) in cases {
+        run_case(&mnt, *how, *direct);
+    }
+    disk.shut_down();
+    // The daemon's unmount-time syncfs fails on the dead disk: its exit status says so.
+    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
+    drop(m);
+    assert!(!is_mounted(&mnt), "the mount stayed");
+    disk.remount();
+    let mut failures = Vec::new();
+    for (how, direct) in cases {
+        let got = survivors(&backing, *how, *direct);
+        let what = format!(
+            "{mode} {} {read_path} {}: {got} of {RECS} survived",
+            if journal {
+                "journalled"
+            } else {
+                "journal-less"
+            },
+            name_of(*how, *direct)
+        );
+        match promise(mode, read_path, *how) {
+            Promise::Survives if got != RECS => failures.push(format!("{what}, all promised")),
+            Promise::Lost if got != 0 => failures.push(format!(
+                "{what}, none expected: the cut did not drop unsynced data"
+            )),
+            Promise::Nothing => eprintln!("{what} (nothing promised)"),
+            _ => {}
+        }
+    }
+    failures
+}
+
+fn matrix(mode: &str, journal: bool) {
+    let mut failures = Vec::new();
+    for read_path in ["pagecache", "engine-direct"] {
+        for group in groups(read_path) {
+            failures.extend(cut(mode, journal, read_path, &group));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn power_cut_in_sync_mode_on_a_journalled_backing() {
+    matrix("sync", true);
+}
+
+#[test]
+fn power_cut_in_sync_mode_on_a_journal_less_backing() {
+    matrix("sync", false);
+}
+
+#[test]
+fn power_cut_in_fsync_mode_on_a_journalled_backing() {
+    matrix("fsync", true);
+}
+
+#[test]
+fn power_cut_in_fsync_mode_on_a_journal_less_backing() {
+    matrix("fsync", false);
+}
+
+#[test]
+fn power_cut_in_periodic_mode_on_a_journalled_backing() {
+    matrix(PERIODIC, true);
+}
+
+#[test]
+fn power_cut_in_periodic_mode_on_a_journal_less_backing() {
+    matrix(PERIODIC, false);
+}
+
+/// The reproduction of the report: a database-style log (O_DIRECT|O_DSYNC, aligned 4 KiB
+/// writes) on a mount in `fsync` mode; every write it acknowledged must survive the cut.
+#[test]
+fn o_direct_o_dsync_log_writes_survive_a_power_cut_in_fsync_mode() {
+    let s = Scratch::new("cut-log");
+    let disk = LoopFs::new(&s);
+    let backing = disk.mnt.join("backing");
+    fs::create_dir_all(&backing).expect("backing");
+    File::create(backing.join("log")).expect("log");
+    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
+    assert!(ok, "sync: {out}");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
+    const N: usize = 64;
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+            .open(m.path("log"))
+            .expect("open");
+        let mut buf = Aligned::new(REC);
+        for i in 0..N {
+            buf.bytes().copy_from_slice(&record("log", i));
+            f.write_all_at(buf.bytes(), (i * REC) as u64)
+                .expect("write");
+        }
+    }
+    disk.shut_down();
+    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
+    drop(m);
+    disk.remount();
+    let data = fs::read(backing.join("log")).unwrap_or_default();
+    let got = (0..N)
+        .filter(|i| data.get(i * REC..(i + 1) * REC) == Some(record("log", *i).as_slice()))
+        .count();
+    assert_eq!(got, N, "{got} of {N} acknowledged O_DSYNC writes survived");
+}
