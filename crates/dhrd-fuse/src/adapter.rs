@@ -372,12 +372,17 @@ impl Filesystem for DhrdFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.sh.do_write(&Caller::of(req), fh, offset, data, kill) {
+        // `flags`: the open's flags, plus O_DSYNC / O_SYNC where this write asked for it
+        // (RWF_DSYNC, RWF_SYNC); the daemon honours them (data.rs, `WriteSync`).
+        match self
+            .sh
+            .do_write(&Caller::of(req), fh, offset, data, kill, flags.0)
+        {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(self.sh.count_err(&e)),
         }

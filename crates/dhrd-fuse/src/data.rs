@@ -59,6 +59,39 @@ pub type Register<'a> = &'a dyn Fn(BorrowedFd<'_>) -> io::Result<fuser::BackingI
 pub struct Handle {
     pub key: u64,
     pub data: HandleData,
+    /// What the open's flags (O_DSYNC, O_SYNC) ask of every change made through it.
+    pub sync: WriteSync,
+}
+
+/// What a change of file data asks of its own durability, beyond the mount's mode: the
+/// open's O_DSYNC or O_SYNC, or RWF_DSYNC / RWF_SYNC of one write (the kernel adds those
+/// to the write request's flags, `fuse_write_flags`). Opens the kernel serves itself
+/// (passthrough, or a page cache write followed by its own FSYNC) never need it; opens
+/// with FOPEN_DIRECT_IO leave the sync to the daemon (`fuse_direct_write_iter` calls no
+/// `generic_write_sync`), and so do fallocate, copy_file_range and truncate through any
+/// open, which always reach the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum WriteSync {
+    /// Durable per the mount's mode (at once in `sync` mode, else at a later fsync).
+    Mode,
+    /// O_DSYNC: the data, and the metadata needed to read it back, durable on return.
+    Data,
+    /// O_SYNC: the data and all of the inode's metadata durable on return.
+    File,
+}
+
+impl WriteSync {
+    /// From open(2) flags, or a write request's flags.
+    pub fn of_flags(flags: i32) -> Self {
+        // O_SYNC is __O_SYNC | O_DSYNC.
+        if flags & libc::O_SYNC == libc::O_SYNC {
+            WriteSync::File
+        } else if flags & libc::O_DSYNC != 0 {
+            WriteSync::Data
+        } else {
+            WriteSync::Mode
+        }
+    }
 }
 
 /// What a handle's requests use.
@@ -128,14 +161,20 @@ impl Shared {
 
     /// The data of open handle `fh`.
     pub(crate) fn handle(&self, fh: FileHandle) -> Result<(u64, HandleData)> {
-        let handles = self.handles.read();
-        let h = handles.get(&Fh(fh.0)).ok_or(FsError::Errno(libc::EBADF))?;
-        Ok((h.key, h.data.clone()))
+        self.handle_sync(fh).map(|(key, data, _)| (key, data))
     }
 
-    fn insert_handle(&self, key: u64, data: HandleData) -> Fh {
+    /// Like `handle`, with what the open asks of each change's durability.
+    pub(crate) fn handle_sync(&self, fh: FileHandle) -> Result<(u64, HandleData, WriteSync)> {
+        let handles = self.handles.read();
+        let h = handles.get(&Fh(fh.0)).ok_or(FsError::Errno(libc::EBADF))?;
+        Ok((h.key, h.data.clone(), h.sync))
+    }
+
+    fn insert_handle(&self, key: u64, data: HandleData, open_flags: i32) -> Fh {
         let fh = self.new_fh();
-        self.handles.write().insert(fh, Handle { key, data });
+        let sync = WriteSync::of_flags(open_flags);
+        self.handles.write().insert(fh, Handle { key, data, sync });
         fh
     }
 
@@ -212,7 +251,7 @@ impl Shared {
         }
         match data {
             HandleData::Page(open) => {
-                let fh = self.insert_handle(key, HandleData::Page(open));
+                let fh = self.insert_handle(key, HandleData::Page(open), flags.0);
                 Ok((fh, reply))
             }
             HandleData::Engine { obj, .. } => {
@@ -220,7 +259,7 @@ impl Shared {
                     unreachable!("an engine handle on the page cache path");
                 };
                 let (kind, reply) = t.choose_reply(self, key, &obj, writable, register);
-                let fh = self.insert_handle(key, HandleData::Engine { obj, kind });
+                let fh = self.insert_handle(key, HandleData::Engine { obj, kind }, flags.0);
                 Ok((fh, reply))
             }
         }
@@ -274,7 +313,7 @@ impl Shared {
         };
         match r {
             Ok((data, reply)) => {
-                let fh = self.insert_handle(key, data);
+                let fh = self.insert_handle(key, data, flags);
                 Ok((c.attr, fh, reply))
             }
             Err(e) => {
@@ -335,7 +374,9 @@ impl Shared {
     /// `kill_suidgid`: the kernel flagged the write (`FUSE_WRITE_KILL_SUIDGID`), i.e. the
     /// writer lacks CAP_FSETID; it is set on most writes of non-root processes, so the
     /// check costs one statx (without timestamps, see `sys::mode_owner`) and nothing more
-    /// unless the file has a set-id bit.
+    /// unless the file has a set-id bit. `write_flags`: the request's flags (the open's
+    /// flags plus O_DSYNC / O_SYNC for RWF_DSYNC / RWF_SYNC), see `WriteSync`.
+    #[allow(clippy::too_many_arguments)] // mirrors the FUSE write request
     pub(crate) fn do_write(
         &self,
         caller: &Caller,
@@ -343,8 +384,10 @@ impl Shared {
         offset: u64,
         data: &[u8],
         kill_suidgid: bool,
+        write_flags: i32,
     ) -> Result<u32> {
-        let (_, h) = self.handle(fh)?;
+        let (_, h, open_sync) = self.handle_sync(fh)?;
+        let ws = open_sync.max(WriteSync::of_flags(write_flags));
         let t = Instant::now();
         let fd = data_fd(&h);
         if kill_suidgid {
@@ -353,11 +396,12 @@ impl Shared {
         let n = match &h {
             HandleData::Page(open) => {
                 let t = self.page()?;
-                t.write(open, offset, data)
+                t.write(open, offset, data, ws)
                     .inspect_err(|e| t.record_failure("write", e))?
             }
             HandleData::Engine { obj, .. } => {
                 obj.write_at(data, offset)?;
+                self.engine_durable(obj, ws)?;
                 data.len() as u32
             }
         };
@@ -447,7 +491,7 @@ impl Shared {
         length: u64,
         mode: i32,
     ) -> Result<()> {
-        let (key, h) = self.handle(fh)?;
+        let (key, h, ws) = self.handle_sync(fh)?;
         // The kernel's file_modified() before FALLOCATE sends no set-id kill to a
         // KILLPRIV_V2 server, and the request carries no flag: decide here.
         let fd = data_fd(&h);
@@ -456,16 +500,23 @@ impl Shared {
             HandleData::Page(open) => {
                 let m = rustix::fs::FallocateFlags::from_bits_retain(mode as _);
                 rustix::fs::fallocate(&*open.file, m, offset, length)?;
-                if self.sync_mode() {
+                // Durable before the reply in `sync` mode, and for an O_SYNC or O_DSYNC
+                // open in every mode (as ext4 does for its own such opens).
+                if self.sync_mode() || ws > WriteSync::Mode {
+                    let t = self.page()?;
                     sys::fsync(open.file.as_fd())
-                        .map_err(|e| FsError::io("fsync after fallocate", e))?;
+                        .map_err(|e| FsError::io("fsync after fallocate", e))
+                        .inspect_err(|e| t.record_failure("fsync after fallocate", e))?;
                 }
                 if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
                     self.page()?.resident.refresh(key, &open.file);
                 }
                 Ok(())
             }
-            HandleData::Engine { obj, .. } => EngineTier::fallocate(obj, offset, length, mode),
+            HandleData::Engine { obj, .. } => {
+                EngineTier::fallocate(obj, offset, length, mode)?;
+                self.engine_durable(obj, ws)
+            }
         }
     }
 
@@ -488,7 +539,7 @@ impl Shared {
             return Err(FsError::Errno(libc::EINVAL));
         }
         let (_, src) = self.handle(fh_in)?;
-        let (_, dst) = self.handle(fh_out)?;
+        let (_, dst, ws) = self.handle_sync(fh_out)?;
         let src_len = sys::fstat(data_fd(&src))?.st_size as u64;
         let src_len = match &src {
             HandleData::Engine { obj, .. } => obj.len(),
@@ -510,10 +561,13 @@ impl Shared {
         self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::LookUp)?;
         let done = match (&src, &dst) {
             (HandleData::Page(s), HandleData::Page(d)) => {
-                self.page()?.copy(s, offset_in, d, offset_out, want)?
+                self.page()?.copy(s, offset_in, d, offset_out, want, ws)?
             }
             (HandleData::Engine { obj: s, .. }, HandleData::Engine { obj: d, .. }) => {
-                EngineTier::copy(s, offset_in, d, offset_out, want)?
+                let done = EngineTier::copy(s, offset_in, d, offset_out, want)?;
+                // What was copied is acknowledged: a failing sync fails the request.
+                self.engine_durable(d, ws)?;
+                done
             }
             _ => return Err(FsError::Errno(libc::EXDEV)),
         };
@@ -539,7 +593,10 @@ impl Shared {
         kill: bool,
     ) -> Result<()> {
         let key = self.dir.backing_ino(ino.0);
-        let from_handle = fh.and_then(|f| self.handle(f).ok()).map(|(_, d)| d);
+        let (from_handle, ws) = match fh.and_then(|f| self.handle_sync(f).ok()) {
+            Some((_, d, ws)) => (Some(d), ws),
+            None => (None, WriteSync::Mode),
+        };
         match self.tier() {
             Tier::Page(t) => {
                 // A writable descriptor of the inode: the registration's (read-write) or
@@ -558,6 +615,12 @@ impl Shared {
                 // rest of that page in the cache (an fsync of the file, not only a journal
                 // commit, writes it).
                 self.data_durable(set, &[&*file])?;
+                if !self.sync_mode() && ws > WriteSync::Mode {
+                    // ftruncate through an O_SYNC or O_DSYNC open: durable on return.
+                    rustix::fs::fdatasync(&*file)
+                        .map_err(|e| FsError::io("fdatasync after truncate", e.into()))
+                        .inspect_err(|e| t.record_failure("fdatasync after truncate", e))?;
+                }
                 t.resident.refresh(key, &file);
             }
             Tier::Engine(t) => {
@@ -577,6 +640,7 @@ impl Shared {
                     self.drop_setid_bits(fd, st.into(), caller, Fsetid::LookUp)?;
                 }
                 obj.set_len(size)?;
+                self.engine_durable(&obj, ws)?;
             }
         }
         Ok(())
@@ -651,6 +715,20 @@ impl Shared {
         first.and(r)
     }
 
+    /// Makes a change of engine object `obj` durable as `ws` asks: in `sync` mode the
+    /// object's writes are durable already; otherwise O_DSYNC flushes the object (its
+    /// writes, and the size, fdatasync'ed) and O_SYNC also fsyncs the backing file.
+    fn engine_durable(&self, obj: &Obj, ws: WriteSync) -> Result<()> {
+        if ws >= WriteSync::Data && !self.sync_mode() {
+            obj.flush()?;
+        }
+        if ws == WriteSync::File {
+            sys::fsync(obj.backing().file().as_fd())
+                .map_err(|e| FsError::io("fsync of the backing file for O_SYNC", e))?;
+        }
+        Ok(())
+    }
+
     fn page(&self) -> Result<&PageTier> {
         match self.tier() {
             Tier::Page(t) => Ok(t),
@@ -664,5 +742,28 @@ fn data_fd(h: &HandleData) -> BorrowedFd<'_> {
     match h {
         HandleData::Page(o) => o.file.as_fd(),
         HandleData::Engine { obj, .. } => obj.backing().file().as_fd(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WriteSync;
+
+    #[test]
+    fn write_sync_follows_o_sync_and_o_dsync() {
+        assert_eq!(WriteSync::of_flags(libc::O_RDWR), WriteSync::Mode);
+        assert_eq!(
+            WriteSync::of_flags(libc::O_WRONLY | libc::O_DSYNC),
+            WriteSync::Data
+        );
+        assert_eq!(
+            WriteSync::of_flags(libc::O_RDWR | libc::O_SYNC),
+            WriteSync::File
+        );
+        assert_eq!(
+            WriteSync::of_flags(libc::O_DIRECT | libc::O_DSYNC),
+            WriteSync::Data
+        );
+        assert!(WriteSync::File > WriteSync::Data && WriteSync::Data > WriteSync::Mode);
     }
 }

@@ -42,7 +42,7 @@
 //! `syncfs`.
 
 use crate::config::COPY_STEP_BYTES;
-use crate::data::OpenReply;
+use crate::data::{OpenReply, WriteSync};
 use crate::error::{FsError, Result};
 use dhrd_engine::reaper::Reaper;
 use dhrd_engine::resident::Resident;
@@ -486,12 +486,15 @@ impl<B: Send + Sync + 'static> PageTier<B> {
     }
 
     /// A write served by the daemon: durable on return in `sync` mode (RWF_DSYNC, whether
-    /// or not the inode has the sync flag).
-    pub fn write(&self, open: &PageOpen, offset: u64, data: &[u8]) -> Result<u32> {
-        let flags = if self.sync_mode {
-            rustix::io::ReadWriteFlags::DSYNC
-        } else {
-            rustix::io::ReadWriteFlags::empty()
+    /// or not the inode has the sync flag) and whenever the open or the write asks for it
+    /// (`ws`: RWF_DSYNC for O_DSYNC, RWF_SYNC for O_SYNC), in every mode.
+    pub fn write(&self, open: &PageOpen, offset: u64, data: &[u8], ws: WriteSync) -> Result<u32> {
+        use rustix::io::ReadWriteFlags as F;
+        let flags = match ws {
+            WriteSync::File => F::SYNC,
+            WriteSync::Data => F::DSYNC,
+            WriteSync::Mode if self.sync_mode => F::DSYNC,
+            WriteSync::Mode => F::empty(),
         };
         let mut done = 0;
         while done < data.len() {
@@ -507,9 +510,10 @@ impl<B: Send + Sync + 'static> PageTier<B> {
     }
 
     /// COPY_FILE_RANGE between two opens of this path: read and write through the page
-    /// cache in steps of `COPY_STEP_BYTES`; in `sync` mode each step is durable before the
-    /// next (a crash leaves a copied prefix, as during `cp`). Returns the bytes copied;
-    /// a failure after some bytes were copied returns the short count.
+    /// cache in steps of `COPY_STEP_BYTES`; in `sync` mode, and for a destination opened
+    /// O_DSYNC or O_SYNC (`ws`), each step is durable before the next (a crash leaves a
+    /// copied prefix, as during `cp`). Returns the bytes copied; a failure after some
+    /// bytes were copied returns the short count.
     pub fn copy(
         &self,
         src: &PageOpen,
@@ -517,6 +521,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         dst: &PageOpen,
         offset_out: u64,
         want: u64,
+        ws: WriteSync,
     ) -> Result<u64> {
         let mut buf = vec![0u8; want.min(COPY_STEP_BYTES) as usize];
         let mut done = 0u64;
@@ -530,7 +535,8 @@ impl<B: Send + Sync + 'static> PageTier<B> {
                     if got == 0 {
                         return Ok(0);
                     }
-                    self.write(dst, offset_out + done, &buf[..got]).map(|_| got)
+                    self.write(dst, offset_out + done, &buf[..got], ws)
+                        .map(|_| got)
                 });
             match step {
                 Ok(0) => break,
@@ -767,7 +773,10 @@ mod tests {
             .open(3, libc::O_RDWR | libc::O_DIRECT, true, || rw(&p), |_| Ok(1))
             .expect("open");
         assert_eq!(w.service, Service::Daemon);
-        assert_eq!(t.write(&w, 4096, b"hello").expect("write"), 5);
+        assert_eq!(
+            t.write(&w, 4096, b"hello", WriteSync::Mode).expect("write"),
+            5
+        );
         let mut buf = [0u8; 5];
         File::open(&p)
             .expect("open")
@@ -787,7 +796,10 @@ mod tests {
         let (r, _) = t
             .open(3, libc::O_RDWR, true, || panic!(), |_| Ok(1))
             .expect("open");
-        assert_eq!(t.copy(&w, 4096, &r, 0, 5).expect("copy"), 5);
+        assert_eq!(
+            t.copy(&w, 4096, &r, 0, 5, WriteSync::Mode).expect("copy"),
+            5
+        );
         assert_eq!(t.read(&r, 0, 5).expect("read"), b"hello");
         t.release(3, w);
         t.release(3, r);
