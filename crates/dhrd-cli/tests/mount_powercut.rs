@@ -328,7 +328,7 @@ fn cut(mode: &str, journal: bool, read_path: &str, cases: &[(How, bool)]) -> Vec
     for (how, direct) in cases {
         run_case(&mnt, *how, *direct);
     }
-    disk.shut_down();
+    disk.cut();
     // The daemon's unmount-time syncfs fails on the dead disk: its exit status says so.
     let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
     drop(m);
@@ -425,7 +425,7 @@ fn o_direct_o_dsync_log_writes_survive_a_power_cut_in_fsync_mode() {
                 .expect("write");
         }
     }
-    disk.shut_down();
+    disk.cut();
     let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
     drop(m);
     disk.remount();
@@ -434,4 +434,100 @@ fn o_direct_o_dsync_log_writes_survive_a_power_cut_in_fsync_mode() {
         .filter(|i| data.get(i * REC..(i + 1) * REC) == Some(record("log", *i).as_slice()))
         .count();
     assert_eq!(got, N, "{got} of {N} acknowledged O_DSYNC writes survived");
+}
+
+/// Every create-like request in `sync` mode is acknowledged only once the new inode is on
+/// the disk, not only its parent's entry: on a journal-less backing nothing else writes
+/// the inode. The new inodes are kept out of the parent's inode-table block (64 files made
+/// before the mount take the inode numbers after it), so that the parent's own write does
+/// not carry them by chance.
+#[test]
+fn create_like_requests_are_durable_on_reply_in_sync_mode_on_a_journal_less_backing() {
+    let lost = create_like_then_cut("sync");
+    assert!(lost.is_empty(), "acknowledged but lost: {lost:?}");
+}
+
+/// The control of the test above: in `fsync` mode nothing syncs these changes, and the
+/// cut must lose them, or it could not have shown a loss in `sync` mode either.
+#[test]
+fn create_like_requests_without_a_sync_are_lost_by_the_cut() {
+    let lost = create_like_then_cut("fsync");
+    assert!(
+        lost.iter().any(|l| l.starts_with("symlink:")) && lost.len() >= 5,
+        "the cut kept changes nobody synced: {lost:?}"
+    );
+}
+
+/// Makes one entry of every kind, one request at a time, cuts the power and returns
+/// those missing afterwards.
+fn create_like_then_cut(mode: &str) -> Vec<String> {
+    let s = Scratch::new(&format!("cut-create-{mode}"));
+    let disk = LoopFs::journal_less(&s);
+    let backing = disk.mnt.join("backing");
+    fs::create_dir_all(backing.join("fill")).expect("backing");
+    for i in 0..64 {
+        File::create(backing.join(format!("fill/{i}"))).expect("filler");
+    }
+    fs::write(backing.join("old"), b"old").expect("old");
+    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
+    assert!(ok, "sync: {out}");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", mode]);
+    let long_target = "t".repeat(200);
+    let mk = |name: &str, mode: u32, dev: u64| {
+        let p = std::ffi::CString::new(m.path(name).into_os_string().into_encoded_bytes())
+            .expect("path");
+        // SAFETY: mknod of a path the test owns.
+        let r = unsafe { libc::mknod(p.as_ptr(), mode | 0o644, dev) };
+        check_io(r as isize, name);
+    };
+    // One request at a time, each acknowledged before the next starts. Requests whose
+    // sync covers the whole file system (a syncfs on this backing) come first, so they
+    // cannot cover the ones after them.
+    mk("regular", libc::S_IFREG, 0);
+    fs::create_dir(m.path("dir")).expect("mkdir");
+    File::create(m.path("created")).expect("create");
+    fs::hard_link(m.path("old"), m.path("link")).expect("link");
+    fs::rename(m.path("created"), m.path("renamed")).expect("rename");
+    std::os::unix::fs::symlink("target", m.path("symlink")).expect("symlink");
+    std::os::unix::fs::symlink(&long_target, m.path("long-symlink")).expect("long symlink");
+    mk("fifo", libc::S_IFIFO, 0);
+    mk("socket", libc::S_IFSOCK, 0);
+    mk("chardev", libc::S_IFCHR, libc::makedev(1, 3));
+    disk.cut();
+    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
+    drop(m);
+    disk.remount();
+    use std::os::unix::fs::FileTypeExt;
+    let kind = |name: &str| fs::symlink_metadata(backing.join(name)).map(|m| m.file_type());
+    let mut lost = Vec::new();
+    let mut want = |name: &str, ok: bool| {
+        if !ok {
+            lost.push(format!("{name}: {:?}", kind(name)));
+        }
+    };
+    want(
+        "symlink",
+        fs::read_link(backing.join("symlink")).is_ok_and(|t| t == Path::new("target")),
+    );
+    want(
+        "long-symlink",
+        fs::read_link(backing.join("long-symlink")).is_ok_and(|t| t == Path::new(&long_target)),
+    );
+    want("fifo", kind("fifo").is_ok_and(|k| k.is_fifo()));
+    want("socket", kind("socket").is_ok_and(|k| k.is_socket()));
+    want("chardev", kind("chardev").is_ok_and(|k| k.is_char_device()));
+    want("regular", kind("regular").is_ok_and(|k| k.is_file()));
+    want("dir", kind("dir").is_ok_and(|k| k.is_dir()));
+    want("renamed", kind("renamed").is_ok_and(|k| k.is_file()));
+    want("created (renamed away)", kind("created").is_err());
+    want(
+        "link",
+        fs::read(backing.join("link")).is_ok_and(|d| d == b"old")
+            && fs::metadata(backing.join("old")).is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.nlink() == 2
+            }),
+    );
+    lost
 }
