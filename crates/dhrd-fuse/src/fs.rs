@@ -54,6 +54,14 @@ pub struct PreloadState {
     pub done: AtomicBool,
 }
 
+/// The inode behind a new directory entry, for `Shared::entry_durable`.
+pub(crate) enum NewInode<'a> {
+    /// Open: fsync'ed by descriptor.
+    Fd(&'a dyn AsFd),
+    /// No descriptor can sync it (symlink, FIFO, socket, device node, a link count).
+    NoFd,
+}
+
 /// State shared by the FUSE handlers, the control socket and the background threads.
 pub struct Shared {
     pub dir: Arc<BackingDir>,
@@ -266,6 +274,24 @@ impl Shared {
             self.meta_dirty.store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// Makes a new directory entry durable per the mode: the entry's directory and the
+    /// new inode itself (on a backing without a journal nothing else writes the inode,
+    /// and an entry naming an unwritten inode reads back as corrupt). An inode that can
+    /// be fsync'ed by descriptor (`NewInode::Fd`: regular files, directories) joins the
+    /// set; one that cannot (symlinks, FIFOs, sockets, device nodes, and a new link,
+    /// whose count lives in its inode) asks for a syncfs, which covers the directory too.
+    pub(crate) fn entry_durable(
+        &self,
+        set: &mut SyncSet,
+        dir: &dyn AsFd,
+        new: NewInode<'_>,
+    ) -> Result<()> {
+        match new {
+            NewInode::Fd(fd) => self.meta_durable(set, &[fd, dir]),
+            NewInode::NoFd => self.meta_durable_fs(set, dir),
+        }
     }
 
     /// Like `meta_durable`, but synced before it returns: for a change that must be durable

@@ -6,8 +6,10 @@
 //! - Every change is made durable per the durability mode before the reply
 //!   (`Shared::meta_durable`): in `sync` mode the changed inode and its parent directory
 //!   (both parents for rename) join the request's `SyncSet`, which the committer syncs
-//!   with those of concurrent requests before the reply goes out; changes of symlinks,
-//!   FIFOs and link counts, which cannot be fsync'ed by descriptor, ask for a `syncfs`.
+//!   with those of concurrent requests before the reply goes out. Every request that
+//!   makes an entry (create, mknod, mkdir, symlink, link) goes through
+//!   `Shared::entry_durable`, which names the new inode too: by descriptor where it can
+//!   be fsync'ed, else (symlinks, FIFOs, sockets, device nodes, link counts) a `syncfs`.
 //! - The node table follows every change (remember, unlinked, renamed), and a file whose
 //!   last link goes is forgotten by the data path (`Shared::data_unlinked`).
 //! - Xattrs under `trusted.dhrd.` are the daemon's own (page_tier.rs): never listed,
@@ -20,7 +22,7 @@
 use crate::commit::SyncSet;
 use crate::data::Tier;
 use crate::error::{FsError, Result};
-use crate::fs::{kind_of, kind_of_dirent, Shared};
+use crate::fs::{kind_of, kind_of_dirent, NewInode, Shared};
 use crate::nodes::{Fh, Ino};
 use crate::page_tier::PRIVATE_XATTR_PREFIX;
 use crate::sys::{self, FUSE_ROOT_INO};
@@ -90,7 +92,7 @@ impl Shared {
                 )?;
                 self.chown_new(req, &pfd, Some(&fd), name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
-                self.meta_durable(set, &[&fd, &pfd])?;
+                self.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
             }
             libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK => {
                 // Device nodes: the kernel lets only callers with CAP_MKNOD (in the initial
@@ -107,7 +109,7 @@ impl Shared {
                 rustix::fs::mknodat(&pfd, name, ft, perm, dev)?;
                 self.chown_new(req, &pfd, None, name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
-                self.meta_durable(set, &[&pfd])?;
+                self.entry_durable(set, &pfd, NewInode::NoFd)?;
             }
             _ => return Err(FsError::Errno(libc::EINVAL)),
         }
@@ -133,7 +135,7 @@ impl Shared {
             Mode::empty(),
         )?;
         self.chown_new(req, &pfd, Some(&fd), name, None)?;
-        self.meta_durable(set, &[&fd, &pfd])?;
+        self.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
         self.lookup_in(parent, &pfd, name)
     }
 
@@ -174,7 +176,7 @@ impl Shared {
         let pfd = self.dir_fd(parent)?;
         rustix::fs::symlinkat(target, &pfd, name)?;
         self.chown_new(req, &pfd, None, name, None)?;
-        self.meta_durable(set, &[&pfd])?;
+        self.entry_durable(set, &pfd, NewInode::NoFd)?;
         self.lookup_in(parent, &pfd, name)
     }
 
@@ -237,8 +239,8 @@ impl Shared {
         let npfd = self.dir_fd(newparent)?;
         let (fd, _) = self.node_fd(ino, OFlags::PATH)?;
         rustix::fs::linkat(&fd, "", &npfd, newname, AtFlags::EMPTY_PATH)?;
-        // The link count lives in the inode: syncfs covers it for every file type.
-        self.meta_durable_fs(set, &npfd)?;
+        // The link count lives in the inode, which may be of any type.
+        self.entry_durable(set, &npfd, NewInode::NoFd)?;
         self.lookup_in(newparent, &npfd, newname)
     }
 
@@ -287,7 +289,7 @@ impl Shared {
                     st = sys::fstat(fd.as_fd())?;
                 }
             }
-            self.meta_durable(set, &[&fd, &pfd])?;
+            self.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
             // The entry from the descriptor's status: the name cannot lead elsewhere while
             // the kernel holds the parent's lock for this create.
             let attr = self.attr(&st);
