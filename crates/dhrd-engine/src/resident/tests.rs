@@ -254,3 +254,51 @@ fn a_missing_file_counts_as_failed_and_completes() {
     assert_eq!(r.stats().files_failed, 1);
     assert_eq!(r.budget().used_bytes(), 0);
 }
+
+/// A file truncated while it is being warmed (after it was sized, before it is pinned):
+/// the pin must cover only what is left, pinning must go on for later files, and the
+/// budget must hold exactly the files' current sizes. Before, the mlock of the old length
+/// reached past EOF, failed with ENOMEM and stopped pinning for good ("mlock: Cannot
+/// allocate memory", blamed on the memlock limit), the stale reservation stayed charged,
+/// and the file counted as warmed twice.
+#[test]
+fn a_truncate_during_the_warm_up_keeps_pinning_on_and_the_budget_exact() {
+    let d = tempfile::tempdir().expect("tempdir");
+    const BIG: usize = 32 << 20;
+    let cfg = ResidentConfig {
+        // Slow enough that the truncate lands while the file is read.
+        rate_bytes_per_s: Some(16 << 20),
+        ..quick()
+    };
+    let r = resident(d.path(), 1 << 30, cfg);
+    r.walk_done();
+    let (big, _) = make(d.path(), "big", BIG);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.path().join("big"))
+        .expect("open");
+    r.demand(big.key, &f);
+    // Sized and being read: some bytes are in.
+    while r.stats().bytes_warmed == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!r.stats().complete, "warmed before the truncate");
+    f.set_len(4096).expect("truncate");
+    r.refresh(big.key, &f);
+    assert!(r.wait_complete(Duration::from_secs(30)), "warm-up stuck");
+    let (small, len) = make(d.path(), "later", 8192);
+    let g = File::open(d.path().join("later")).expect("open");
+    r.demand(small.key, &g);
+    assert!(r.wait_complete(Duration::from_secs(30)), "warm-up stuck");
+    let st = r.stats();
+    assert_eq!(st.pin_error, None, "{st:?}");
+    assert_eq!(st.files_pinned, 2, "both files pinned: {st:?}");
+    assert_eq!(st.bytes_pinned, 4096 + len, "{st:?}");
+    assert_eq!(
+        r.budget().used_bytes(),
+        4096 + len,
+        "the budget holds the current sizes: {st:?}"
+    );
+    assert!(st.files_warmed <= st.files_seen, "{st:?}");
+}
