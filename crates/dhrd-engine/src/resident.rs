@@ -26,7 +26,14 @@
 //! - An empty file is recorded at once, without a worker; it is warmed when it grows.
 //! - A file that changed size (`refresh`) gives back its reservation and pin at once and
 //!   is warmed and pinned again after `refresh_delay` ([`REFRESH_DELAY`]), unless it is
-//!   forgotten first; its entry is `Busy` meanwhile.
+//!   forgotten first; its entry is `Busy` meanwhile. A file that changes size while it is
+//!   being warmed (refreshed while `Busy`, or found shorter than it was sized when its
+//!   warm-up ends) is not pinned or recorded at the old size: its reservation goes back
+//!   and it is warmed again, the same way. Nothing stops a truncate between that check
+//!   and the `mlock`; an mlock that then fails because the mapping reaches past EOF is
+//!   told from a memlock limit by the file's size, and only the limit stops pinning.
+//! - `files_warmed` counts files whose current entry is a finished warm-up: a refresh
+//!   takes a file out of it until it is warmed again, so it never exceeds `files_seen`.
 //! - This module only ever reads files; warming never changes what a reader sees, since the
 //!   page cache is the one copy every reader and writer goes through (D3 by construction).
 //!   Writes racing a warm-up are the page cache's business: a warm-up read sees old or new
@@ -42,7 +49,7 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -130,90 +137,6 @@ pub trait Opener: Send + Sync + 'static {
     fn open(&self, f: &FileRef) -> io::Result<File>;
 }
 
-/// Progress and residency counters (a snapshot).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ResidentStats {
-    /// Files and bytes handed in (walked or demanded).
-    pub files_seen: u64,
-    pub bytes_seen: u64,
-    /// Files whose warm-up finished, and the bytes read in for them.
-    pub files_warmed: u64,
-    pub bytes_warmed: u64,
-    /// Files (or prefixes) pinned now, and their bytes.
-    pub files_pinned: u64,
-    pub bytes_pinned: u64,
-    /// Warmed but not pinned: no mapping left (map count), or mlock refused.
-    pub files_unpinned: u64,
-    pub bytes_unpinned: u64,
-    /// Bytes left on the device because the budget was full (I11).
-    pub bytes_over_budget: u64,
-    pub files_over_budget: u64,
-    /// Files that could not be opened or read (served from the device).
-    pub files_failed: u64,
-    /// Warm-up reads issued by applications opening files, ahead of the walk.
-    pub files_demanded: u64,
-    /// Demands dropped because the demand queue was full.
-    pub demands_dropped: u64,
-    /// Walk finished and nothing is queued or being read.
-    pub complete: bool,
-    /// Seconds since the warm-up started, and since it completed (if it did).
-    pub elapsed_s: f64,
-    pub complete_after_s: Option<f64>,
-    /// Why pinning stopped, if it did (first cause only).
-    pub pin_error: Option<String>,
-}
-
-impl ResidentStats {
-    /// Warm-up rate over its whole run so far, bytes per second.
-    pub fn rate_bytes_per_s(&self) -> f64 {
-        let secs = self.complete_after_s.unwrap_or(self.elapsed_s).max(1e-3);
-        self.bytes_warmed as f64 / secs
-    }
-}
-
-/// A pinned mapping: `len` bytes of a file mapped read-only and locked.
-struct Pin {
-    addr: usize,
-    len: usize,
-}
-
-impl Pin {
-    fn new(file: &File, len: u64) -> io::Result<Self> {
-        let len = len as usize;
-        // SAFETY: a new read-only shared mapping of a file we hold open; we never
-        // dereference it (it exists to be locked) and unmap it exactly once in Drop.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let pin = Pin {
-            addr: addr as usize,
-            len,
-        };
-        // SAFETY: locks exactly the mapping made above. Faults in any page not cached yet.
-        if unsafe { libc::mlock(addr, len) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(pin)
-    }
-}
-
-impl Drop for Pin {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping this Pin made and owns (munmap also unlocks it).
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
 /// What the module knows of one file.
 enum Entry {
     /// Queued or being read.
@@ -264,6 +187,9 @@ struct Queues {
     warming: Vec<Warming>,
     /// Jobs taken off a queue whose file is being opened and sized (not in `warming` yet).
     starting: usize,
+    /// Files refreshed while `Busy` (a descriptor each, to warm them again): their warm-up
+    /// in progress is of a size that no longer holds.
+    changed: HashMap<u64, File>,
     /// Files out of `warming` whose pin and record are being made outside the lock. The
     /// warm-up is not complete before they are recorded, or a `forget` right after
     /// `wait_complete` would find the file still busy and its budget not yet returned.
@@ -350,6 +276,7 @@ impl Resident {
                 deferred: VecDeque::new(),
                 timer: false,
                 warming: Vec::new(),
+                changed: HashMap::new(),
                 starting: 0,
                 finishing: 0,
                 entries: HashMap::new(),
@@ -484,11 +411,19 @@ impl Resident {
         let inner = &self.inner;
         let mut q = inner.q.lock();
         let Some(Entry::Done { reserved, .. }) = q.entries.get(&key) else {
-            let known = q.entries.contains_key(&key);
-            drop(q);
-            if !known {
-                self.demand_inner(key, file, Some(size));
+            let busy = matches!(q.entries.get(&key), Some(Entry::Busy));
+            if busy {
+                // Being warmed at a size that no longer holds: its warm-up starts over
+                // when it ends (`finish_file`).
+                if let Ok(dup) = file.try_clone() {
+                    let old = q.changed.insert(key, dup);
+                    drop(q);
+                    inner.dispose(old);
+                }
+                return;
             }
+            drop(q);
+            self.demand_inner(key, file, Some(size));
             return;
         };
         let want = page_ceil(size);
@@ -501,6 +436,8 @@ impl Resident {
         let mut old_pin = None;
         if let Some(Entry::Done { reserved, pin }) = q.entries.remove(&key) {
             old_pin = release_done(inner, &mut q, reserved, pin);
+            // Counted again when warmed again.
+            inner.files_warmed.fetch_sub(1, Ordering::Relaxed);
         }
         if q.shutdown || q.deferred.len() >= inner.cfg.demand_queue_max {
             // Left unknown: the file's next open demands it.
@@ -554,8 +491,9 @@ impl Resident {
             }
             None => {}
         }
+        let changed = q.changed.remove(&key);
         drop(q);
-        inner.dispose(pin);
+        inner.dispose((pin, changed));
         if !gone.is_empty() || !gone_deferred.is_empty() {
             inner.dispose((gone, gone_deferred));
         }
@@ -609,6 +547,7 @@ impl Drop for Resident {
         q.demand.clear();
         q.walked.clear();
         q.deferred.clear();
+        q.changed.clear();
         let entries: Vec<Entry> = q.entries.drain().map(|(_, e)| e).collect();
         let mut pins = Vec::new();
         for e in entries {
@@ -800,22 +739,19 @@ fn start_file(inner: &Inner, job: Job) {
         Job::Demand { key, file } => (key, Ok(file)),
         Job::Walked { f } => (f.key, inner.opener.open(&f)),
     };
-    let file = match file {
-        Ok(f) => f,
+    let size = match file.and_then(|f| f.metadata().map(|m| (f, m.len()))) {
+        Ok(x) => x,
         Err(_) => {
             inner.files_failed.fetch_add(1, Ordering::Relaxed);
-            inner.q.lock().entries.remove(&key);
+            let mut q = inner.q.lock();
+            q.entries.remove(&key);
+            let changed = q.changed.remove(&key);
+            drop(q);
+            inner.dispose(changed);
             return;
         }
     };
-    let size = match file.metadata() {
-        Ok(m) => m.len(),
-        Err(_) => {
-            inner.files_failed.fetch_add(1, Ordering::Relaxed);
-            inner.q.lock().entries.remove(&key);
-            return;
-        }
-    };
+    let (file, size) = size;
     // The whole file if the budget allows, else the page-aligned prefix it allows (I11).
     let want = page_ceil(size);
     let mut got = want;
@@ -840,7 +776,11 @@ fn start_file(inner: &Inner, job: Job) {
         return;
     }
     if got == 0 {
+        // Nothing held, so nothing stale: a later refresh finds it done.
         q.entries.insert(key, Entry::NOTHING_HELD);
+        let changed = q.changed.remove(&key);
+        drop(q);
+        inner.dispose(changed);
         return;
     }
     q.warming.push(Warming {
@@ -881,8 +821,15 @@ fn warm_range(inner: &Inner, file: &File, offset: u64, len: u64, buf: &mut [u8])
     true
 }
 
-/// Pins a fully warmed file (within the mapping limit) and records it.
+/// Whether `file` is now shorter than `len` bytes of pages (it shrank since it was sized).
+fn shrank(file: &File, len: u64) -> bool {
+    file_size(file).is_ok_and(|size| page_ceil(size) < len)
+}
+
+/// Pins a fully warmed file (within the mapping limit) and records it; a file whose size
+/// changed meanwhile is warmed again instead (see the module header).
 fn finish_file(inner: &Inner, w: Warming) {
+    let shorter = shrank(&w.file, w.len);
     let mut q = inner.q.lock();
     if !matches!(q.entries.get(&w.key), Some(Entry::Busy)) || q.shutdown {
         drop(q);
@@ -891,9 +838,20 @@ fn finish_file(inner: &Inner, w: Warming) {
     }
     if w.failed {
         q.entries.remove(&w.key);
+        let changed = q.changed.remove(&w.key);
         drop(q);
+        inner.dispose(changed);
         inner.budget.release(w.len);
         inner.files_failed.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let changed = q.changed.remove(&w.key);
+    if changed.is_some() || shorter {
+        let file = changed.or_else(|| w.file.try_clone().ok());
+        let left = warm_again(inner, &mut q, w.key, file);
+        drop(q);
+        inner.dispose(left);
+        inner.budget.release(w.len);
         return;
     }
     inner.files_warmed.fetch_add(1, Ordering::Relaxed);
@@ -906,6 +864,23 @@ fn finish_file(inner: &Inner, w: Warming) {
     let pin = if may_pin {
         match Pin::new(&w.file, w.len) {
             Ok(p) => Some(p),
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && shrank(&w.file, w.len) => {
+                // Truncated since the check above: the mapping reached past EOF, which
+                // says nothing of the memlock limit. Warmed again at its new size.
+                let mut q = inner.q.lock();
+                q.pins -= 1;
+                inner.files_warmed.fetch_sub(1, Ordering::Relaxed);
+                let mut left = None;
+                if matches!(q.entries.get(&w.key), Some(Entry::Busy)) && !q.shutdown {
+                    let changed = q.changed.remove(&w.key);
+                    let file = changed.or_else(|| w.file.try_clone().ok());
+                    left = warm_again(inner, &mut q, w.key, file);
+                }
+                drop(q);
+                inner.dispose(left);
+                inner.budget.release(w.len);
+                return;
+            }
             Err(e) => {
                 // Without CAP_IPC_LOCK and a large RLIMIT_MEMLOCK nothing will pin: say
                 // why once and stop trying.
@@ -917,7 +892,7 @@ fn finish_file(inner: &Inner, w: Warming) {
                 }
                 let mut pe = inner.pin_error.lock();
                 if pe.is_none() {
-                    *pe = Some(format!("mlock: {e}"));
+                    *pe = Some(format!("mlock: {e} ({})", memlock_limit()));
                 }
                 None
             }
@@ -964,6 +939,30 @@ fn finish_file(inner: &Inner, w: Warming) {
     }
 }
 
+/// Queues busy file `key` to be warmed again after the refresh delay, as `refresh` does
+/// (its entry stays `Busy`); without a descriptor, or with the queue full, it is left
+/// unknown and its next open demands it. Returns what the caller drops once the lock is
+/// free (`Inner::dispose`).
+#[must_use]
+fn warm_again(inner: &Inner, q: &mut Queues, key: u64, file: Option<File>) -> Option<File> {
+    match file {
+        Some(file) if q.deferred.len() < inner.cfg.demand_queue_max => {
+            let due = Instant::now() + inner.cfg.refresh_delay;
+            q.deferred.push_back((due, Job::Demand { key, file }));
+            q.completed_at = None;
+            if !q.timer {
+                inner.work.notify_one();
+            }
+            None
+        }
+        file => {
+            q.entries.remove(&key);
+            inner.demands_dropped.fetch_add(1, Ordering::Relaxed);
+            file
+        }
+    }
+}
+
 /// Waits as long as the configured rate requires before reading `bytes`.
 fn throttle(inner: &Inner, bytes: u64) {
     let Some(rate) = inner.cfg.rate_bytes_per_s.filter(|r| *r > 0) else {
@@ -996,6 +995,11 @@ pub fn cached_bytes(file: &File) -> io::Result<u64> {
     let (st, _) = dhrd_io::pagecache::cachestat(file.as_fd(), 0, 0)?;
     Ok(st.cached_bytes())
 }
+
+mod pin;
+mod stats;
+use pin::{memlock_limit, Pin};
+pub use stats::ResidentStats;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design

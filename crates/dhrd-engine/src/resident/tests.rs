@@ -3,6 +3,7 @@
 
 use super::*;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 struct DirOpener(PathBuf);

@@ -1,0 +1,45 @@
+//! The warm-up's counters as `Resident::stats` reports them.
+//!
+//! Invariants: a snapshot; `files_warmed <= files_seen` (a refreshed file leaves the
+//! warmed count until it is warmed again). Crash semantics: none.
+
+/// Progress and residency counters (a snapshot).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResidentStats {
+    /// Files and bytes handed in (walked or demanded).
+    pub files_seen: u64,
+    pub bytes_seen: u64,
+    /// Files whose warm-up finished, and the bytes read in for them.
+    pub files_warmed: u64,
+    pub bytes_warmed: u64,
+    /// Files (or prefixes) pinned now, and their bytes.
+    pub files_pinned: u64,
+    pub bytes_pinned: u64,
+    /// Warmed but not pinned: no mapping left (map count), or mlock refused.
+    pub files_unpinned: u64,
+    pub bytes_unpinned: u64,
+    /// Bytes left on the device because the budget was full (I11).
+    pub bytes_over_budget: u64,
+    pub files_over_budget: u64,
+    /// Files that could not be opened or read (served from the device).
+    pub files_failed: u64,
+    /// Warm-up reads issued by applications opening files, ahead of the walk.
+    pub files_demanded: u64,
+    /// Demands dropped because the demand queue was full.
+    pub demands_dropped: u64,
+    /// Walk finished and nothing is queued or being read.
+    pub complete: bool,
+    /// Seconds since the warm-up started, and since it completed (if it did).
+    pub elapsed_s: f64,
+    pub complete_after_s: Option<f64>,
+    /// Why pinning stopped, if it did (first cause only).
+    pub pin_error: Option<String>,
+}
+
+impl ResidentStats {
+    /// Warm-up rate over its whole run so far, bytes per second.
+    pub fn rate_bytes_per_s(&self) -> f64 {
+        let secs = self.complete_after_s.unwrap_or(self.elapsed_s).max(1e-3);
+        self.bytes_warmed as f64 / secs
+    }
+}
