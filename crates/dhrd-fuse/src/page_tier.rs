@@ -686,6 +686,49 @@ mod tests {
         assert!(t.held_file(7).is_none(), "an idle one goes at once");
     }
 
+    /// The unlink of a file lands while its first open is opening it (outside the table's
+    /// lock): the other thread's unlink is run from inside the open, at that point. Before,
+    /// the registration was inserted afterwards marked "not unlinked" and lingered after
+    /// the last close, and the warm-up, told to forget the file before it was demanded,
+    /// warmed and pinned the deleted inode until unmount: its space and its budget leaked.
+    #[test]
+    fn an_open_racing_the_unlink_of_its_file_keeps_neither_registration_nor_pin() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let p = d.path().join("f");
+        std::fs::write(&p, vec![7u8; 1 << 20]).expect("write");
+        let t = tier(false);
+        t.resident.walk_done();
+        let (o, _) = t
+            .open(
+                9,
+                libc::O_RDWR,
+                true,
+                || {
+                    let opened = rw(&p);
+                    std::fs::remove_file(&p).expect("unlink");
+                    t.unlinked(9);
+                    opened
+                },
+                |_| Ok(1),
+            )
+            .expect("open");
+        assert!(
+            t.resident.wait_complete(std::time::Duration::from_secs(30)),
+            "warm-up stuck"
+        );
+        t.release(9, o);
+        assert!(
+            t.held_file(9).is_none(),
+            "the deleted file's registration lingers"
+        );
+        let st = t.resident.stats();
+        assert_eq!(
+            (t.resident.budget().used_bytes(), st.files_pinned),
+            (0, 0),
+            "the deleted file holds budget or a pin: {st:?}"
+        );
+    }
+
     #[test]
     fn idle_registrations_are_bounded_oldest_first() {
         let d = tempfile::tempdir().expect("tempdir");

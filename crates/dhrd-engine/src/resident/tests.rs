@@ -303,3 +303,27 @@ fn a_truncate_during_the_warm_up_keeps_pinning_on_and_the_budget_exact() {
     );
     assert!(st.files_warmed <= st.files_seen, "{st:?}");
 }
+
+/// A file demanded after it was forgotten (an open or a writer's close racing the unlink
+/// of its last name): nothing of the deleted inode may be warmed, pinned or charged.
+#[test]
+fn a_demand_after_the_file_was_forgotten_holds_nothing() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let r = resident(d.path(), 1 << 30, quick());
+    r.walk_done();
+    let (f, _) = make(d.path(), "gone", 1 << 20);
+    let file = File::open(d.path().join("gone")).expect("open");
+    std::fs::remove_file(d.path().join("gone")).expect("unlink");
+    r.forget(f.key);
+    r.demand(f.key, &file);
+    assert!(r.wait_complete(Duration::from_secs(30)), "warm-up stuck");
+    // The writer's last close: its refresh of a file it believes still linked.
+    r.refresh_sized(f.key, &file, 1 << 20);
+    assert!(r.wait_complete(Duration::from_secs(30)), "warm-up stuck");
+    let st = r.stats();
+    assert_eq!(
+        (r.budget().used_bytes(), st.files_pinned),
+        (0, 0),
+        "the deleted file holds budget or a pin: {st:?}"
+    );
+}
