@@ -24,6 +24,9 @@
 //! - The warm-up is complete only when no file is queued, being opened, read, or being
 //!   pinned and recorded: after `wait_complete` every file has its final entry.
 //! - An empty file is recorded at once, without a worker; it is warmed when it grows.
+//! - A file is never warmed or pinned after it lost its last name: a demand (or refresh)
+//!   that races the unlink and its `forget` looks at the link count after its entry is in
+//!   and forgets the file itself if the count is 0.
 //! - A file that changed size (`refresh`) gives back its reservation and pin at once and
 //!   is warmed and pinned again after `refresh_delay` ([`REFRESH_DELAY`]), unless it is
 //!   forgotten first; its entry is `Busy` meanwhile. A file that changes size while it is
@@ -388,6 +391,8 @@ impl Resident {
         inner.bytes_seen.fetch_add(size, Ordering::Relaxed);
         inner.files_demanded.fetch_add(1, Ordering::Relaxed);
         let Some(dup) = job else {
+            // Holds nothing (no budget, pin or descriptor), so an unlink racing it costs
+            // no more than an entry; not worth a stat on every create.
             q.entries.insert(key, Entry::NOTHING_HELD);
             return;
         };
@@ -396,6 +401,12 @@ impl Resident {
         q.completed_at = None;
         drop(q);
         inner.work.notify_one();
+        // The file may have lost its last name before the entry went in, and its `forget`
+        // then found nothing to drop: look now that the entry is in. An unlink after this
+        // point finds the entry (its `forget` comes after the unlink).
+        if dhrd_io::pagecache::link_count(file.as_fd()).is_ok_and(|n| n == 0) {
+            self.forget(key);
+        }
     }
 
     /// The file may have changed size (a writer closed it, a truncate): warm and pin what

@@ -27,7 +27,9 @@
 //!   inode reuses its descriptor and backing id: open, append, close, open, read, close
 //!   (mail spools, build caches, the fileserver workload) then costs the backing no open,
 //!   registration, flag check or close per open. A lingering registration goes as soon as
-//!   its inode loses its last name (`unlinked`), so it never keeps a deleted file's space.
+//!   its inode loses its last name (`unlinked`), so it never keeps a deleted file's space;
+//!   a first open that races the unlink looks at the link count once its registration is
+//!   in, since the unlink may have come before it and found nothing to mark.
 //! - D3 by construction: every read and write of every open, by the kernel or the daemon,
 //!   goes through the backing file's one page cache.
 //! - The sync flag set by dhrd is marked with the `trusted.dhrd.sync` xattr, so a mount in
@@ -225,6 +227,8 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         // What the first open learnt of the inode: its mode (for the set-id rule below)
         // and whether it was just created (nothing to warm).
         let mut known: Option<(u32, bool)> = None;
+        // Whether this open made the registration (it may race an unlink, see below).
+        let mut inserted = false;
         if !regs.map.contains_key(&key) {
             // The backing file is opened and its flag settled outside the lock; a racing
             // first open does the same, and the one that inserts first wins.
@@ -233,15 +237,18 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             let sync_ok = self.settle_sync_flag(o.file.as_fd(), o.fresh);
             known = Some((o.mode, o.fresh));
             regs = self.regs.lock();
-            regs.map.entry(key).or_insert(Reg {
-                file: Arc::new(o.file),
-                id: None,
-                opens: 0,
-                writers: 0,
-                sync_ok,
-                unlinked: false,
-                idle_stamp: 0,
-            });
+            if let std::collections::hash_map::Entry::Vacant(v) = regs.map.entry(key) {
+                v.insert(Reg {
+                    file: Arc::new(o.file),
+                    id: None,
+                    opens: 0,
+                    writers: 0,
+                    sync_ok,
+                    unlinked: false,
+                    idle_stamp: 0,
+                });
+                inserted = true;
+            }
         }
         let Some(reg) = regs.map.get_mut(&key) else {
             return Err(FsError::Stale);
@@ -290,11 +297,25 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         };
         let file = reg.file.clone();
         drop(regs);
-        // A file already known to the warm-up is skipped there; a new one is demanded
-        // (an empty one, just created, without a stat).
-        match known {
-            Some((_, true)) => self.resident.demand_sized(key, &file, 0),
-            _ => self.resident.demand(key, &file),
+        // The file opened above may have lost its last name before the registration went
+        // in; the unlink then found none to mark. Look now that it is in: an unlink from
+        // here on finds it. A created file is this request's own, under the parent's lock.
+        let gone = inserted
+            && !matches!(known, Some((_, true)))
+            && pagecache::link_count(file.as_fd()).is_ok_and(|n| n == 0);
+        if gone {
+            if let Some(reg) = self.regs.lock().map.get_mut(&key) {
+                if Arc::ptr_eq(&reg.file, &file) {
+                    reg.unlinked = true;
+                }
+            }
+        } else {
+            // A file already known to the warm-up is skipped there; a new one is demanded
+            // (an empty one, just created, without a stat).
+            match known {
+                Some((_, true)) => self.resident.demand_sized(key, &file, 0),
+                _ => self.resident.demand(key, &file),
+            }
         }
         Ok((
             PageOpen {

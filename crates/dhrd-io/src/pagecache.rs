@@ -179,6 +179,16 @@ fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
 /// fine-grained ctime, dirtying its inode; a warm-up or bookkeeping stat has no reason to
 /// cause that.
 pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(statx_only(fd, libc::STATX_SIZE)?.stx_size)
+}
+
+/// The link count of an open file (0 once its last name is gone), by a `statx` that asks
+/// for nothing else (see `file_size`).
+pub fn link_count(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(u64::from(statx_only(fd, libc::STATX_NLINK)?.stx_nlink))
+}
+
+fn statx_only(fd: BorrowedFd<'_>, mask: u32) -> io::Result<libc::statx> {
     let mut x = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: a valid descriptor, an empty NUL-terminated path with AT_EMPTY_PATH, and a
     // buffer of the right type that the kernel fills.
@@ -187,7 +197,7 @@ pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH,
-            libc::STATX_SIZE,
+            mask,
             x.as_mut_ptr(),
         )
     };
@@ -195,7 +205,7 @@ pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: statx succeeded and filled the struct.
-    Ok(unsafe { x.assume_init() }.stx_size)
+    Ok(unsafe { x.assume_init() })
 }
 
 /// The inode flags of `fd` (`FS_IOC_GETFLAGS`).
