@@ -114,3 +114,96 @@ fn eio(read_path: &str) {
         "an acknowledged write is lost"
     );
 }
+
+/// A disk with a bad spot under file `f` (64 KiB, allocated), and a mount of it.
+fn bad_spot(s: &Scratch, mode: &str, journal: bool) -> (FaultyDisk, std::path::PathBuf, Mount) {
+    let disk = FaultyDisk::new(s, journal);
+    let backing = disk.mnt().join("backing");
+    fs::create_dir_all(&backing).expect("backing");
+    fs::write(backing.join("f"), vec![1u8; 65536]).expect("f");
+    fs::File::open(backing.join("f"))
+        .and_then(|f| f.sync_all())
+        .expect("allocate f");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", mode]);
+    (disk, backing, m)
+}
+
+/// Unmounts after a failure (the daemon's unmount-time sync fails: its exit status says
+/// so).
+fn teardown(m: Mount) {
+    let _ = Command::new(dhrd()).arg("umount").arg(&m.mnt).output();
+    drop(m);
+}
+
+/// Two open file descriptions of one file whose dirty pages both failed writeback: each
+/// must see the error at its next fsync (as ext4 reports it to each of its own opens), and
+/// later fsyncs must not report success for data the disk never got (C4). Before, the
+/// daemon fsync'ed one shared descriptor of the backing file, so the first fsync took the
+/// error and the second returned 0.
+#[test]
+fn a_writeback_error_reaches_every_open_at_its_next_fsync_and_stays() {
+    let s = Scratch::new("wberr-fsync");
+    let (disk, backing, m) = bad_spot(&s, "fsync", false);
+    let open = || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.path("f"))
+            .expect("open")
+    };
+    let (a, b) = (open(), open());
+    a.write_all_at(&[2u8; 4096], 0).expect("write a");
+    b.write_all_at(&[3u8; 4096], 8192).expect("write b");
+    disk.fail_writes_to(&backing.join("f"));
+    let ra = a.sync_all();
+    let rb = b.sync_all();
+    let ra_again = a.sync_all();
+    let rb_again = b.sync_all();
+    drop((a, b));
+    let st = m.status();
+    teardown(m);
+    assert!(ra.is_err(), "the first fsync missed the failed writeback");
+    assert!(
+        rb.is_err(),
+        "the second open's fsync reported success: {ra:?} then {rb:?}"
+    );
+    assert!(
+        ra_again.is_err() && rb_again.is_err(),
+        "a later fsync reported success for data the disk never got: {ra_again:?} {rb_again:?}"
+    );
+    assert!(
+        st.contains("read-only:") && !st.contains("read-only:       no"),
+        "status must report the failure: {st}"
+    );
+}
+
+/// `sync` mode: stores into a shared mapping whose writeback failed before the
+/// application's fsync (the page is clean again, its bytes never reached the disk) must
+/// make that fsync fail. Before, the daemon saw no dirty page and only committed the
+/// journal, never asking the file for its writeback error.
+#[test]
+fn a_failed_writeback_of_mapped_stores_fails_the_fsync_in_sync_mode() {
+    let s = Scratch::new("wberr-mmap");
+    let (disk, backing, m) = bad_spot(&s, "sync", true);
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("f"))
+        .expect("open");
+    let map = SharedMap::new(&f, 65536);
+    map.fill(0, 9, 4096);
+    disk.fail_writes_to(&backing.join("f"));
+    // The kernel's writeback of the page, before the application asks (here forced by
+    // another open of the backing file, which sees the failure itself).
+    let other = fs::File::open(backing.join("f")).expect("open backing");
+    assert!(other.sync_data().is_err(), "the fault did not fire");
+    let r = f.sync_all();
+    drop(map);
+    drop((f, other));
+    teardown(m);
+    assert!(
+        r.is_err(),
+        "fsync after a failed writeback of mapped stores succeeded"
+    );
+}

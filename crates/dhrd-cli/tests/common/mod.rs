@@ -297,10 +297,23 @@ impl LoopFs {
 
     /// `mkfs_opts`: extra options of mkfs.ext4.
     pub fn with_mkfs(s: &Scratch, mkfs_opts: &str) -> Self {
-        let img = s.0.join("disk.img");
+        Self::with_image(s, &s.0.join("disk.img"), mkfs_opts)
+    }
+
+    /// Like `with_mkfs`, with the image at `img`, which is made and fully allocated.
+    pub fn with_image(s: &Scratch, img: &Path, mkfs_opts: &str) -> Self {
+        let img = img.to_path_buf();
         let mnt = s.sub("ext4");
         let f = std::fs::File::create(&img).expect("image");
         f.set_len(64 << 20).expect("size");
+        // SAFETY: fallocate of a descriptor we hold.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 64 << 20) };
+        assert_eq!(
+            r,
+            0,
+            "allocating the image: {}",
+            std::io::Error::last_os_error()
+        );
         drop(f);
         let (ok, out) = sh(&format!("mkfs.ext4 -q -F {mkfs_opts} {}", img.display()));
         assert!(ok, "mkfs: {out}");
@@ -349,6 +362,87 @@ impl Drop for LoopFs {
                 .arg(&self.mnt)
                 .status();
         }
+    }
+}
+
+/// A disk whose writes to chosen blocks fail while the rest works, as with bad sectors: an
+/// ext4 on a loop device over an image in a small tmpfs. The image is
+/// fully allocated; `fail_writes_to` punches holes in it under a file's blocks and fills
+/// the tmpfs, so the loop device's writes there fail (ENOSPC from the tmpfs, which the
+/// file system's writeback reports as that file's write error) and every other write
+/// lands. No device-mapper needed.
+pub struct FaultyDisk {
+    /// Dropped before the tmpfs goes.
+    pub fs: Option<LoopFs>,
+    tmpfs: PathBuf,
+}
+
+impl FaultyDisk {
+    /// `journal`: the ext4 has its journal (else `-O ^has_journal`).
+    pub fn new(s: &Scratch, journal: bool) -> Self {
+        let tmpfs = s.sub("tmpfs");
+        let (ok, out) = sh(&format!(
+            "mount -t tmpfs -o size=72m dhrd-test {}",
+            tmpfs.display()
+        ));
+        assert!(ok, "tmpfs: {out}");
+        let opts = if journal { "" } else { "-O ^has_journal" };
+        let fs = LoopFs::with_image(s, &tmpfs.join("disk.img"), opts);
+        Self {
+            fs: Some(fs),
+            tmpfs,
+        }
+    }
+
+    pub fn mnt(&self) -> &Path {
+        &self.fs.as_ref().expect("mounted").mnt
+    }
+
+    /// From now on, writes to the blocks `file` (on this disk, already allocated) has now
+    /// fail.
+    pub fn fail_writes_to(&self, file: &Path) {
+        let (ok, out) = sh(&format!("filefrag -e -b4096 {}", file.display()));
+        assert!(ok, "filefrag: {out}");
+        let img = self.tmpfs.join("disk.img");
+        let mut punched = 0;
+        for line in out.lines() {
+            // "   0:        0..      15:       2016..      2031:     16:   last,eof"
+            let cols: Vec<&str> = line.split(':').map(str::trim).collect();
+            if cols.len() < 4 || cols[0].parse::<u64>().is_err() {
+                continue;
+            }
+            let (a, b) = cols[2].split_once("..").expect("physical range");
+            let (a, b): (u64, u64) = (
+                a.trim().parse().expect("start"),
+                b.trim().parse().expect("end"),
+            );
+            let (ok, out) = sh(&format!(
+                "fallocate --punch-hole --offset {} --length {} {}",
+                a * 4096,
+                (b - a + 1) * 4096,
+                img.display()
+            ));
+            assert!(ok, "punch: {out}");
+            punched += 1;
+        }
+        assert!(punched > 0, "no extents of {}: {out}", file.display());
+        // Every page of the tmpfs taken: nothing can fill the holes.
+        let _ = sh(&format!(
+            "dd if=/dev/zero of={} bs=64k status=none",
+            self.tmpfs.join("fill").display()
+        ));
+        let (_, df) = sh(&format!("df -B1 --output=avail {}", self.tmpfs.display()));
+        assert!(
+            df.lines().nth(1).is_some_and(|l| l.trim() == "0"),
+            "the tmpfs kept room: {df}"
+        );
+    }
+}
+
+impl Drop for FaultyDisk {
+    fn drop(&mut self) {
+        drop(self.fs.take());
+        let _ = Command::new("umount").arg(&self.tmpfs).status();
     }
 }
 
