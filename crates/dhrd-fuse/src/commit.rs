@@ -41,12 +41,15 @@
 //!   sets name it.
 //! - A failed sync fails the replies of the sets that needed it (EIO; the change may or
 //!   may not survive a crash, as after any failed fsync); other sets of the round are
-//!   answered normally.
+//!   answered normally. The failure is sticky (failures.rs): the inode, or for a failed
+//!   syncfs or journal commit the whole file system, is never synced again, and every
+//!   later set naming it fails.
 //!
 //! Crash semantics: a crash before a round's syncs return may lose any change of that
 //! round, none of which was acknowledged; nothing acknowledged is lost.
 
 use crate::error::{FsError, Result};
+use crate::failures::{Failures, InodeId};
 use crate::sys;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -247,6 +250,9 @@ pub struct Committer {
     policy: RoundSync,
     /// JournalCommit: which mode the private file gets next (a change every round).
     toggle: std::sync::atomic::AtomicBool,
+    /// Inodes and file systems that failed a sync: never synced again, their sets fail
+    /// (failures.rs). Shared with the data requests, which record what they see too.
+    pub failures: Arc<Failures>,
     /// Rounds run and sets they covered, for status.
     pub rounds: AtomicU64,
     pub sets: AtomicU64,
@@ -273,6 +279,7 @@ impl Committer {
             syncer,
             policy,
             toggle: std::sync::atomic::AtomicBool::new(false),
+            failures: Arc::new(Failures::default()),
             rounds: AtomicU64::new(0),
             sets: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -379,13 +386,8 @@ impl Committer {
                 }
             }
         }
-        for (fd, r) in fs.values_mut() {
-            self.syncs.fetch_add(1, Ordering::Relaxed);
-            *r = Some(
-                self.syncer
-                    .syncfs(fd)
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-            );
+        for (dev, (fd, r)) in fs.iter_mut() {
+            *r = Some(self.syncfs_dev(fd, *dev));
         }
         let fs_done: HashMap<u64, std::result::Result<(), i32>> = fs
             .into_iter()
@@ -402,7 +404,7 @@ impl Committer {
                             || *fs_dev == Some(jdev)
                     },
                 );
-                touched.then(|| (jdev, self.journal_commit(anchor)))
+                touched.then(|| (jdev, self.journal_commit_dev(anchor, jdev)))
             });
         let journal_result = |dev: u64| match journal_done {
             Some((jdev, r)) if jdev == dev => Some(r),
@@ -423,11 +425,15 @@ impl Committer {
             }
             for (fd, id) in set.fsync.iter().zip(set_ids) {
                 let one = match id {
+                    // Failed before: never reported as synced again (C4).
+                    Some(id) if self.failures.failed(*id) => Err(libc::EIO),
                     Some((dev, ino)) => match fs_result(*dev)
                         .or_else(|| journal_result(*dev).filter(|_| !set.data))
                     {
                         Some(x) => x,
-                        None => *synced.entry((*dev, *ino)).or_insert_with(|| self.fsync(fd)),
+                        None => *synced
+                            .entry((*dev, *ino))
+                            .or_insert_with(|| self.fsync_inode(fd, (*dev, *ino))),
                     },
                     None => self.fsync(fd),
                 };
@@ -443,6 +449,44 @@ impl Committer {
                 )
             }));
         }
+    }
+
+    /// syncfs of file system `dev` (through `fd`), unless it failed before; a failure is
+    /// recorded (failures.rs).
+    fn syncfs_dev(&self, fd: &OwnedFd, dev: u64) -> std::result::Result<(), i32> {
+        if self.failures.fs_has_failed(dev) {
+            return Err(libc::EIO);
+        }
+        let r = self.sync_fs_now(fd);
+        if let Err(e) = r {
+            self.failures
+                .fs_failed(dev, format!("syncfs: {}", errno_text(e)));
+        }
+        r
+    }
+
+    /// `journal_commit` on file system `dev`, unless it failed before; a failed commit
+    /// fails the file system.
+    fn journal_commit_dev(&self, anchor: &OwnedFd, dev: u64) -> std::result::Result<(), i32> {
+        if self.failures.fs_has_failed(dev) {
+            return Err(libc::EIO);
+        }
+        let r = self.journal_commit(anchor);
+        if let Err(e) = r {
+            self.failures
+                .fs_failed(dev, format!("journal commit: {}", errno_text(e)));
+        }
+        r
+    }
+
+    /// fsync of inode `id`; a failure is recorded (failures.rs).
+    fn fsync_inode(&self, fd: &OwnedFd, id: InodeId) -> std::result::Result<(), i32> {
+        let r = self.fsync(fd);
+        if let Err(e) = r {
+            self.failures
+                .inode_failed(id, format!("fsync: {}", errno_text(e)));
+        }
+        r
     }
 
     fn sync_fs_now(&self, fd: &OwnedFd) -> std::result::Result<(), i32> {
@@ -493,6 +537,10 @@ impl Committer {
 /// (device, inode) of a descriptor.
 fn identity(fd: &OwnedFd) -> Option<(u64, u64)> {
     sys::fstat(fd.as_fd()).ok().map(|st| (st.st_dev, st.st_ino))
+}
+
+fn errno_text(e: i32) -> String {
+    std::io::Error::from_raw_os_error(e).to_string()
 }
 
 #[cfg(test)]
@@ -641,6 +689,77 @@ mod tests {
         let (tx2, rx2) = mpsc::channel();
         c.submit(SyncSet::default(), move |r| tx2.send(r.is_ok()).unwrap());
         assert!(rx2.try_recv().unwrap());
+        c.shutdown();
+    }
+
+    /// Fails the first fsync and the first syncfs, as a writeback error is reported once
+    /// per open file description, then succeeds.
+    struct FailOnce {
+        fsyncs: Arc<AtomicU64>,
+        syncfs_calls: Arc<AtomicU64>,
+    }
+
+    impl Syncer for FailOnce {
+        fn fsync(&self, _: &OwnedFd) -> std::io::Result<()> {
+            match self.fsyncs.fetch_add(1, Ordering::Relaxed) {
+                0 => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+                _ => Ok(()),
+            }
+        }
+        fn syncfs(&self, _: &OwnedFd) -> std::io::Result<()> {
+            match self.syncfs_calls.fetch_add(1, Ordering::Relaxed) {
+                0 => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+                _ => Ok(()),
+            }
+        }
+        fn dirty_bytes(&self) -> Option<u64> {
+            None
+        }
+    }
+
+    /// A sync that failed once fails every later set that names the same inode (or, for a
+    /// syncfs, any inode of that file system), without syncing again: the backing would
+    /// report success the second time for data it never got (C4).
+    #[test]
+    fn a_failed_sync_stays_failed_for_every_later_set() {
+        let d = tempfile::tempdir().unwrap();
+        let a = std::fs::File::create(d.path().join("a")).unwrap();
+        let b = std::fs::File::create(d.path().join("b")).unwrap();
+        let (fsyncs, syncfs_calls) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let c = Committer::start_with(
+            Box::new(FailOnce {
+                fsyncs: fsyncs.clone(),
+                syncfs_calls: syncfs_calls.clone(),
+            }),
+            RoundSync::FsyncEach,
+        )
+        .unwrap();
+        let run = |set: SyncSet| {
+            let (tx, rx) = mpsc::channel();
+            c.submit(set, move |r| tx.send(r.is_ok()).unwrap());
+            rx.recv_timeout(Duration::from_secs(10)).unwrap()
+        };
+        let one = |f: &std::fs::File| {
+            let mut set = SyncSet::default();
+            set.fsync(&[f]).unwrap();
+            set
+        };
+        assert!(!run(one(&a)), "the failing fsync");
+        assert!(!run(one(&a)), "a later set of the failed inode succeeded");
+        assert_eq!(
+            fsyncs.load(Ordering::Relaxed),
+            1,
+            "the failed inode was synced again"
+        );
+        assert!(run(one(&b)), "another inode is unaffected");
+        let mut fs_set = SyncSet::default();
+        fs_set.syncfs(&b).unwrap();
+        assert!(!run(fs_set), "the failing syncfs");
+        assert!(
+            !run(one(&b)),
+            "an inode of a file system whose syncfs failed"
+        );
+        assert!(c.failures.first().is_some());
         c.shutdown();
     }
 

@@ -386,7 +386,7 @@ impl Shared {
         kill_suidgid: bool,
         write_flags: i32,
     ) -> Result<u32> {
-        let (_, h, open_sync) = self.handle_sync(fh)?;
+        let (key, h, open_sync) = self.handle_sync(fh)?;
         let ws = open_sync.max(WriteSync::of_flags(write_flags));
         let t = Instant::now();
         let fd = data_fd(&h);
@@ -396,8 +396,9 @@ impl Shared {
         let n = match &h {
             HandleData::Page(open) => {
                 let t = self.page()?;
+                self.refuse_if_failed(key)?;
                 t.write(open, offset, data, ws)
-                    .inspect_err(|e| t.record_failure("write", e))?
+                    .inspect_err(|e| self.data_failed(key, Failed::Change, "write", e))?
             }
             HandleData::Engine { obj, .. } => {
                 obj.write_at(data, offset)?;
@@ -418,8 +419,13 @@ impl Shared {
     /// `set` (the committer syncs it with concurrent requests', off the worker threads);
     /// otherwise it runs here, with a syncfs for the metadata.
     pub(crate) fn do_fsync(&self, set: &mut SyncSet, fh: FileHandle, datasync: bool) -> Result<()> {
-        let (_, h) = self.handle(fh)?;
+        let (key, h) = self.handle(fh)?;
         let t = Instant::now();
+        if matches!(h, HandleData::Page(_)) {
+            // Failed before: never reported as synced again, whichever open asks (C4;
+            // failures.rs).
+            self.refuse_if_failed(key)?;
+        }
         match &h {
             HandleData::Page(open) if self.sync_mode() => {
                 // Every write through the mount is on the device when it returns (the
@@ -434,6 +440,12 @@ impl Shared {
                         if c.dirty_pages == 0 && c.writeback_pages == 0
                 );
                 if clean {
+                    // Clean now, but the pages of earlier stores may have failed their
+                    // writeback (marked clean, never on the disk): ask the file, which
+                    // a journal commit would not.
+                    sys::writeback_error(open.file.as_fd())
+                        .map_err(|e| FsError::io("writeback of the backing file", e))
+                        .inspect_err(|e| self.data_failed(key, Failed::Sync, "writeback", e))?;
                     set.fsync(&[&*open.file])?;
                 } else {
                     set.fsync_data(&[&*open.file])?;
@@ -447,7 +459,7 @@ impl Shared {
                 };
                 if let Err(e) = r {
                     let e = FsError::io("fsync of the backing file", e.into());
-                    self.page()?.record_failure("fsync", &e);
+                    self.data_failed(key, Failed::Sync, "fsync", &e);
                     return Err(e);
                 }
             }
@@ -498,15 +510,17 @@ impl Shared {
         self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::LookUp)?;
         match &h {
             HandleData::Page(open) => {
+                self.refuse_if_failed(key)?;
                 let m = rustix::fs::FallocateFlags::from_bits_retain(mode as _);
                 rustix::fs::fallocate(&*open.file, m, offset, length)?;
                 // Durable before the reply in `sync` mode, and for an O_SYNC or O_DSYNC
                 // open in every mode (as ext4 does for its own such opens).
                 if self.sync_mode() || ws > WriteSync::Mode {
-                    let t = self.page()?;
                     sys::fsync(open.file.as_fd())
                         .map_err(|e| FsError::io("fsync after fallocate", e))
-                        .inspect_err(|e| t.record_failure("fsync after fallocate", e))?;
+                        .inspect_err(|e| {
+                            self.data_failed(key, Failed::Sync, "fsync after fallocate", e)
+                        })?;
                 }
                 if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
                     self.page()?.resident.refresh(key, &open.file);
@@ -539,7 +553,7 @@ impl Shared {
             return Err(FsError::Errno(libc::EINVAL));
         }
         let (_, src) = self.handle(fh_in)?;
-        let (_, dst, ws) = self.handle_sync(fh_out)?;
+        let (dst_key, dst, ws) = self.handle_sync(fh_out)?;
         let src_len = sys::fstat(data_fd(&src))?.st_size as u64;
         let src_len = match &src {
             HandleData::Engine { obj, .. } => obj.len(),
@@ -561,7 +575,10 @@ impl Shared {
         self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::LookUp)?;
         let done = match (&src, &dst) {
             (HandleData::Page(s), HandleData::Page(d)) => {
-                self.page()?.copy(s, offset_in, d, offset_out, want, ws)?
+                self.refuse_if_failed(dst_key)?;
+                self.page()?
+                    .copy(s, offset_in, d, offset_out, want, ws)
+                    .inspect_err(|e| self.data_failed(dst_key, Failed::Change, "copy", e))?
             }
             (HandleData::Engine { obj: s, .. }, HandleData::Engine { obj: d, .. }) => {
                 let done = EngineTier::copy(s, offset_in, d, offset_out, want)?;
@@ -606,6 +623,7 @@ impl Shared {
                     (_, Some(f)) => f,
                     _ => Arc::new(self.open_backing_file(ino)?),
                 };
+                self.refuse_if_failed(key)?;
                 if kill {
                     self.drop_setid_bits(file.as_fd(), st.into(), caller, Fsetid::LookUp)?;
                 }
@@ -619,7 +637,9 @@ impl Shared {
                     // ftruncate through an O_SYNC or O_DSYNC open: durable on return.
                     rustix::fs::fdatasync(&*file)
                         .map_err(|e| FsError::io("fdatasync after truncate", e.into()))
-                        .inspect_err(|e| t.record_failure("fdatasync after truncate", e))?;
+                        .inspect_err(|e| {
+                            self.data_failed(key, Failed::Sync, "fdatasync after truncate", e)
+                        })?;
                 }
                 t.resident.refresh(key, &file);
             }
@@ -715,6 +735,32 @@ impl Shared {
         first.and(r)
     }
 
+    /// EIO if backing inode `key` failed a sync before (page cache path): it takes no
+    /// more changes through the daemon and no sync of it reports success (C4).
+    /// Passthrough writes never reach the daemon; their fsyncs do, and fail here.
+    fn refuse_if_failed(&self, key: u64) -> Result<()> {
+        if self.committer.failures.failed((self.dir.dev(), key)) {
+            return Err(FsError::Errno(libc::EIO));
+        }
+        Ok(())
+    }
+
+    /// A change or sync of backing inode `key` failed (page cache path): recorded for
+    /// status, and, unless it is ENOSPC, EDQUOT or EINTR of a request that changed
+    /// nothing (C5), as a sticky failure of the inode (failures.rs). A sync's ENOSPC is
+    /// sticky too: it reports a writeback that did not happen.
+    fn data_failed(&self, key: u64, op: Failed, what: &str, e: &FsError) {
+        if let Tier::Page(t) = self.tier() {
+            t.record_failure(what, e);
+        }
+        let harmless = matches!(e.errno(), libc::ENOSPC | libc::EDQUOT | libc::EINTR);
+        if matches!(op, Failed::Sync) || !harmless {
+            self.committer
+                .failures
+                .inode_failed((self.dir.dev(), key), format!("{what}: {e}"));
+        }
+    }
+
     /// Makes a change of engine object `obj` durable as `ws` asks: in `sync` mode the
     /// object's writes are durable already; otherwise O_DSYNC flushes the object (its
     /// writes, and the size, fdatasync'ed) and O_SYNC also fsyncs the backing file.
@@ -735,6 +781,15 @@ impl Shared {
             Tier::Engine(_) => Err(FsError::Errno(libc::EBADF)),
         }
     }
+}
+
+/// What failed, for `Shared::data_failed`.
+#[derive(Clone, Copy)]
+enum Failed {
+    /// A change (write, copy): its ENOSPC or EDQUOT changed nothing (C5).
+    Change,
+    /// A sync: any error means a writeback that did not happen.
+    Sync,
 }
 
 /// The backing descriptor behind a handle.

@@ -363,9 +363,19 @@ impl Shared {
 
     /// syncfs of the backing file system if metadata changed (non-sync modes).
     pub fn sync_metadata(&self) -> Result<()> {
+        // A syncfs that failed once is never reported as covering anything again (C4):
+        // its error was reported to one descriptor only (failures.rs).
+        let failures = &self.committer.failures;
+        if failures.fs_has_failed(self.dir.dev()) {
+            return Err(FsError::io(
+                "syncfs of the backing file system failed before",
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
         if self.meta_dirty.swap(false, Ordering::AcqRel) {
             if let Err(e) = sys::syncfs(self.dir.root_fd()) {
                 self.meta_dirty.store(true, Ordering::Release);
+                failures.fs_failed(self.dir.dev(), format!("syncfs: {e}"));
                 return Err(FsError::io("syncfs of the backing file system", e));
             }
             self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);

@@ -6,7 +6,7 @@
 //! (namespace, listings, xattrs), `data` (open files, on one of two data paths:
 //! `page_tier`, the backing files' page cache served by the kernel through passthrough,
 //! the default; `engine_tier` with `objects`, the engine's RAM copy per file over
-//! `dhrd_io::FileBacking`), `adapter` (the fuser adapter), `nodes` (inode table), `killpriv` (which set-id
+//! `dhrd_io::FileBacking`), `adapter` (the fuser adapter), `nodes` (inode table), `failures` (sticky sync failures), `killpriv` (which set-id
 //! bits a change must drop), `walk` (background warm-up), `daemon` (mount, control
 //! socket, signals), `status`, `stats`. See docs/fuse.md for the user-visible rules.
 
@@ -17,6 +17,7 @@ pub mod daemon;
 pub mod data;
 pub mod engine_tier;
 pub mod error;
+pub mod failures;
 pub mod fs;
 pub mod killpriv;
 pub mod meta;

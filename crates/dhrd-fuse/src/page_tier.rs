@@ -39,9 +39,14 @@
 //! Crash semantics: `sync` mode: a write that returned is on the device (the file system's
 //! synchronous write path); a failing write returns EIO to the application from the
 //! backing file system directly. Other modes: like the backing file system's own buffered
-//! writes; `fsync` of a file runs `fdatasync`/`fsync` of its backing file, whatever this
+//! writes (a write the daemon serves keeps the open's O_DSYNC / O_SYNC and the write's
+//! RWF_DSYNC / RWF_SYNC, `data::WriteSync`); `fsync` of a file runs `fdatasync`/`fsync` of its backing file, whatever this
 //! daemon instance wrote (a previous instance may have left dirty pages), and unmount runs
 //! `syncfs`.
+//! A sync of a backing file (or of the backing) that failed is sticky (failures.rs): every
+//! later fsync of that file through any open fails with EIO, and the daemon takes no more
+//! changes of it; passthrough writes of opens made before go on reaching the page cache,
+//! and their fsyncs fail.
 
 use crate::config::COPY_STEP_BYTES;
 use crate::data::{OpenReply, WriteSync};

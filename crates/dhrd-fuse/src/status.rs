@@ -130,9 +130,12 @@ fn data_path(sh: &Shared) -> &'static str {
 
 /// Files (or the whole backing) that take no more writes, with the cause.
 fn read_only_causes(sh: &Shared) -> Vec<(String, String)> {
-    match sh.tier_if_set() {
-        Some(Tier::Page(t)) => t
-            .health(sh.dir.root_fd())
+    // A sync that failed (failures.rs): files or the whole backing take no more syncs.
+    let failed = sh.committer.failures.first();
+    let mut causes: Vec<(String, String)> = match sh.tier_if_set() {
+        Some(Tier::Page(t)) => failed
+            .clone()
+            .or_else(|| t.health(sh.dir.root_fd()))
             .map(|c| vec![("the backing file system".to_string(), c)])
             .unwrap_or_default(),
         Some(Tier::Engine(t)) => t
@@ -145,7 +148,13 @@ fn read_only_causes(sh: &Shared) -> Vec<(String, String)> {
             })
             .collect(),
         None => Vec::new(),
+    };
+    if causes.is_empty() {
+        if let Some(f) = failed {
+            causes.push(("the backing file system".to_string(), f));
+        }
     }
+    causes
 }
 
 /// The text `dhrd status` prints.

@@ -317,6 +317,21 @@ pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::fs::fsync(fd).map_err(io::Error::from)
 }
 
+/// The writeback error of `fd`'s file not yet reported to this open file description,
+/// without writing or syncing anything: `sync_file_range(SYNC_FILE_RANGE_WAIT_BEFORE)`
+/// waits for writeback in flight and then reports (and consumes) the description's
+/// error as fsync would (`file_fdatawait_range`), but commits no journal and flushes no
+/// device cache.
+pub fn writeback_error(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: sync_file_range on a descriptor we borrow; no memory is passed.
+    let r =
+        unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WAIT_BEFORE) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `syncfs` of the file system holding `fd`.
 pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     rustix::fs::syncfs(fd).map_err(io::Error::from)
