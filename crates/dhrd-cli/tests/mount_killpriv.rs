@@ -299,3 +299,73 @@ fn setid_bits_and_capabilities_match_a_plain_directory() {
         );
     }
 }
+
+/// Runs, as nobody, a shell that opens `name` for writing, waits until `go` exists, then
+/// writes one byte through the descriptor it opened first; returns the child.
+fn held_writer(dir: &Path, name: &str, go: &Path) -> std::process::Child {
+    let script = format!(
+        "exec 3<>{name}; echo opened; while [ ! -e {go} ]; do sleep 0.01; done; printf x >&3",
+        go = go.display()
+    );
+    Command::new("setpriv")
+        .arg(format!("--reuid={NOBODY}"))
+        .arg(format!("--regid={NOBODY}"))
+        .arg("--clear-groups")
+        .args(["sh", "-c", &script])
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+/// A set-id bit given to a file while a writer (without CAP_FSETID) holds it open: that
+/// writer's next write must drop it, as on a plain directory. Before, the open had been
+/// passed through to the kernel (the file had no set-id bit when opened), its writes never
+/// reached the daemon, and the bit stayed.
+#[test]
+fn a_setid_bit_added_while_a_writer_holds_the_file_is_dropped_by_its_next_write() {
+    if !have_setpriv() {
+        eprintln!("SKIPPED: setpriv (util-linux) is needed to act as a non-root user");
+        return;
+    }
+    let s = Scratch::new("killpriv-held");
+    let open_up =
+        |p: &Path| fs::set_permissions(p, fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&s.0);
+    let check = |dir: &Path, tag: &str| -> String {
+        let p = mk(dir, "f", 0o777, NOBODY, NOBODY);
+        let go = s.0.join(format!("go-{tag}"));
+        let mut child = held_writer(dir, "f", &go);
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("child");
+        assert_eq!(
+            line.trim(),
+            "opened",
+            "{tag}: the writer did not open the file"
+        );
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o6777)).expect("chmod +s");
+        fs::write(&go, b"").expect("go");
+        assert!(
+            child.wait().expect("wait").success(),
+            "{tag}: the write failed"
+        );
+        statx_mode(&p)
+    };
+    let plain = s.sub("plain");
+    open_up(&plain);
+    assert_eq!(check(&plain, "plain"), "777", "plain directory");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    open_up(&backing);
+    open_up(&mnt);
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--allow-other"]);
+    let got = check(&mnt, "mount");
+    let log = m.log_text();
+    let st = m.umount();
+    assert!(st.success(), "daemon exit {st}");
+    assert_eq!(got, "777", "through the mount; daemon log: {log}");
+    assert_eq!(statx_mode(&backing.join("f")), "777", "on the backing");
+}
