@@ -197,7 +197,7 @@ impl Shared {
                 let (open, reply) = t.open(
                     key,
                     flags.0,
-                    writable,
+                    writable.then(|| Caller::of(req)),
                     || {
                         let (file, st) = self.open_backing_file_stat(ino)?;
                         Ok(Opened {
@@ -290,7 +290,8 @@ impl Shared {
         };
         let r = match self.tier() {
             Tier::Page(t) => {
-                t.open(key, flags, writable, || Ok(opened), register)
+                let writer = writable.then(|| Caller::of(req));
+                t.open(key, flags, writer, || Ok(opened), register)
                     .map(|(open, reply)| {
                         self.count_page_open(&open);
                         (HandleData::Page(open), reply)
@@ -733,6 +734,34 @@ impl Shared {
         }
         let r = self.flush_all();
         first.and(r)
+    }
+
+    /// chmod of regular file `fd` (backing inode `key`, group `file_gid`) to `mode`. A
+    /// set-id bit is refused (ETXTBSY) while a writer holds a passed-through open that
+    /// would drop it at its next write: the daemon never sees those writes, so nothing
+    /// would (killpriv.rs). Checked and made under the registration table's lock, so no
+    /// such open can start in between.
+    pub(crate) fn chmod_file(
+        &self,
+        fd: BorrowedFd<'_>,
+        key: u64,
+        file_gid: u32,
+        mode: u32,
+    ) -> Result<()> {
+        let chmod = || -> Result<()> {
+            rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(mode & 0o7777))?;
+            Ok(())
+        };
+        match self.tier_if_set() {
+            Some(Tier::Page(t)) if mode & (libc::S_ISUID | libc::S_ISGID) != 0 => t
+                .with_passthrough_writers(key, |writers| {
+                    if crate::killpriv::unsafe_with_unseen_writers(mode, file_gid, writers) {
+                        return Err(FsError::Errno(libc::ETXTBSY));
+                    }
+                    chmod()
+                }),
+            _ => chmod(),
+        }
     }
 
     /// EIO if backing inode `key` failed a sync before (page cache path): it takes no

@@ -675,7 +675,11 @@ impl Shared {
                 FileType::RegularFile | FileType::Directory => {
                     let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
                     if let Some(m) = mode {
-                        rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
+                        if kind == FileType::RegularFile {
+                            self.chmod_file(fd.as_fd(), st.st_ino, st.st_gid, m)?;
+                        } else {
+                            rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
+                        }
                     }
                     if uid.is_some() || gid.is_some() {
                         // The backing fchown (by root) drops S_ISUID and S_ISGID with

@@ -36,7 +36,7 @@ const CAP_FSETID: u32 = 4;
 const PROC_USER_INIT_INO: u64 = 0xEFFF_FFFD;
 
 /// The credentials the kernel sent with a request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     /// fsuid of the requesting thread.
     pub uid: u32,
@@ -125,6 +125,16 @@ pub fn bits_to_drop(mode: u32, file_gid: u32, caller: &Caller, fsetid: Fsetid) -
     })
 }
 
+/// Whether giving a regular file of group `file_gid` the set-id bits of `new_mode` is
+/// unsafe while `writers` hold writable opens whose writes the daemon never sees
+/// (passthrough): one of their writes would have to drop a bit, and nothing would.
+pub fn unsafe_with_unseen_writers(new_mode: u32, file_gid: u32, writers: &[Caller]) -> bool {
+    let mode = libc::S_IFREG | (new_mode & 0o7777);
+    writers
+        .iter()
+        .any(|w| bits_to_drop(mode, file_gid, w, Fsetid::LookUp) != 0)
+}
+
 /// setattr_should_drop_suidgid for a regular file.
 fn rule(mode: u32, lacks_fsetid: bool, in_group: impl FnOnce() -> bool) -> u32 {
     if !lacks_fsetid {
@@ -143,6 +153,28 @@ mod tests {
     use super::*;
 
     const REG: u32 = libc::S_IFREG;
+
+    #[test]
+    fn a_setid_bit_is_unsafe_only_with_a_writer_whose_write_would_drop_it() {
+        // pid 0: nothing to read in /proc; the uid decides the capability.
+        let root = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 0,
+        };
+        let nobody = Caller {
+            uid: 65534,
+            gid: 65534,
+            pid: 0,
+        };
+        assert!(!unsafe_with_unseen_writers(0o4755, 0, &[]));
+        assert!(!unsafe_with_unseen_writers(0o4755, 0, &[root]));
+        assert!(unsafe_with_unseen_writers(0o4755, 0, &[root, nobody]));
+        // Set-group-ID without group execute: kept for a member's writes.
+        assert!(!unsafe_with_unseen_writers(0o2765, 65534, &[nobody]));
+        assert!(unsafe_with_unseen_writers(0o2765, 0, &[nobody]));
+        assert!(!unsafe_with_unseen_writers(0o0777, 0, &[nobody]));
+    }
 
     #[test]
     fn rule_follows_the_vfs() {

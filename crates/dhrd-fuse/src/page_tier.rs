@@ -51,6 +51,7 @@
 use crate::config::COPY_STEP_BYTES;
 use crate::data::{OpenReply, WriteSync};
 use crate::error::{FsError, Result};
+use crate::killpriv::Caller;
 use dhrd_engine::reaper::Reaper;
 use dhrd_engine::resident::Resident;
 use dhrd_io::pagecache;
@@ -87,6 +88,8 @@ pub struct PageOpen {
     pub file: Arc<File>,
     pub service: Service,
     pub writable: bool,
+    /// A writable passthrough open: who opened it (`Reg::passthrough_writers`).
+    pub passthrough_writer: Option<Caller>,
 }
 
 /// Counters of the page-cache path.
@@ -110,6 +113,10 @@ struct Reg<B> {
     /// When it last became idle (a stamp of `Regs::idle`), to tell a stale queue entry
     /// from the current one.
     idle_stamp: u64,
+    /// Who holds each writable passthrough open: their writes never reach the daemon, so
+    /// a set-id bit they would drop is not given while they hold it
+    /// (`with_passthrough_writers`).
+    passthrough_writers: Vec<Caller>,
 }
 
 /// Registrations by backing inode number, and the idle ones in the order they became
@@ -220,14 +227,16 @@ impl<B: Send + Sync + 'static> PageTier<B> {
 
     /// Opens one regular file: `open_file` opens its backing file (read-write where
     /// possible) if its inode has no registration, `register` makes the backing id.
+    /// `writer`: the caller, for an open that may write.
     pub fn open(
         &self,
         key: u64,
         open_flags: i32,
-        writable: bool,
+        writer: Option<Caller>,
         open_file: impl FnOnce() -> Result<Opened>,
         register: impl FnOnce(BorrowedFd<'_>) -> io::Result<B>,
     ) -> Result<(PageOpen, OpenReply<B>)> {
+        let writable = writer.is_some();
         let mut regs = self.regs.lock();
         // What the first open learnt of the inode: its mode (for the set-id rule below)
         // and whether it was just created (nothing to warm).
@@ -251,6 +260,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
                     sync_ok,
                     unlinked: false,
                     idle_stamp: 0,
+                    passthrough_writers: Vec::new(),
                 });
                 inserted = true;
             }
@@ -272,12 +282,14 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         }
         // A writer of a set-id file goes through the daemon: the kernel leaves dropping
         // the bits to a KILLPRIV_V2 server, and passthrough writes never reach it. The
-        // mode without timestamps: a stat that returns ctime would make the next write
-        // store a fine-grained one (sys::mode_owner).
+        // mode is read under the table's lock (a chmod adding a bit takes it too, see
+        // `with_passthrough_writers`), except for a file this request created, which
+        // nobody else can reach yet; without timestamps: a stat that returns ctime would
+        // make the next write store a fine-grained one (sys::mode_owner).
         let setid = writable
             && match known {
-                Some((mode, _)) => mode,
-                None => crate::sys::mode_owner(reg.file.as_fd()).map_or(0, |m| m.mode),
+                Some((mode, true)) => mode,
+                _ => crate::sys::mode_owner(reg.file.as_fd()).map_or(0, |m| m.mode),
             } & (libc::S_ISUID | libc::S_ISGID)
                 != 0;
         let by_daemon = open_flags & libc::O_DIRECT != 0
@@ -287,6 +299,10 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         reg.opens += 1;
         if writable {
             reg.writers += 1;
+        }
+        let passthrough_writer = writer.filter(|_| !by_daemon && reg.id.is_some());
+        if let Some(c) = passthrough_writer {
+            reg.passthrough_writers.push(c);
         }
         let daemon_flags = FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         let (service, reply) = match (&reg.id, by_daemon) {
@@ -327,6 +343,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
                 file,
                 service,
                 writable,
+                passthrough_writer,
             },
             reply,
         ))
@@ -341,6 +358,11 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             return;
         };
         reg.opens = reg.opens.saturating_sub(1);
+        if let Some(c) = &open.passthrough_writer {
+            if let Some(i) = reg.passthrough_writers.iter().position(|w| w == c) {
+                reg.passthrough_writers.swap_remove(i);
+            }
+        }
         let mut refresh = false;
         if open.writable {
             reg.writers = reg.writers.saturating_sub(1);
@@ -395,6 +417,18 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             self.reaper.drop_later(reg);
         }
         self.resident.forget(key);
+    }
+
+    /// Runs `f` with the callers holding writable passthrough opens of inode `key` (none
+    /// if it has no registration), under the table's lock: no open can be passed through
+    /// for writing meanwhile. For a chmod that adds a set-id bit (data.rs).
+    pub fn with_passthrough_writers<R>(&self, key: u64, f: impl FnOnce(&[Caller]) -> R) -> R {
+        let regs = self.regs.lock();
+        let writers = regs
+            .map
+            .get(&key)
+            .map_or(&[][..], |r| r.passthrough_writers.as_slice());
+        f(writers)
     }
 
     /// The backing file of an open inode, if any open of it exists.
@@ -606,6 +640,13 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 
+    /// A writer with every capability (root, no /proc to read).
+    const ROOT: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+
     struct NoOpener;
     impl Opener for NoOpener {
         fn open(&self, _: &FileRef) -> io::Result<File> {
@@ -649,7 +690,7 @@ mod tests {
             .open(
                 7,
                 libc::O_RDONLY,
-                false,
+                None,
                 || rw(&p),
                 |_| {
                     made += 1;
@@ -658,7 +699,13 @@ mod tests {
             )
             .expect("open a");
         let (b, rb) = t
-            .open(7, libc::O_RDWR, true, || panic!("opened twice"), |_| Ok(99))
+            .open(
+                7,
+                libc::O_RDWR,
+                Some(ROOT),
+                || panic!("opened twice"),
+                |_| Ok(99),
+            )
             .expect("open b");
         assert_eq!(made, 1);
         let ids = |r: &OpenReply<u32>| match r {
@@ -676,7 +723,7 @@ mod tests {
             .open(
                 7,
                 libc::O_RDONLY | libc::O_DIRECT,
-                false,
+                None,
                 || panic!(),
                 |_| Ok(5),
             )
@@ -697,7 +744,7 @@ mod tests {
         assert_eq!(t.open_inodes(), 0);
         assert!(t.held_file(7).is_some(), "kept after the last close");
         let (o, r) = t
-            .open(7, 0, false, || panic!("opened again"), |_| Ok(2))
+            .open(7, 0, None, || panic!("opened again"), |_| Ok(2))
             .expect("reopen");
         assert_eq!(ids(&r).1, 1, "the kept registration is reused");
         // Losing its last name while open: dropped at the last close, not kept.
@@ -705,7 +752,7 @@ mod tests {
         assert!(t.held_file(7).is_some());
         t.release(7, o);
         assert!(t.held_file(7).is_none());
-        let (o, r) = t.open(7, 0, false, || rw(&p), |_| Ok(3)).expect("reopen");
+        let (o, r) = t.open(7, 0, None, || rw(&p), |_| Ok(3)).expect("reopen");
         assert_eq!(ids(&r).1, 3, "a new registration once the old one went");
         t.release(7, o);
         t.unlinked(7);
@@ -728,7 +775,7 @@ mod tests {
             .open(
                 9,
                 libc::O_RDWR,
-                true,
+                Some(ROOT),
                 || {
                     let opened = rw(&p);
                     std::fs::remove_file(&p).expect("unlink");
@@ -764,7 +811,7 @@ mod tests {
             if !p.exists() {
                 std::fs::write(&p, b"x").expect("write");
             }
-            let (o, _) = t.open(k, 0, false, || rw(&p), |_| Ok(1)).expect("open");
+            let (o, _) = t.open(k, 0, None, || rw(&p), |_| Ok(1)).expect("open");
             t.release(k, o);
         };
         let n = LINGER_MAX as u64;
@@ -808,7 +855,7 @@ mod tests {
                 pagecache::set_sync_flag(rw(path).expect("open").file.as_fd(), true).expect("set");
             }
             let (o, _) = sync
-                .open(k, libc::O_RDWR, true, || rw(path), |_| Ok(1))
+                .open(k, libc::O_RDWR, Some(ROOT), || rw(path), |_| Ok(1))
                 .expect("open");
             assert_eq!(o.service, Service::Passthrough);
             assert!(pagecache::sync_flag(o.file.as_fd()).expect("flag"));
@@ -822,7 +869,7 @@ mod tests {
         let lazy = tier(false);
         for (k, path) in [(1, &p), (2, &q)] {
             let (o, _) = lazy
-                .open(k, libc::O_RDWR, true, || rw(path), |_| Ok(1))
+                .open(k, libc::O_RDWR, Some(ROOT), || rw(path), |_| Ok(1))
                 .expect("open");
             lazy.release(k, o);
         }
@@ -839,7 +886,13 @@ mod tests {
         std::fs::write(&p, vec![0u8; 8192]).expect("write");
         let t = tier(true);
         let (w, _) = t
-            .open(3, libc::O_RDWR | libc::O_DIRECT, true, || rw(&p), |_| Ok(1))
+            .open(
+                3,
+                libc::O_RDWR | libc::O_DIRECT,
+                Some(ROOT),
+                || rw(&p),
+                |_| Ok(1),
+            )
             .expect("open");
         assert_eq!(w.service, Service::Daemon);
         assert_eq!(
@@ -863,7 +916,7 @@ mod tests {
             dhrd_testkit::skip("no cachestat(2) (Linux 6.5): dirty pages after a write");
         }
         let (r, _) = t
-            .open(3, libc::O_RDWR, true, || panic!(), |_| Ok(1))
+            .open(3, libc::O_RDWR, Some(ROOT), || panic!(), |_| Ok(1))
             .expect("open");
         assert_eq!(
             t.copy(&w, 4096, &r, 0, 5, WriteSync::Mode).expect("copy"),
