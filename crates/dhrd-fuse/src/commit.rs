@@ -75,10 +75,7 @@ impl SyncSet {
     /// Adds the inodes behind `fds` (duplicated: the caller keeps its descriptors).
     pub fn fsync(&mut self, fds: &[&dyn AsFd]) -> Result<()> {
         for fd in fds {
-            let dup = fd
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| FsError::io("dup for the metadata sync", e))?;
+            let dup = dup_for_sync(fd.as_fd())?;
             self.fsync.push(dup);
         }
         Ok(())
@@ -93,10 +90,7 @@ impl SyncSet {
     /// Adds a syncfs of the file system `fd` lives on.
     pub fn syncfs(&mut self, fd: &dyn AsFd) -> Result<()> {
         if self.syncfs.is_none() {
-            let dup = fd
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| FsError::io("dup for the metadata sync", e))?;
+            let dup = dup_for_sync(fd.as_fd())?;
             self.syncfs = Some(dup);
         }
         Ok(())
@@ -118,6 +112,27 @@ impl SyncSet {
         }
         Ok(())
     }
+}
+
+/// A descriptor of the set's own (the caller keeps its one). Fails like `dup` does when the
+/// process is out of descriptors (EMFILE), which tests make happen on their own thread
+/// (`FAIL_DUPS`).
+fn dup_for_sync(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd> {
+    #[cfg(test)]
+    if FAIL_DUPS.with(|f| f.get()) {
+        return Err(FsError::io(
+            "dup for the metadata sync",
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+        ));
+    }
+    fd.try_clone_to_owned()
+        .map_err(|e| FsError::io("dup for the metadata sync", e))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: every `dup_for_sync` on this thread fails with EMFILE while set.
+    pub(crate) static FAIL_DUPS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 type Done = Box<dyn FnOnce(Result<()>) + Send>;

@@ -317,6 +317,16 @@ impl Shared {
         self.reply_when_durable_or(set, r, |_, _| {}, reply)
     }
 
+    /// `reply_when_durable` for a request that gives the kernel a new entry.
+    pub(crate) fn reply_entry_when_durable(
+        self: &Arc<Self>,
+        set: SyncSet,
+        r: Result<FileAttr>,
+        reply: impl FnOnce(&Shared, Result<FileAttr>) + Send + 'static,
+    ) {
+        self.reply_when_durable(set, r, reply)
+    }
+
     /// Like `reply_when_durable`; when the sync fails, `undo` gets what the request made
     /// (an open's handle, which the kernel will then never release) before the error is
     /// sent.

@@ -32,3 +32,6 @@ pub mod walk;
 pub use config::{FsConfig, ReadPath, ReaddirPlus};
 pub use daemon::{control_request, default_mem_bytes, run, umount, MountConfig};
 pub use error::{FsError, Result};
+
+#[cfg(test)]
+mod core_tests;

@@ -261,6 +261,11 @@ impl NodeTable {
     }
 
     /// The kernel dropped `n` references.
+    /// Lookups the kernel holds on `ino` as counted here (0 for an unknown node).
+    pub fn lookups(&self, ino: Ino) -> u64 {
+        self.map.get(&ino).map_or(0, |n| n.lookups)
+    }
+
     pub fn forget(&mut self, ino: Ino, n: u64) {
         if ino.0 == FUSE_ROOT_INO {
             return;
