@@ -61,7 +61,7 @@ impl DhrdFs {
         let mut set = SyncSet::default();
         let r = op(&mut set);
         self.sh
-            .reply_when_durable(set, r, move |sh, r| reply_new_entry(sh, r, reply));
+            .reply_entry_when_durable(set, r, move |sh, r| reply_new_entry(sh, r, reply));
     }
 
     /// Runs a metadata request with an empty reply, replying once it is durable.
@@ -670,8 +670,10 @@ impl Filesystem for DhrdFs {
                 &register,
             )
         };
-        let undo = |sh: &Shared, (_, fh, _): (FileAttr, crate::nodes::Fh, OpenReply)| {
-            sh.release_file(FileHandle(fh.0))
+        // The kernel never gets the entry nor the handle: both go.
+        let undo = |sh: &Shared, (attr, fh, _): (FileAttr, crate::nodes::Fh, OpenReply)| {
+            sh.release_file(FileHandle(fh.0));
+            sh.entry_not_sent(&attr);
         };
         self.sh
             .reply_when_durable_or(set, r, undo, move |sh, r| match r {

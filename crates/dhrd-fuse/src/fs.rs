@@ -317,14 +317,21 @@ impl Shared {
         self.reply_when_durable_or(set, r, |_, _| {}, reply)
     }
 
-    /// `reply_when_durable` for a request that gives the kernel a new entry.
+    /// `reply_when_durable` for a request that gives the kernel a new entry (mknod, mkdir,
+    /// symlink, link): its lookup was counted when the entry was looked up; if the sync
+    /// fails the kernel never gets the entry, so the lookup is taken back.
     pub(crate) fn reply_entry_when_durable(
         self: &Arc<Self>,
         set: SyncSet,
         r: Result<FileAttr>,
         reply: impl FnOnce(&Shared, Result<FileAttr>) + Send + 'static,
     ) {
-        self.reply_when_durable(set, r, reply)
+        self.reply_when_durable_or(set, r, |sh, attr| sh.entry_not_sent(&attr), reply)
+    }
+
+    /// The kernel will never get entry `attr` that was counted as looked up: the count goes.
+    pub(crate) fn entry_not_sent(&self, attr: &FileAttr) {
+        self.nodes.lock().forget(Ino(attr.ino.0), 1);
     }
 
     /// Like `reply_when_durable`; when the sync fails, `undo` gets what the request made

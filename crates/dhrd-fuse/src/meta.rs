@@ -154,8 +154,11 @@ impl Shared {
         } else {
             AtFlags::empty()
         };
-        rustix::fs::unlinkat(&pfd, name, flags)?;
+        // The sync joins the set before the change: nothing may fail between the change
+        // and the node table's update (a failure after it would report an unlink that
+        // happened as failed, and leave the table naming the old entry).
         self.meta_durable(set, &[&pfd])?;
+        rustix::fs::unlinkat(&pfd, name, flags)?;
         let ino = Ino(self.dir.fuse_ino(st.st_ino));
         self.nodes.lock().unlinked(ino, parent, name);
         if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink <= 1 {
@@ -201,11 +204,12 @@ impl Shared {
         let moved = sys::stat_at(pfd.as_fd(), name)?;
         let replaced = sys::stat_at(nfd.as_fd(), newname).ok();
         let rflags = rustix::fs::RenameFlags::from_bits_retain(flags.bits());
-        rustix::fs::renameat_with(&pfd, name, nfd, newname, rflags)?;
+        // Before the change, as for unlink.
         match &npfd {
             Some(n) => self.meta_durable(set, &[n, &pfd])?,
             None => self.meta_durable(set, &[&pfd])?,
         }
+        rustix::fs::renameat_with(&pfd, name, nfd, newname, rflags)?;
         let moved_ino = Ino(self.dir.fuse_ino(moved.st_ino));
         let mut nodes = self.nodes.lock();
         if let Some(r) = replaced {
