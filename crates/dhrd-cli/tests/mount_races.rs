@@ -203,3 +203,69 @@ fn read_racing_truncate_passthrough() {
 fn read_racing_truncate_fsync_mode() {
     race("race-fsync", &["--durability", "fsync"]);
 }
+
+/// A directory deleted while a process has it as its working directory, and a new one that
+/// gets its inode number on the backing: the kernel must keep them apart. Node ids are
+/// backing inode numbers, and the kernel tells two inodes of one node id apart by
+/// generation only; before, every generation was 0, so the new directory merged with the
+/// deleted one the kernel still held (the process's working directory turned into the new
+/// directory).
+#[test]
+fn a_new_directory_reusing_a_held_deleted_ones_inode_number_stays_apart() {
+    use std::fs;
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let s = Scratch::new("reuse-ino");
+    let backing = s.sub("backing");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    fs::create_dir(m.path("d")).expect("mkdir d");
+    let old_ino = fs::metadata(backing.join("d")).expect("d").ino();
+    let mut held = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("cd \"$1\" && echo in && read x")
+        .arg("sh")
+        .arg(m.path("d"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("holder");
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(held.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("holder");
+    assert_eq!(line.trim(), "in");
+    fs::remove_dir(m.path("d")).expect("rmdir d");
+    let mut reused = None;
+    for i in 0..200 {
+        let name = format!("e{i}");
+        fs::create_dir(m.path(&name)).expect("mkdir");
+        if fs::metadata(backing.join(&name)).expect("e").ino() == old_ino {
+            reused = Some(name);
+            break;
+        }
+    }
+    let cwd = fs::read_link(format!("/proc/{}/cwd", held.id())).expect("cwd");
+    held.stdin.take().expect("stdin").write_all(b"\n").ok();
+    let _ = held.wait();
+    let Some(name) = reused else {
+        eprintln!(
+            "NOT RUN: the backing file system gave no new directory inode {old_ino} in 200 tries"
+        );
+        return;
+    };
+    // The holder's directory is the deleted one, not the new directory.
+    assert!(
+        cwd.to_string_lossy().ends_with("(deleted)"),
+        "the deleted directory merged with {name}: the holder's cwd is {}",
+        cwd.display()
+    );
+    fs::write(m.path(&name).join("x"), b"x").expect("a file in the new directory");
+    let names: Vec<_> = fs::read_dir(m.path(&name))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("x")]);
+    drop(m);
+}
