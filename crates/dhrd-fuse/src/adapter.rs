@@ -43,7 +43,7 @@ pub struct DhrdFs {
 /// Replies to a request that creates a directory entry (mknod, mkdir, symlink, link).
 fn reply_new_entry(sh: &Shared, r: Result<FileAttr>, reply: ReplyEntry) {
     match r {
-        Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+        Ok(a) => reply.entry(&ATTR_TTL, &a, sh.generation(&a)),
         Err(e) => reply.error(sh.count_err(&e)),
     }
 }
@@ -163,7 +163,7 @@ impl Filesystem for DhrdFs {
             .and_then(|_| self.sh.dir_fd(Ino(parent.0)))
             .and_then(|pfd| self.sh.lookup_in(Ino(parent.0), &pfd, name));
         match r {
-            Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+            Ok(attr) => reply.entry(&ATTR_TTL, &attr, self.sh.generation(&attr)),
             // A negative entry (node 0) that the kernel may keep as long as a positive one:
             // names appear only through this daemon (create, mkdir, link, rename...), and
             // the kernel replaces the negative dentry itself when they do. Saves a round
@@ -531,7 +531,14 @@ impl Filesystem for DhrdFs {
                     ..self.sh.placeholder_attr()
                 }
             };
-            if reply.add(attr.ino, next, name, &ATTR_TTL, &attr, Generation(0)) {
+            if reply.add(
+                attr.ino,
+                next,
+                name,
+                &ATTR_TTL,
+                &attr,
+                self.sh.generation(&attr),
+            ) {
                 break;
             }
             if attr.ino.0 != 0 {
@@ -678,12 +685,12 @@ impl Filesystem for DhrdFs {
         self.sh
             .reply_when_durable_or(set, r, undo, move |sh, r| match r {
                 Ok((attr, fh, OpenReply::Plain(fl))) => {
-                    reply.created(&ATTR_TTL, &attr, Generation(0), FileHandle(fh.0), fl)
+                    reply.created(&ATTR_TTL, &attr, sh.generation(&attr), FileHandle(fh.0), fl)
                 }
                 Ok((attr, fh, OpenReply::Passthrough(fl, id))) => reply.created_passthrough(
                     &ATTR_TTL,
                     &attr,
-                    Generation(0),
+                    sh.generation(&attr),
                     FileHandle(fh.0),
                     fl,
                     &id,

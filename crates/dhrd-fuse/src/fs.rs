@@ -329,6 +329,11 @@ impl Shared {
         self.reply_when_durable_or(set, r, |sh, attr| sh.entry_not_sent(&attr), reply)
     }
 
+    /// The generation to send with entry `attr` (`NodeTable::generation`).
+    pub(crate) fn generation(&self, attr: &FileAttr) -> fuser::Generation {
+        fuser::Generation(self.nodes.lock().generation(Ino(attr.ino.0)))
+    }
+
     /// The kernel will never get entry `attr` that was counted as looked up: the count goes.
     pub(crate) fn entry_not_sent(&self, attr: &FileAttr) {
         self.nodes.lock().forget(Ino(attr.ino.0), 1);

@@ -160,8 +160,15 @@ impl Shared {
         self.meta_durable(set, &[&pfd])?;
         rustix::fs::unlinkat(&pfd, name, flags)?;
         let ino = Ino(self.dir.fuse_ino(st.st_ino));
-        self.nodes.lock().unlinked(ino, parent, name);
-        if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink <= 1 {
+        // A directory has one link that counts; anything else is gone with its last.
+        let last = dir || st.st_nlink <= 1;
+        let mut nodes = self.nodes.lock();
+        nodes.unlinked(ino, parent, name);
+        if last {
+            nodes.inode_gone(ino);
+        }
+        drop(nodes);
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG && last {
             self.data_unlinked(st.st_ino);
         }
         Ok(())
@@ -218,6 +225,9 @@ impl Shared {
                 nodes.renamed(r_ino, newparent, newname, parent, name);
             } else if r_ino != moved_ino {
                 nodes.unlinked(r_ino, newparent, newname);
+                if r.st_mode & libc::S_IFMT == libc::S_IFDIR || r.st_nlink <= 1 {
+                    nodes.inode_gone(r_ino);
+                }
                 drop(nodes);
                 if r.st_mode & libc::S_IFMT == libc::S_IFREG && r.st_nlink <= 1 {
                     self.data_unlinked(r.st_ino);
@@ -339,6 +349,9 @@ impl Shared {
         let ino = Ino(self.dir.fuse_ino(key));
         let mut nodes = self.nodes.lock();
         nodes.unlinked(ino, parent, name);
+        if still_ours {
+            nodes.inode_gone(ino);
+        }
         if looked_up {
             // The kernel never got the entry, so it will never forget it.
             nodes.forget(ino, 1);

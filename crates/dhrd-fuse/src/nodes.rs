@@ -19,6 +19,9 @@
 //!   its last link (rmdir, renamed over), after which path-based access says ESTALE as
 //!   before. A rename keeps it: the descriptor follows the inode, as the node does.
 //!
+//! - An entry the kernel gets carries the node's generation (`NodeTable::generation`): a new
+//!   inode reusing the number of one the kernel still holds gets a different one.
+//!
 //! Nothing here touches the disk; there are no crash semantics.
 
 use crate::error::{FsError, Result};
@@ -55,6 +58,21 @@ struct Node {
     children: u64,
     /// Directories: the backing directory, open (`O_RDONLY | O_DIRECTORY`), if kept.
     dir: Option<Arc<OwnedFd>>,
+    /// The FUSE generation of the inode the node stands for now (see `generation`).
+    generation: u64,
+    /// Its inode lost its last link through the mount while the kernel still held it:
+    /// the next inode to show up under this number is another one.
+    gone: bool,
+}
+
+impl Node {
+    /// The inode under this number is a new one if the old one is gone.
+    fn next_inode_if_gone(&mut self) {
+        if self.gone {
+            self.gone = false;
+            self.generation += 1;
+        }
+    }
 }
 
 /// Where a node is resolved from: a kept directory descriptor and the path below it
@@ -89,6 +107,8 @@ impl NodeTable {
                 lookups: 1,
                 children: 0,
                 dir: None,
+                generation: 0,
+                gone: false,
             },
         );
         Self {
@@ -203,6 +223,7 @@ impl NodeTable {
         }
         let added = match self.map.get_mut(&ino) {
             Some(n) => {
+                n.next_inode_if_gone();
                 n.lookups += 1;
                 match n.links.iter().position(|(p, m)| *p == parent && m == name) {
                     Some(i) => {
@@ -225,6 +246,8 @@ impl NodeTable {
                         lookups: 1,
                         children: 0,
                         dir: None,
+                        generation: 0,
+                        gone: false,
                     },
                 );
                 true
@@ -232,6 +255,32 @@ impl NodeTable {
         };
         if added {
             self.add_child(parent);
+        }
+    }
+
+    /// The generation to send with an entry of `ino` (lookup, create, readdirplus). Node
+    /// ids are backing inode numbers, which the backing reuses: a new inode under the
+    /// number of one the kernel still holds (a deleted directory that is some process's
+    /// working directory, say) must not merge with it in the kernel (`fuse_iget` tells
+    /// them apart by generation only). So a node whose inode lost its last link
+    /// (`inode_gone`) gets the next generation when the number shows up again. A node the
+    /// kernel forgot is removed, and no kernel inode of that number is left: a new node
+    /// starts at 0 again, as does an unknown one.
+    pub fn generation(&mut self, ino: Ino) -> u64 {
+        match self.map.get_mut(&ino) {
+            Some(n) => {
+                n.next_inode_if_gone();
+                n.generation
+            }
+            None => 0,
+        }
+    }
+
+    /// Inode `ino` lost its last link through the mount (unlink, rmdir, renamed over, a
+    /// create undone): its number may come back as another inode.
+    pub fn inode_gone(&mut self, ino: Ino) {
+        if let Some(n) = self.map.get_mut(&ino) {
+            n.gone = true;
         }
     }
 
@@ -416,5 +465,23 @@ mod tests {
         }
         assert_eq!(t.dir_fds(), DIR_FDS_MAX);
         assert!(t.kept_dir(Ino(1000 + DIR_FDS_MAX as u64)).is_none());
+    }
+
+    #[test]
+    fn a_reused_inode_number_gets_a_new_generation_while_the_old_inode_is_held() {
+        let mut t = NodeTable::new();
+        let (n, root) = (Ino(42), Ino(FUSE_ROOT_INO));
+        assert_eq!(t.generation(n), 0, "unknown");
+        t.remember(n, root, OsStr::new("a"));
+        assert_eq!(t.generation(n), 0);
+        // Deleted while the kernel holds it; the number comes back as a new inode.
+        t.unlinked(n, root, OsStr::new("a"));
+        t.inode_gone(n);
+        t.remember(n, root, OsStr::new("b"));
+        assert_eq!(t.generation(n), 1, "the new inode is told apart");
+        assert_eq!(t.generation(n), 1, "and keeps its generation");
+        // Both kernel inodes forgotten: no inode of that number is left in the kernel.
+        t.forget(n, 2);
+        assert_eq!(t.generation(n), 0);
     }
 }
