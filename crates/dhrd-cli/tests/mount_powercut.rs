@@ -8,8 +8,9 @@
 //! ask for durability (O_DSYNC, O_SYNC, RWF_DSYNC, RWF_SYNC, fsync, fdatasync, syncfs,
 //! msync, and fallocate and copy_file_range under O_SYNC/O_DSYNC), through a plain open
 //! (passed through to the kernel on the page cache path) and through an O_DIRECT open
-//! (served by the daemon), on the page cache path and on the engine. Every write
-//! acknowledged under a durability contract (docs/crash-model.md) must survive.
+//! (served by the daemon), on the page cache path and on the engine (direct and cached
+//! opens). Every write acknowledged under a durability contract (docs/crash-model.md) must
+//! survive.
 //!
 //! The negative control: in `fsync` and `periodic` mode a plain buffered write with no
 //! sync call must be lost by the cut. If it survives, the cut did not drop unsynced data
@@ -360,7 +361,7 @@ fn cut(mode: &str, journal: bool, read_path: &str, cases: &[(How, bool)]) -> Vec
 
 fn matrix(mode: &str, journal: bool) {
     let mut failures = Vec::new();
-    for read_path in ["pagecache", "engine-direct"] {
+    for read_path in ["pagecache", "engine-direct", "engine-cached"] {
         for group in groups(read_path) {
             failures.extend(cut(mode, journal, read_path, &group));
         }
