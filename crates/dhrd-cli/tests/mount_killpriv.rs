@@ -326,10 +326,11 @@ fn held_writer(dir: &Path, name: &str, go: &Path) -> std::process::Child {
 /// refused with ETXTBSY while such a writer holds the file (docs/fuse.md).
 #[test]
 fn a_setid_bit_never_outlives_the_next_write_of_a_writer_holding_the_file() {
-    if !have_setpriv() {
-        eprintln!("SKIPPED: setpriv (util-linux) is needed to act as a non-root user");
-        return;
-    }
+    assert!(
+        have_setpriv(),
+        "setpriv is needed to act as a non-root user (Debian package util-linux, installed \
+         by scripts/install-deps.sh)"
+    );
     let s = Scratch::new("killpriv-held");
     let open_up =
         |p: &Path| fs::set_permissions(p, fs::Permissions::from_mode(0o755)).expect("chmod");

@@ -250,9 +250,9 @@ fn a_new_directory_reusing_a_held_deleted_ones_inode_number_stays_apart() {
     held.stdin.take().expect("stdin").write_all(b"\n").ok();
     let _ = held.wait();
     let Some(name) = reused else {
-        eprintln!(
-            "NOT RUN: the backing file system gave no new directory inode {old_ino} in 200 tries"
-        );
+        dhrd_testkit::skip(format!(
+            "the backing file system gave no new directory inode {old_ino} in 200 tries"
+        ));
         return;
     };
     // The holder's directory is the deleted one, not the new directory.
