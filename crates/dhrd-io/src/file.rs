@@ -9,6 +9,9 @@
 //!   through an `O_DIRECT` descriptor with `RWF_DSYNC` (exactly a raw O_DIRECT|O_DSYNC
 //!   write: durable when it returns, concurrent writers reach the device in parallel and
 //!   the kernel merges their cache flushes) and the rest buffered with the shared sync.
+//!   `DirectDsync` is granted at open only where the file system's direct-I/O alignment
+//!   (statx) fits 4 KiB blocks and an O_DIRECT descriptor opens; otherwise the backing
+//!   falls back to `Fdatasync` and `direct_dsync` says why, for the frontend to report.
 //! - `direct_writes` sends block-aligned writes through the `O_DIRECT` descriptor in every
 //!   mode, so they leave no second copy in the page cache; bulk reads for the loader and
 //!   aligned reads use it too (`direct_reads`); unaligned reads use the buffered
@@ -101,7 +104,11 @@ pub struct FileBacking {
     label: String,
     path: Option<PathBuf>,
     file: File,
+    /// As asked for, except `DirectDsync` on a file without direct I/O, which falls back
+    /// to `Fdatasync` at open (`direct_dsync` says why).
     write_sync: WriteSync,
+    /// Why `DirectDsync` was asked for and not granted; None when granted or not asked.
+    direct_dsync_refused: Option<String>,
     direct_writes: bool,
     direct_reads: bool,
     /// The O_DIRECT descriptor, opened on first use; None if the file system refuses.
@@ -117,6 +124,48 @@ pub struct FileBacking {
 
 fn is_aligned(v: u64) -> bool {
     v.is_multiple_of(DIRECT_ALIGN_BYTES as u64)
+}
+
+/// Whether direct I/O with these alignments (statx: buffer, offset) can carry our writes,
+/// whose buffers, offsets and lengths are multiples of [`DIRECT_ALIGN_BYTES`].
+fn dio_fits(mem_align: u32, offset_align: u32) -> Result<(), String> {
+    let unit = DIRECT_ALIGN_BYTES as u32;
+    if offset_align == 0 {
+        return Err("the file system does not support direct I/O on it".into());
+    }
+    if !unit.is_multiple_of(offset_align) || !unit.is_multiple_of(mem_align.max(1)) {
+        return Err(format!(
+            "its direct I/O needs {offset_align}-byte offsets and {mem_align}-byte buffers, \
+             more than {unit}"
+        ));
+    }
+    Ok(())
+}
+
+/// The direct-I/O alignment of an open file (`stx_dio_mem_align`, `stx_dio_offset_align`;
+/// an offset alignment of 0 means no direct I/O), or None where the kernel or file system
+/// does not report it.
+fn dio_alignment(f: &File) -> Option<(u32, u32)> {
+    let mut x = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: a valid descriptor, an empty NUL-terminated path with AT_EMPTY_PATH, and a
+    // buffer of the right type that the kernel fills.
+    let r = unsafe {
+        libc::statx(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            x.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: statx succeeded and filled the struct (zeroed before, so fields it did not
+    // fill read as 0).
+    let x = unsafe { x.assume_init() };
+    (x.stx_mask & libc::STATX_DIOALIGN != 0)
+        .then_some((x.stx_dio_mem_align, x.stx_dio_offset_align))
 }
 
 /// A heap buffer aligned for O_DIRECT.
@@ -266,11 +315,12 @@ impl FileBacking {
                 format!("{label}: not a regular file or block device"),
             ));
         }
-        Ok(Self {
+        let mut me = Self {
             label,
             path,
             file,
             write_sync: opts.write_sync,
+            direct_dsync_refused: None,
             direct_writes: opts.direct_writes || opts.write_sync == WriteSync::DirectDsync,
             direct_reads: opts.direct_reads,
             direct: OnceLock::new(),
@@ -279,7 +329,47 @@ impl FileBacking {
             drop_behind: opts.drop_behind,
             pending: AtomicBool::new(true),
             dirty: Mutex::new(None),
-        })
+        };
+        if me.write_sync == WriteSync::DirectDsync && !me.read_only {
+            if let Err(why) = me.probe_direct_dsync() {
+                me.write_sync = WriteSync::Fdatasync;
+                me.direct_writes = opts.direct_writes;
+                me.direct_dsync_refused = Some(why);
+            }
+        }
+        Ok(me)
+    }
+
+    /// Whether aligned writes can go to the device through O_DIRECT here: the file
+    /// system's direct-I/O alignment (statx `STATX_DIOALIGN`, Linux 6.1) must divide
+    /// [`DIRECT_ALIGN_BYTES`], and an O_DIRECT descriptor must open. Where statx does not
+    /// report the alignment, the open alone decides and a refusal at write time (EINVAL)
+    /// still falls back per write. RWF_DSYNC needs Linux 4.7, older than any kernel with
+    /// FUSE passthrough; an unknown flag would fall back per write too.
+    fn probe_direct_dsync(&self) -> Result<(), String> {
+        if let Some((mem_align, offset_align)) = dio_alignment(&self.file) {
+            dio_fits(mem_align, offset_align)?;
+        }
+        match self.direct_file() {
+            Some(_) => Ok(()),
+            None => Err("opening it with O_DIRECT failed".into()),
+        }
+    }
+
+    /// What the write path is: `Ok` when aligned writes are durable on return through
+    /// O_DIRECT with RWF_DSYNC (one device operation each), `Err(why)` when that was asked
+    /// for and the file refused it (writes then take `pwrite` plus the shared
+    /// `fdatasync`), `Ok` as well when it was not asked for.
+    pub fn direct_dsync(&self) -> Result<(), &str> {
+        match &self.direct_dsync_refused {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    /// The write-sync mode in effect (see [`FileBacking::direct_dsync`]).
+    pub fn write_sync(&self) -> WriteSync {
+        self.write_sync
     }
 
     /// The path it was opened by (None for `from_file`).
@@ -539,6 +629,11 @@ impl Durable for FileBacking {
         self.write_sync == WriteSync::ODsync
     }
 
+    fn durable_write_block_bytes(&self) -> Option<u64> {
+        (self.write_sync == WriteSync::DirectDsync && self.direct_file().is_some())
+            .then_some(DIRECT_ALIGN_BYTES as u64)
+    }
+
     fn drop_cache(&self, offset: u64, len: u64) {
         if self.drop_behind {
             self.fadvise_dontneed(offset, len);
@@ -753,6 +848,38 @@ mod tests {
         if let Some(n) = dirty(fb.file()) {
             assert_eq!(n, 0, "dirty pages left after the first sync");
         }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn direct_dsync_needs_direct_io_that_fits_our_blocks() {
+        assert!(dio_fits(512, 512).is_ok());
+        assert!(dio_fits(4, 4096).is_ok());
+        assert!(dio_fits(0, 4096).is_ok(), "no buffer alignment reported");
+        assert!(dio_fits(512, 0)
+            .unwrap_err()
+            .contains("does not support direct I/O"));
+        assert!(dio_fits(512, 8192)
+            .unwrap_err()
+            .contains("8192-byte offsets"));
+        assert!(dio_fits(8192, 512).is_err());
+        // A disk file system grants it and says so; aligned writes are durable on return.
+        let path = scratch("probe");
+        let opts = FileOptions {
+            write_sync: WriteSync::DirectDsync,
+            ..FileOptions::default()
+        };
+        let fb = FileBacking::open(&path, &opts).expect("open");
+        assert_eq!(fb.direct_dsync(), Ok(()));
+        assert_eq!(fb.write_sync(), WriteSync::DirectDsync);
+        assert_eq!(
+            fb.durable_write_block_bytes(),
+            Some(DIRECT_ALIGN_BYTES as u64)
+        );
+        // Not asked for: nothing to refuse, and no block promise.
+        let plain = FileBacking::open(&path, &FileOptions::default()).expect("open");
+        assert_eq!(plain.direct_dsync(), Ok(()));
+        assert_eq!(plain.durable_write_block_bytes(), None);
         let _ = std::fs::remove_file(&path);
     }
 

@@ -8,7 +8,8 @@
 //! slowed down to emulate another device ([`Timed`]).
 //!
 //! Crash semantics every implementation must honour:
-//! - bytes passed to `write_at` are durable only once a later `sync` has returned `Ok`;
+//! - bytes passed to `write_at` are durable only once a later `sync` has returned `Ok`, or
+//!   when `write_durably` returned `Persistence::Durable` for them;
 //! - a `set_len` is durable under the same rule;
 //! - after a crash, any write issued after the last successful `sync` may be absent, present,
 //!   or torn at 512-byte sector granularity;
@@ -114,6 +115,15 @@ pub trait Durable: Send + Sync + 'static {
         })
     }
 
+    /// The block size, when whole aligned blocks written with `write_durably` are durable
+    /// on return by one device operation (O_DIRECT with RWF_DSYNC) while other writes need
+    /// a `sync` (a buffered write plus a flush: two device operations). The engine then
+    /// sends an unaligned write as the whole blocks around it, their other bytes taken
+    /// from RAM. None (the default): no such path, every write costs the same.
+    fn durable_write_block_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Zeroes a range and keeps it allocated (NBD WRITE_ZEROES with NO_HOLE, fallocate
     /// FALLOC_FL_ZERO_RANGE). Not durable until `sync`. The default writes zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -183,6 +193,9 @@ impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
     }
     fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<Persistence> {
         (**self).write_durably(buf, offset)
+    }
+    fn durable_write_block_bytes(&self) -> Option<u64> {
+        (**self).durable_write_block_bytes()
     }
     fn reads_allowed(&self) -> io::Result<()> {
         (**self).reads_allowed()

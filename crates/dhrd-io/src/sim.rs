@@ -17,7 +17,7 @@
 //! durable image and then forgets the rest (the Linux "fsyncgate" behaviour), which is the
 //! hostile case the engine must survive.
 
-use crate::{Durable, SplitMix64, SECTOR_BYTES};
+use crate::{Durable, Persistence, SplitMix64, SECTOR_BYTES};
 use parking_lot::Mutex;
 use std::io;
 
@@ -89,6 +89,9 @@ struct Inner {
     /// Writes are durable on return (an O_DSYNC file); the pending log holds only the
     /// other operations.
     dsync: bool,
+    /// Writes of whole aligned blocks of this size are durable on return (O_DIRECT with
+    /// RWF_DSYNC); other writes stay pending until a sync.
+    direct_block_bytes: Option<u64>,
     stats: SimStats,
 }
 
@@ -114,6 +117,59 @@ fn zero_into(v: &mut [u8], offset: u64, len: u64) {
     let start = (offset as usize).min(v.len());
     let end = ((offset + len) as usize).min(v.len());
     v[start..end].fill(0);
+}
+
+/// Makes the pending changes of `[offset, offset + len)` durable, in their order, and keeps
+/// only their parts outside it pending. A pending size change is settled with everything
+/// before it: replayed after a write that is already durable it would cut that write off
+/// (a file system commits size changes in order with the writes that follow). That
+/// settles more than the kernel may, never less than a later durable write relies on.
+fn settle_range(g: &mut Inner, offset: u64, len: u64) {
+    if let Some(last) = g
+        .pending
+        .iter()
+        .rposition(|op| matches!(op, Pending::SetLen(_)))
+    {
+        let before: Vec<Pending> = g.pending.drain(..=last).collect();
+        for op in &before {
+            apply(&mut g.durable, op, &mut g.rng, false);
+        }
+    }
+    let end = offset + len;
+    let mut kept = Vec::with_capacity(g.pending.len());
+    for op in std::mem::take(&mut g.pending) {
+        let (o, n) = match &op {
+            Pending::Write { offset, data } => (*offset, data.len() as u64),
+            Pending::Zero { offset, len } => (*offset, *len),
+            Pending::SetLen(_) => {
+                kept.push(op);
+                continue;
+            }
+        };
+        let (lo, hi) = (o.max(offset), (o + n).min(end));
+        if lo >= hi {
+            kept.push(op);
+            continue;
+        }
+        let part = |from: u64, to: u64| match &op {
+            Pending::Write { data, .. } => Pending::Write {
+                offset: from,
+                data: data[(from - o) as usize..(to - o) as usize].to_vec(),
+            },
+            _ => Pending::Zero {
+                offset: from,
+                len: to - from,
+            },
+        };
+        apply(&mut g.durable, &part(lo, hi), &mut g.rng, false);
+        if o < lo {
+            kept.push(part(o, lo));
+        }
+        if hi < o + n {
+            kept.push(part(hi, o + n));
+        }
+    }
+    g.pending = kept;
 }
 
 /// Applies `op` to `img`; writes keep each sector with probability 1/2 when `tear` is set.
@@ -169,6 +225,7 @@ impl SimBacking {
                 crashed: None,
                 capacity_bytes: None,
                 dsync: false,
+                direct_block_bytes: None,
                 stats: SimStats::default(),
             }),
         }
@@ -189,6 +246,16 @@ impl SimBacking {
     /// Makes writes durable on return, like a file opened with O_DSYNC.
     pub fn set_dsync(&self, dsync: bool) {
         self.inner.lock().dsync = dsync;
+    }
+
+    /// Makes writes of whole aligned `block`-byte blocks durable on return, like a file
+    /// written through O_DIRECT with RWF_DSYNC; other writes keep needing a sync. None
+    /// turns it off.
+    pub fn set_direct_dsync(&self, block: Option<u64>) {
+        if let Some(b) = block {
+            assert!(b.is_power_of_two() && b >= SECTOR_BYTES, "block {b}");
+        }
+        self.inner.lock().direct_block_bytes = block;
     }
 
     /// Growing the image past this many bytes fails with ENOSPC (a full disk).
@@ -289,6 +356,10 @@ impl Durable for SimBacking {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_durably(buf, offset).map(|_| ())
+    }
+
+    fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<Persistence> {
         let mut g = self.inner.lock();
         let g = &mut *g;
         let op = Pending::Write {
@@ -313,14 +384,20 @@ impl Durable for SimBacking {
         g.stats.writes += 1;
         g.stats.bytes_written += buf.len() as u64;
         apply(&mut g.volatile, &op, &mut g.rng, false);
-        if g.dsync {
-            // O_DSYNC makes this write durable on return; it says nothing about earlier
-            // unsynced operations, which stay pending.
+        let whole_blocks = g.direct_block_bytes.is_some_and(|b| {
+            offset.is_multiple_of(b) && (buf.len() as u64).is_multiple_of(b) && !buf.is_empty()
+        });
+        if g.dsync || whole_blocks {
+            // Durable on return. Earlier unsynced changes of the same bytes reach the media
+            // first (the kernel writes the range back before a direct write, and the
+            // write's own flush covers them); the rest stay pending.
+            settle_range(g, offset, buf.len() as u64);
             apply(&mut g.durable, &op, &mut g.rng, false);
+            Ok(Persistence::Durable)
         } else {
             g.pending.push(op);
+            Ok(Persistence::NeedsSync)
         }
-        Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -389,6 +466,10 @@ impl Durable for SimBacking {
 
     fn writes_are_durable(&self) -> bool {
         self.inner.lock().dsync
+    }
+
+    fn durable_write_block_bytes(&self) -> Option<u64> {
+        self.inner.lock().direct_block_bytes
     }
 
     fn describe(&self) -> String {

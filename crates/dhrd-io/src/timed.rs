@@ -235,6 +235,9 @@ impl<D: Durable> Durable for Timed<D> {
     fn reads_allowed(&self) -> io::Result<()> {
         self.inner.reads_allowed()
     }
+    fn durable_write_block_bytes(&self) -> Option<u64> {
+        self.inner.durable_write_block_bytes()
+    }
     fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<crate::Persistence> {
         let t = Instant::now();
         let r = self.inner.write_durably(buf, offset);
