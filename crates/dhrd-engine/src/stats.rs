@@ -43,6 +43,8 @@ pub(crate) enum C {
     BytesReadBacking,
     Writes,
     WritePiecesBackingOnly,
+    /// Unaligned writes sent to the backing as the whole blocks around them.
+    WritesWidened,
     BytesWritten,
     WritesFailed,
     Syncs,
@@ -66,7 +68,7 @@ pub(crate) enum C {
     AheadWasted,
 }
 
-const COUNTERS: usize = 21;
+const COUNTERS: usize = C::AheadWasted as usize + 1;
 
 pub(crate) struct Counters {
     shards: Box<[CachePadded<[AtomicU64; COUNTERS]>]>,
@@ -169,6 +171,7 @@ impl Stats {
             bytes_read_backing: self.counters.get(C::BytesReadBacking),
             writes: self.counters.get(C::Writes),
             write_pieces_backing_only: self.counters.get(C::WritePiecesBackingOnly),
+            writes_widened: self.counters.get(C::WritesWidened),
             bytes_written: self.counters.get(C::BytesWritten),
             writes_failed: self.counters.get(C::WritesFailed),
             syncs: self.counters.get(C::Syncs),
@@ -227,6 +230,9 @@ pub struct StatsSnapshot {
     pub writes: u64,
     /// Write pieces that went to the backing only (chunk not yet loaded, I3).
     pub write_pieces_backing_only: u64,
+    /// Unaligned writes sent as the whole blocks around them, so that the backing makes
+    /// them durable in one device operation (`Durable::durable_write_block_bytes`).
+    pub writes_widened: u64,
     pub bytes_written: u64,
     pub writes_failed: u64,
     pub syncs: u64,

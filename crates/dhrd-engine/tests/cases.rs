@@ -652,3 +652,103 @@ fn large_writes_keep_ram_and_backing_equal() -> Result<(), Box<dyn std::error::E
     assert_eq!(got, want);
     Ok(())
 }
+
+/// On a backing whose whole aligned blocks are durable on return (O_DIRECT with RWF_DSYNC),
+/// an unaligned write inside the length goes out as the blocks around it, durable without
+/// a sync: the bytes around it come from RAM for a Loaded chunk and from the backing
+/// otherwise. A write that would grow the backing to a block boundary is not widened.
+#[test]
+fn unaligned_writes_go_out_as_whole_blocks() -> Result<(), Box<dyn std::error::Error>> {
+    const BLOCK: u64 = 512;
+    let data = pattern(4 * CB as usize + 100, 11);
+    let sim = sim_with(data.clone());
+    sim.set_direct_dsync(Some(BLOCK));
+    // Three chunks fit: the fourth (and the partial fifth) stay Unloaded.
+    let mut c = cfg(None);
+    c.budget = Some(RamBudget::new(3 * CB));
+    c.cache.policy = dhrd_engine::CachePolicy::Off;
+    let o: Obj = HybridObject::open(sim.clone(), c)?;
+    let deadline = std::time::Instant::now() + WAIT;
+    while o.progress().chunks_over_budget < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(o.progress().chunks_loaded, 3);
+    let mut want = data;
+    let put = |o: &Obj, want: &mut Vec<u8>, offset: u64, buf: &[u8]| -> dhrd_engine::Result<()> {
+        o.write_at(buf, offset)?;
+        want[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        Ok(())
+    };
+    let syncs = sim.stats().syncs;
+    let reads = sim.stats().reads;
+    // A Loaded chunk: the bytes around come from RAM, no backing read.
+    put(&o, &mut want, 700, &pattern(10, 1))?;
+    assert_eq!(
+        sim.stats().reads,
+        reads,
+        "edges of a Loaded chunk read the backing"
+    );
+    // Across a chunk boundary, both chunks Loaded.
+    put(&o, &mut want, CB - 5, &pattern(17, 2))?;
+    // An Unloaded chunk: the bytes around come from the backing.
+    put(&o, &mut want, 3 * CB + 999, &pattern(3, 3))?;
+    assert!(
+        sim.stats().reads > reads,
+        "edges of an Unloaded chunk came from nowhere"
+    );
+    assert_eq!(o.stats().writes_widened, 3);
+    assert_eq!(sim.stats().syncs, syncs, "a widened write needed a sync");
+    // Durable on return: the simulated media hold every byte already.
+    assert_eq!(sim.durable(), want);
+    // Past the last whole block of the length: written as it is, and synced.
+    let len = o.len();
+    put(&o, &mut want, len - 20, &pattern(7, 4))?;
+    assert_eq!(o.stats().writes_widened, 3);
+    assert_eq!(sim.stats().syncs, syncs + 1);
+    assert_eq!(sim.durable(), want);
+    o.verify_mirror()?;
+    let mut got = vec![0u8; want.len()];
+    o.read_at(&mut got, 0)?;
+    assert_eq!(got, want);
+    Ok(())
+}
+
+/// Writers of disjoint bytes of one block must not undo each other: each widened write
+/// holds the whole block, so the bytes it copies around its own are current.
+#[test]
+fn widened_writers_of_one_block_keep_each_others_bytes() -> Result<(), Box<dyn std::error::Error>> {
+    const BLOCK: u64 = 512;
+    const WRITERS: u64 = 8;
+    const ROUNDS: u8 = 50;
+    let sim = sim_with(vec![0u8; 2 * CB as usize]);
+    sim.set_direct_dsync(Some(BLOCK));
+    let o: Obj = HybridObject::open(sim.clone(), cfg(None))?;
+    assert!(o.wait_loaded(Some(WAIT)));
+    let slot = BLOCK / WRITERS;
+    std::thread::scope(|s| {
+        for w in 0..WRITERS {
+            let o = o.clone();
+            s.spawn(move || {
+                for round in 1..=ROUNDS {
+                    let buf = vec![round; (slot - 1) as usize];
+                    if let Err(e) = o.write_at(&buf, CB + w * slot + 1) {
+                        panic!("writer {w}: {e}");
+                    }
+                }
+            });
+        }
+    });
+    let mut got = vec![0u8; BLOCK as usize];
+    o.read_at(&mut got, CB)?;
+    for w in 0..WRITERS {
+        let part = &got[(w * slot) as usize..((w + 1) * slot) as usize];
+        assert_eq!(part[0], 0, "writer {w}: a byte no one wrote changed");
+        assert!(
+            part[1..].iter().all(|b| *b == ROUNDS),
+            "writer {w} lost a write: {part:?}"
+        );
+    }
+    assert_eq!(&sim.durable()[CB as usize..(CB + BLOCK) as usize], &got[..]);
+    o.verify_mirror()?;
+    Ok(())
+}

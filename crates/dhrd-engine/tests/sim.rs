@@ -4,6 +4,9 @@
 //! Every run with the same seed makes the same choices, so a failure reproduces with
 //! `DHRD_SEED=<seed> cargo test -p dhrd-engine --test sim`. `DHRD_SOAK=1` runs many more.
 //!
+//! A third of the seeds run on a backing that makes whole aligned blocks durable on return
+//! (O_DIRECT with RWF_DSYNC), where the engine sends unaligned writes as whole blocks.
+//!
 //! Every `CONCURRENT_READER_EVERY`th seed also runs a second thread that reads the current
 //! object (`read_at` and `view` at random offsets) while the world resizes, writes, loads,
 //! fails and reopens it: RAM accesses racing size changes must never fault (a read past
@@ -33,6 +36,9 @@ struct World {
     cb: u64,
     durability: Durability,
     budget_chunks: Option<u64>,
+    /// The backing makes whole blocks of this size durable on return (O_DIRECT with
+    /// RWF_DSYNC), so the engine widens unaligned writes; None: every write needs a sync.
+    direct_block_bytes: Option<u64>,
     sim: Arc<SimBacking>,
     obj: Obj,
     /// The current object, for the concurrent reader: it reads only while holding the
@@ -81,13 +87,16 @@ impl World {
             Durability::Fsync
         };
         let budget_chunks = r.chance(1, 4).then(|| r.below(6));
+        let direct_block_bytes = r.chance(1, 3).then(|| 512 << (2 * r.below(2)));
         let sim = Arc::new(SimBacking::from_bytes(init.clone(), seed));
+        sim.set_direct_dsync(direct_block_bytes);
         let (obj, budget) = open(&sim, cb, durability, budget_chunks);
         Self {
             r,
             cb,
             durability,
             budget_chunks,
+            direct_block_bytes,
             sim,
             shared: Arc::new(Mutex::new(obj.clone())),
             obj,
@@ -216,6 +225,7 @@ impl World {
         let image = self.sim.crash_image();
         let oracle = CrashOracle::new(&self.durable, &self.uncertain);
         self.sim = Arc::new(SimBacking::from_image(image, seed ^ self.r.next_u64()));
+        self.sim.set_direct_dsync(self.direct_block_bytes);
         self.reopen(ctx)?;
         let mut got = vec![0u8; self.obj.len() as usize];
         self.obj

@@ -190,6 +190,73 @@ impl<D: Durable> Inner<D> {
             .wait_durable(t, || self.backing.sync(), &self.failure, &self.stats)
     }
 
+    /// The whole-block range around an unaligned `[offset, end)`, when the backing makes
+    /// whole blocks durable in one device operation and the range lies inside the current
+    /// length (an O_DIRECT write past it would grow the backing to a block boundary).
+    fn whole_block_span(&self, offset: u64, end: u64, len: u64) -> Option<(u64, u64)> {
+        let block = self.backing.durable_write_block_bytes()?;
+        assert!(
+            block.is_power_of_two() && self.geo.chunk_bytes().is_multiple_of(block),
+            "a durable write block ({block} bytes) must divide the chunk size"
+        );
+        let start = offset / block * block;
+        let stop = end.div_ceil(block) * block;
+        ((start, stop) != (offset, end) && stop <= len).then_some((start, stop))
+    }
+
+    /// `buf` at `offset` inside a copy of `[start, stop)`, the bytes around it read from
+    /// RAM where their chunk is Loaded (C1: equal to the backing) and from the backing
+    /// otherwise. The caller holds `[start, stop)` (`plan`), so no writer changes those
+    /// bytes meanwhile, and a chunk seen Loaded under its state lock stays readable: only
+    /// the loader (which waits for writers) makes RAM of a chunk change other than by a
+    /// writer of the same bytes.
+    fn widen(
+        &self,
+        layout: &Layout,
+        plan: &[(ChunkIndex, WritePlan, WriteHold<'_>)],
+        buf: &[u8],
+        offset: u64,
+        start: u64,
+        stop: u64,
+    ) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; (stop - start) as usize];
+        let head = (offset - start) as usize;
+        out[head..head + buf.len()].copy_from_slice(buf);
+        let edges = [(start, offset), (offset + buf.len() as u64, stop)];
+        for (from, to) in edges.into_iter().filter(|(f, t)| f < t) {
+            let c = self.geo.index_of(from);
+            debug_assert_eq!(
+                c,
+                self.geo.index_of(to - 1),
+                "an edge lies inside one block"
+            );
+            assert!(
+                plan.iter().any(|(held, _, _)| *held == c),
+                "edge chunk not held"
+            );
+            let dst = &mut out[(from - start) as usize..(to - start) as usize];
+            let from_ram = layout.slot(c).with_state(|st| {
+                if st == ChunkState::Loaded {
+                    layout.ram.copy_out(from, dst);
+                }
+                st == ChunkState::Loaded
+            });
+            if !from_ram {
+                let got = read_full(&self.backing, dst, from)
+                    .map_err(|e| backing_err(BackingOp::Read, e))?;
+                // Inside the length, the backing is shorter only if it was truncated
+                // behind our back: refuse rather than write zeros we never read.
+                if got < dst.len() {
+                    return Err(backing_err(
+                        BackingOp::Read,
+                        io::Error::from(io::ErrorKind::UnexpectedEof),
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     pub(super) fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
@@ -212,11 +279,27 @@ impl<D: Durable> Inner<D> {
                 size: len_before,
             });
         }
-        let plan = self.lock_range(&layout, offset, end);
+        // A backing whose whole aligned blocks are durable in one device operation gets an
+        // unaligned write as the blocks around it: one O_DIRECT|O_DSYNC write instead of a
+        // buffered write plus a flush. The request then holds, writes and mirrors the
+        // widened range; the bytes added around it are the current ones.
+        let span = self.whole_block_span(offset, end, len_before);
+        let (lock_start, lock_end) = span.unwrap_or((offset, end));
+        let plan = self.lock_range(&layout, lock_start, lock_end);
         let len_locked = self.len.load(Ordering::Acquire);
+        let widened;
+        let (data, data_offset) = match span {
+            None => (buf, offset),
+            Some((start, stop)) => {
+                widened = self.widen(&layout, &plan, buf, offset, start, stop)?;
+                self.stats.add(C::WritesWidened, 1);
+                (&widened[..], start)
+            }
+        };
+        let end = data_offset + data.len() as u64;
 
         // 1. Backing first (C3).
-        let persisted = match self.backing.write_durably(buf, offset) {
+        let persisted = match self.backing.write_durably(data, data_offset) {
             Ok(p) => p,
             Err(e) => {
                 let err = backing_err(BackingOp::Write, e);
@@ -234,10 +317,10 @@ impl<D: Durable> Inner<D> {
                 return Err(self.fail_request(&layout, &plan, BackingOp::Write, e, len_locked));
             }
         }
-        for (p, (c, how, _)) in self.geo.pieces(offset, end - offset).zip(&plan) {
+        for (p, (c, how, _)) in self.geo.pieces(data_offset, end - data_offset).zip(&plan) {
             debug_assert_eq!(p.chunk, *c);
-            let src = &buf[(p.offset - offset) as usize..(p.offset - offset + p.len) as usize];
-            self.apply_piece(&layout, *how, *c, p.offset, src);
+            let at = (p.offset - data_offset) as usize;
+            self.apply_piece(&layout, *how, *c, p.offset, &data[at..at + p.len as usize]);
         }
         // 4. The new length becomes visible only after the bytes are in place.
         let grew = end > len_locked;
