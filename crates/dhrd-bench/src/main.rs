@@ -34,7 +34,7 @@ enum Cmd {
     /// The engine's cache policies and Belady's optimum over a fio I/O log or a zipf
     /// trace, at chunk granularity: prints JSON.
     CacheSim(cachesim::CacheSimArgs),
-    /// Core engine: read_at vs memcpy, sync write vs pwrite+fdatasync/O_DSYNC, load rate vs
+    /// Core engine: read_at vs memcpy, durable write vs raw O_DIRECT|O_DSYNC, load rate vs
     /// O_DIRECT read, open-to-first-read vs size, chunk-size sweep.
     Engine(engine::EngineArgs),
     /// Filebench's fileserver personality on any directory (FUSE mount, tmpfs, ext4, ...):

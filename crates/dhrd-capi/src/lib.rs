@@ -406,14 +406,15 @@ pub unsafe extern "C" fn dhrd_open(
         if let Some(given) = unsafe { opts.as_ref() } {
             o = *given;
         }
+        // SAFETY: dhrd_open's contract: the option strings are null or NUL-terminated.
+        let mut cfg = unsafe { config_of(&o, path) }?;
         let fopts = FileOptions {
             create: o.create,
             min_len: (o.min_len_bytes > 0).then_some(o.min_len_bytes),
             read_only: o.read_only,
+            write_sync: cfg.durability.file_write_sync(),
             ..Default::default()
         };
-        // SAFETY: dhrd_open's contract: the option strings are null or NUL-terminated.
-        let mut cfg = unsafe { config_of(&o, path) }?;
         // SAFETY: `o` came from the caller's options, whose string is valid per the
         // function contract. Parsed before the backing is opened, so a bad value creates
         // nothing and takes no RBD lock.

@@ -146,11 +146,15 @@ pub struct NbdArgs {
     /// periodic:N (fsync plus a flush every N seconds).
     #[arg(long, default_value = "sync")]
     pub durability: Durability,
-    /// How writes reach the backing: fdatasync (one shared sync per batch of concurrent
-    /// writers) or dsync (each write opened O_DSYNC, durable on return; concurrent writers
-    /// reach the device in parallel).
-    #[arg(long, default_value = "fdatasync", value_parser = ["fdatasync", "dsync"])]
-    pub backing_sync: String,
+    /// How writes reach a file or block device backing: direct (whole aligned blocks
+    /// through O_DIRECT with RWF_DSYNC, one device operation each, unaligned writes sent
+    /// as the blocks around them; concurrent writers reach the device in parallel),
+    /// fdatasync (buffered, one shared sync per batch of concurrent writers) or dsync (each
+    /// write opened O_DSYNC). Default: direct in `sync` durability, fdatasync otherwise.
+    /// Where the file system refuses direct I/O, direct falls back to fdatasync and says
+    /// so at start.
+    #[arg(long, value_parser = ["direct", "fdatasync", "dsync"])]
+    pub backing_sync: Option<String>,
     /// Write the export's status every second to this file as JSON (stable field names,
     /// docs/nbd.md) and to FILE.prom in Prometheus text format (for a textfile
     /// collector); both replaced atomically.
@@ -631,10 +635,11 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             create: !a.read_only,
             min_len: a.size,
             read_only: a.read_only,
-            write_sync: if a.backing_sync == "dsync" {
-                WriteSync::ODsync
-            } else {
-                WriteSync::Fdatasync
+            write_sync: match a.backing_sync.as_deref() {
+                None => a.durability.file_write_sync(),
+                Some("direct") => WriteSync::DirectDsync,
+                Some("dsync") => WriteSync::ODsync,
+                _ => WriteSync::Fdatasync,
             },
             ..Default::default()
         },
@@ -643,6 +648,13 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
     let len = backing.len().context("backing size")?;
     if len == 0 {
         bail!("{} is empty; pass --size to export it", a.backing.display());
+    }
+    if let Err(why) = backing.direct_dsync() {
+        eprintln!(
+            "dhrd nbd: {}: no direct durable writes ({why}); each write is buffered and \
+             then synced (two device operations)",
+            a.backing.display()
+        );
     }
     if let Some(s) = a.size {
         if len > s && !backing.is_block_device() {

@@ -75,6 +75,22 @@ impl FromStr for Durability {
     }
 }
 
+impl Durability {
+    /// How a file backing makes writes durable in this mode; every frontend opens its
+    /// file backings with it. In `sync` mode each write must be durable before its reply:
+    /// whole aligned blocks go to the device once, through O_DIRECT with RWF_DSYNC, as a
+    /// raw O_DIRECT|O_DSYNC write does (concurrent writers reach the device in parallel),
+    /// where `pwrite` plus `fdatasync` costs a write and a flush (docs/benchmarks.md,
+    /// "Durable block writes"). In the other modes writes wait for a flush anyway, so they
+    /// are buffered and made durable together by one `fdatasync`.
+    pub fn file_write_sync(self) -> dhrd_io::WriteSync {
+        match self {
+            Durability::Sync => dhrd_io::WriteSync::DirectDsync,
+            Durability::Fsync | Durability::Periodic(_) => dhrd_io::WriteSync::Fdatasync,
+        }
+    }
+}
+
 /// How the RAM tier's memory is held.
 #[derive(Debug, Clone, Default)]
 pub struct RamOptions {

@@ -31,8 +31,8 @@
 
 use crate::error::{FsError, Result};
 use crate::sys;
-use dhrd_engine::{Durability, HybridObject, ObjectConfig};
-use dhrd_io::{Durable as _, FileBacking, FileOptions, WriteSync};
+use dhrd_engine::{HybridObject, ObjectConfig};
+use dhrd_io::{Durable as _, FileBacking, FileOptions};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -293,11 +293,7 @@ impl Objects {
         // (durable on return, concurrent writers flushed together by the block layer),
         // which measured at least as fast as a shared fdatasync (docs/fuse.md).
         let opts = FileOptions {
-            write_sync: if cfg.durability == Durability::Sync {
-                WriteSync::DirectDsync
-            } else {
-                WriteSync::Fdatasync
-            },
+            write_sync: cfg.durability.file_write_sync(),
             direct_writes: true,
             ..FileOptions::default()
         };
