@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Durable 4 KiB random writes on the block path against the device's own bound, a raw
+# O_DIRECT|O_DSYNC write to a file on the same disk, in interleaved rounds (each round runs
+# every configuration once, in a rotated order; ratios are per round, medians reported):
+# - `dhrd nbd` (sync durability, defaults) through fio's nbd engine at QD 1, 8 and 32,
+#   against fio's io_uring engine on the raw file at the same depth;
+# - the C API (crates/dhrd-capi/examples/c/write_bench.c) with 1 and 8 threads, against
+#   the same program writing the raw file with pwrite.
+# Every dhrd configuration writes loaded chunks (the load finishes before timing).
+#
+# Usage: sudo bench/nbd/writes.sh [--rounds 5] [--secs 4] [--size 1G] [--disk-dir /var/tmp]
+#                                 [--out DIR]
+# Output: DIR/results.json, DIR/table.md, DIR/machine.txt (default
+# bench/results/<UTC date>-nbd-writes/).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROUNDS=5
+SECS=4
+SIZE=1G
+DISK_DIR=/var/tmp
+OUT=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --secs) SECS=$2; shift 2 ;;
+    --size) SIZE=$2; shift 2 ;;
+    --disk-dir) DISK_DIR=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+OUT=${OUT:-$ROOT/bench/results/$(date -u +%Y%m%d)-nbd-writes}
+mkdir -p "$OUT"
+for t in fio cc python3; do
+  command -v "$t" >/dev/null || { echo "missing tool: $t" >&2; exit 1; }
+done
+fio --enghelp=nbd >/dev/null 2>&1 || { echo "fio lacks its nbd engine" >&2; exit 1; }
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+cargo build --release -q -p dhrd -p dhrd-capi --manifest-path "$ROOT/Cargo.toml"
+DHRD=$CARGO_TARGET_DIR/release/dhrd
+WORK=$(mktemp -d "$DISK_DIR/dhrd-nbd-writes.XXXXXX")
+CBENCH=$WORK/write_bench
+cc -O2 -I "$ROOT/crates/dhrd-capi/include" "$ROOT/crates/dhrd-capi/examples/c/write_bench.c" \
+  "$CARGO_TARGET_DIR/release/libdhrd_capi.a" -lpthread -ldl -lm -o "$CBENCH"
+PID=
+cleanup() {
+  [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "git: $(git -C "$ROOT" rev-parse --short HEAD) dirty: $([ -z "$(git -C "$ROOT" status --porcelain -- crates bench)" ] && echo no || echo yes)"
+  echo "kernel: $(uname -srm)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x $(nproc)"
+  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "disk: $WORK on $(df -h "$WORK" | awk 'NR==2{print $1}') fs $(stat -f -c %T "$WORK")"
+  echo "size $SIZE per file, $SECS s per run, $ROUNDS rounds"
+} | tee "$OUT/machine.txt"
+
+for f in raw nbd capi; do
+  fio --name=fill --filename="$WORK/$f.img" --rw=write --bs=1M --size="$SIZE" \
+    --output=/dev/null
+done
+sync
+
+SOCK=$WORK/nbd.sock
+"$DHRD" nbd --backing "$WORK/nbd.img" --socket "$SOCK" > "$OUT/dhrd-nbd.log" 2>&1 &
+PID=$!
+for _ in $(seq 1 6000); do grep -q "loaded .* bytes into RAM" "$OUT/dhrd-nbd.log" && break; sleep 0.1; done
+grep -q "loaded .* bytes into RAM" "$OUT/dhrd-nbd.log" || { cat "$OUT/dhrd-nbd.log"; exit 1; }
+
+FIO="--bs=4k --rw=randwrite --time_based --runtime=$SECS --randrepeat=0 --norandommap \
+  --group_reporting --output-format=json"
+run() { # name qd-or-threads kind
+  local name=$1 n=$2
+  local f=$OUT/$name.json
+  case "$name" in
+    # shellcheck disable=SC2086 # FIO is a list of words
+    raw-fio-*) fio --name=w $FIO --ioengine=io_uring --iodepth="$n" --direct=1 --sync=dsync \
+                 --filename="$WORK/raw.img" > "$f" ;;
+    nbd-fio-*) fio --name=w $FIO --ioengine=nbd --iodepth="$n" \
+                 --uri="nbd+unix:///?socket=$SOCK" --size="$SIZE" > "$f" ;;
+    raw-capi-*) "$CBENCH" raw "$WORK/raw.img" "$n" "$SECS" > "$f" ;;
+    dhrd-capi-*) "$CBENCH" dhrd "$WORK/capi.img" "$n" "$SECS" > "$f" ;;
+  esac
+}
+for r in $(seq 1 "$ROUNDS"); do
+  for qd in 1 8 32; do
+    pair=("raw-fio-qd$qd-r$r" "nbd-fio-qd$qd-r$r")
+    [ $((r % 2)) = 0 ] && pair=("${pair[1]}" "${pair[0]}")
+    for c in "${pair[@]}"; do echo "round $r $c" >&2; run "$c" "$qd"; done
+  done
+  for t in 1 8; do
+    pair=("raw-capi-t$t-r$r" "dhrd-capi-t$t-r$r")
+    [ $((r % 2)) = 0 ] && pair=("${pair[1]}" "${pair[0]}")
+    for c in "${pair[@]}"; do echo "round $r $c" >&2; run "$c" "$t"; done
+  done
+done
+
+python3 - "$OUT" "$ROUNDS" <<'PY'
+import json, os, statistics as st, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def fio(name):
+    text = open(os.path.join(out, name + '.json')).read()
+    # fio's nbd engine prints a line of its own before the JSON.
+    j = json.loads(text[text.index('{'):])['jobs'][0]['write']
+    return j['iops'], j['clat_ns']['mean'] / 1e3
+def capi(name):
+    j = json.loads(open(os.path.join(out, name + '.json')).read())
+    return j['iops'], j['lat_us_mean']
+rows = []
+def add(what, n, unit, raw_name, dhrd_name, get, target):
+    raw = [get(raw_name.format(r=r)) for r in range(1, rounds + 1)]
+    dh = [get(dhrd_name.format(r=r)) for r in range(1, rounds + 1)]
+    ratios = [d[0] / b[0] for d, b in zip(dh, raw)]
+    rows.append({
+        'what': what, unit: n,
+        'raw_iops_median': st.median(x[0] for x in raw),
+        'raw_lat_us_median': st.median(x[1] for x in raw),
+        'dhrd_iops_median': st.median(x[0] for x in dh),
+        'dhrd_lat_us_median': st.median(x[1] for x in dh),
+        'ratio_per_round': [round(x, 3) for x in ratios],
+        'ratio_median': round(st.median(ratios), 3),
+        'target': target,
+    })
+for qd, target in ((1, '>= 0.8x'), (8, '>= 0.95x'), (32, '>= 0.95x')):
+    add('dhrd nbd (fio nbd engine) vs raw O_DIRECT|O_DSYNC (fio io_uring)', qd, 'qd',
+        f'raw-fio-qd{qd}-r{{r}}', f'nbd-fio-qd{qd}-r{{r}}', fio, target)
+for t in (1, 8):
+    add('C API dhrd_write vs raw O_DIRECT|O_DSYNC pwrite', t, 'threads',
+        f'raw-capi-t{t}-r{{r}}', f'dhrd-capi-t{t}-r{{r}}', capi, '>= 0.95x')
+json.dump({'rounds': rounds, 'rows': rows}, open(os.path.join(out, 'results.json'), 'w'),
+          indent=1)
+lines = ['| what | QD / threads | raw IOPS | raw lat us | dhrd IOPS | dhrd lat us | ratio (median) | per round | target |',
+         '|---|---|---|---|---|---|---|---|---|']
+for x in rows:
+    n = x.get('qd', x.get('threads'))
+    lines.append(f"| {x['what']} | {n} | {x['raw_iops_median']:.0f} | {x['raw_lat_us_median']:.0f} | "
+                 f"{x['dhrd_iops_median']:.0f} | {x['dhrd_lat_us_median']:.0f} | {x['ratio_median']:.2f}x | "
+                 f"{' '.join('%.2f' % r for r in x['ratio_per_round'])} | {x['target']} |")
+open(os.path.join(out, 'table.md'), 'w').write('\n'.join(lines) + '\n')
+print('\n'.join(lines))
+PY
+echo "results in $OUT" >&2
