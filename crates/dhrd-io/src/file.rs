@@ -27,6 +27,9 @@
 //!   (drop-behind), widened to whole large folios, which `DONTNEED` skips when covered in
 //!   part.
 //!
+//! - [`FileBacking::open`] takes the single-writer lock of `lock.rs` (unless
+//!   `FileOptions::lock` is off): one object per backing file, whatever the frontend.
+//!
 //! Crash semantics are the kernel's: what `fdatasync` (or an O_DSYNC / RWF_DSYNC write)
 //! returned `Ok` for is on the device.
 
@@ -81,6 +84,11 @@ pub struct FileOptions {
     pub drop_behind: bool,
     /// Open read-only (no writes, no sync needed; `open` only).
     pub read_only: bool,
+    /// Take the single-writer lock (`lock.rs`; `open` only): an exclusive lock for a
+    /// read-write open, a shared one for a read-only open, refused with
+    /// `ErrorKind::ResourceBusy` while another open holds a conflicting one. Off only for
+    /// a caller that keeps other writers away itself.
+    pub lock: bool,
 }
 
 impl Default for FileOptions {
@@ -93,6 +101,7 @@ impl Default for FileOptions {
             direct_writes: false,
             drop_behind: true,
             read_only: false,
+            lock: true,
         }
     }
 }
@@ -276,6 +285,9 @@ impl FileBacking {
         }
         oo.custom_flags(flags);
         let file = oo.open(path)?;
+        if opts.lock {
+            crate::lock::lock_backing(&file, &path.display().to_string(), !opts.read_only)?;
+        }
         let me = Self::with(
             file,
             path.display().to_string(),
@@ -297,7 +309,9 @@ impl FileBacking {
 
     /// A backing over a file the caller opened (read-write) itself, e.g. confined to a
     /// directory: the O_DIRECT descriptor is this same inode reopened through
-    /// /proc/self/fd, on first use. `label` is what `describe` says.
+    /// /proc/self/fd, on first use. `label` is what `describe` says. No single-writer
+    /// lock is taken: the caller keeps other writers away (the FUSE daemon locks its whole
+    /// backing directory).
     pub fn from_file(file: File, label: String, opts: &FileOptions) -> io::Result<Self> {
         Self::with(file, label, None, opts)
     }

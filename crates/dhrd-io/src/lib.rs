@@ -17,6 +17,7 @@
 //!   `sync` does not repair that promise (the engine treats it as sticky, see C4).
 
 mod file;
+mod lock;
 pub mod pagecache;
 mod rng;
 mod sim;
