@@ -19,6 +19,7 @@
 mod file;
 mod lock;
 pub mod pagecache;
+pub mod replace;
 mod rng;
 mod sim;
 mod timed;
