@@ -6,13 +6,18 @@
 //!   open fails half-way);
 //! - no buffer handed to an asynchronous read is released or reused before its completion
 //!   has been waited for, on every path including errors;
-//! - requests are clipped to the cached image size, which only this process changes while
-//!   it holds the exclusive lock (librbd rejects a request that starts past the end).
+//! - requests are clipped to the cached image size. Only the lock owner changes the size,
+//!   but it also carries out resizes other clients ask for (`rbd resize`): a short
+//!   request, or the keeper seeing another size, re-reads it; a smaller image than this
+//!   process made is a failure (`hold.rs`), never an assertion.
+//! - a writable open has a [`Hold`]: what it knows of its lock, and whether RAM may serve
+//!   reads (`hold.rs`); a lock-loss error of any request is recorded there.
 //!
 //! Crash semantics: with librbd's cache off, every completed write is on the OSDs; a
 //! crash of this process loses nothing that `write_at` returned `Ok` for.
 
 use crate::ffi::{self, CompletionT, ImageInfo, ImageT, IoctxT, Lib, RadosT};
+use crate::hold::{self, boottime_ns, Hold};
 use crate::owner::OwnerRecord;
 use crate::{RbdError, RbdOptions, RbdSpec, BULK_PIECES_IN_FLIGHT, BULK_PIECE_BYTES};
 use dhrd_io::Durable;
@@ -20,7 +25,7 @@ use parking_lot::{Mutex, RwLock};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,8 +34,10 @@ const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Largest single request handed to librbd (its length is a `size_t`, but one request
 /// of many GiB would hold a huge buffer in librbd for a `write_zeroes`).
 const MAX_REQUEST_BYTES: u64 = 1 << 30;
-/// Shortest interval between two confirmations of a read lease.
-const LEASE_CHECK_MIN: Duration = Duration::from_millis(100);
+/// The image metadata key of the cache mark (`dhrd_tier::pairing`).
+pub const MARK_METADATA_KEY: &str = "dhrd.cache";
+/// Longest metadata value read back.
+const METADATA_VALUE_MAX: usize = 4096;
 /// Order (log2 of the object size) for images this backing creates: 4 MiB, rbd's default.
 const CREATE_ORDER: c_int = 22;
 
@@ -41,8 +48,13 @@ pub struct RbdBacking {
     /// request holds the read side for its whole duration, so `close` waits for requests
     /// in flight and no request ever sees a closed handle.
     handles: Arc<RwLock<Option<Partial>>>,
-    /// The read lease, when one was asked for (`RbdOptions::read_lease`).
-    lease: Option<Arc<Lease>>,
+    /// What a writable open knows of its lock (`hold.rs`); None for a read-only one.
+    hold: Option<Arc<Hold>>,
+    /// The image header's object, whose version every lock change and header update
+    /// (resize, snapshot, metadata) moves: the image's stamp.
+    header_oid: CString,
+    /// The header's version before this open took the lock.
+    version_before_lock: u64,
     /// Where this process records itself as the lock's owner (removed at close).
     owner_record: Option<PathBuf>,
     /// The dead owner whose lock the open broke, if it did.
@@ -50,9 +62,10 @@ pub struct RbdBacking {
     spec: RbdSpec,
     read_only: bool,
     object_bytes: u64,
-    size_bytes: AtomicU64,
-    /// Serialises resizes (growth on write, `set_len`) so the cached size follows them.
-    resize: Mutex<()>,
+    size_bytes: Arc<AtomicU64>,
+    /// Serialises resizes (growth on write, `set_len`, the keeper's size check) so the
+    /// cached size follows them.
+    resize: Arc<Mutex<()>>,
 }
 
 // SAFETY: librados cluster and I/O context handles and librbd image handles may be used
@@ -124,6 +137,23 @@ impl Partial {
             return Err(ceph(format!("setting {key}={value}"), r.into()));
         }
         Ok(())
+    }
+
+    /// A configuration value of this client, as text.
+    fn get(&self, key: &str) -> Result<String, RbdError> {
+        let k = cstring(key)?;
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: a created cluster handle; a valid C string; `buf` writable for its length.
+        let r = unsafe {
+            (self.lib.rados_conf_get)(self.cluster, k.as_ptr(), buf.as_mut_ptr(), buf.len())
+        };
+        if r < 0 {
+            return Err(ceph(format!("reading {key}"), r.into()));
+        }
+        // SAFETY: librados wrote a NUL-terminated value into `buf`.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     /// The owners of the image's lock (empty when nobody holds it).
@@ -288,25 +318,32 @@ impl RbdBacking {
             };
             return Err(ceph(format!("opening image {spec}{hint}"), r.into()));
         }
+        if let (Some(period), false) = (opts.read_lease, read_only) {
+            check_lease(&p, period)?;
+        }
+        let header_oid = header_oid(&p, spec)?;
+        let version_before_lock = header_version(&p, &header_oid).map_err(|e| RbdError::Ceph {
+            what: format!("reading the header version of {spec}"),
+            source: e,
+        })?;
         let mut broke_lock_of = None;
-        // This client as the lock's owner, when the owner record or the read lease needs it.
-        let mut me = None;
+        let mut hold = None;
         if !read_only {
             if let Some(path) = &opts.owner_record {
                 broke_lock_of = break_dead_owner(&p, spec, path)?;
             }
+            let asked_at = boottime_ns();
             take_lock(&p, spec, opts.lock_wait)?;
-            if opts.owner_record.is_some() || opts.read_lease.is_some() {
-                me = Some(sole_owner(&p, spec)?);
-            }
-            if let (Some(path), Some(me)) = (&opts.owner_record, &me) {
-                OwnerRecord::current(me)
+            let me = sole_owner(&p, spec)?;
+            if let Some(path) = &opts.owner_record {
+                OwnerRecord::current(&me)
                     .and_then(|r| r.write(path))
                     .map_err(|e| RbdError::Ceph {
                         what: format!("writing the owner record {}", path.display()),
                         source: e,
                     })?;
             }
+            hold = Some(Arc::new(Hold::new(opts.read_lease, me, asked_at)));
         }
         let mut info = ImageInfo {
             size: 0,
@@ -339,30 +376,37 @@ impl RbdBacking {
             "rbd object size {}",
             info.obj_size
         );
-        let lease = match (opts.read_lease, me) {
-            (Some(period), Some(me)) => Some(Arc::new(Lease::new(period, me))),
-            _ => None,
-        };
         let handles = Arc::new(RwLock::new(Some(p)));
-        if let Some(l) = &lease {
-            spawn_lease_keeper(Arc::clone(l), Arc::clone(&handles), spec.to_string()).map_err(
-                |e| RbdError::Ceph {
-                    what: String::from("starting the read-lease thread"),
-                    source: e,
-                },
-            )?;
+        let size_bytes = Arc::new(AtomicU64::new(size));
+        let resize = Arc::new(Mutex::new(()));
+        if let Some(h) = &hold {
+            let k = Keeper {
+                lib,
+                hold: Arc::clone(h),
+                handles: Arc::clone(&handles),
+                size_bytes: Arc::clone(&size_bytes),
+                resize: Arc::clone(&resize),
+                spec: spec.clone(),
+                name: spec.to_string(),
+            };
+            k.spawn().map_err(|e| RbdError::Ceph {
+                what: String::from("starting the lock keeper thread"),
+                source: e,
+            })?;
         }
         Ok(RbdBacking {
             lib,
             handles,
-            lease,
+            hold,
+            header_oid,
+            version_before_lock,
             owner_record: opts.owner_record.clone().filter(|_| !read_only),
             broke_lock_of,
             spec: spec.clone(),
             read_only,
             object_bytes: info.obj_size,
-            size_bytes: AtomicU64::new(size),
-            resize: Mutex::new(()),
+            size_bytes,
+            resize,
         })
     }
 
@@ -371,8 +415,8 @@ impl RbdBacking {
     /// Waits for requests in flight; later requests fail with ESHUTDOWN. Dropping the
     /// backing does the same; this is for a process that exits with references left.
     pub fn close(&self) {
-        if let Some(l) = &self.lease {
-            l.stop.store(true, Ordering::Release);
+        if let Some(h) = &self.hold {
+            h.stop.store(true, Ordering::Release);
         }
         let closed = self.handles.write().take();
         if closed.is_some() {
@@ -390,6 +434,92 @@ impl RbdBacking {
         self.broke_lock_of.as_deref()
     }
 
+    /// The image's stamp as this open found it: the version of its header object before
+    /// this open took the lock. Any other writer must take the lock, which moves it; so do
+    /// a resize, a snapshot, a rollback and a metadata change (`dhrd_tier::pairing`).
+    pub fn stamp_before_lock(&self) -> u64 {
+        self.version_before_lock
+    }
+
+    /// Ends this open's writing for a clean close of a cache over it: flushes, releases
+    /// the exclusive lock and returns the header's version after the release, which the
+    /// next open finds unchanged unless another client took the lock or changed the
+    /// header meanwhile. Later writes fail (EROFS); reads of RAM are refused.
+    pub fn release_for_detach(&self) -> io::Result<u64> {
+        if let Some(h) = &self.hold {
+            h.stop.store(true, Ordering::Release);
+            h.lose(
+                &self.spec.to_string(),
+                String::from("the lock was released at close"),
+            );
+        }
+        self.sync()?;
+        self.with_image(|img| {
+            // SAFETY: an open image.
+            let r = unsafe { (self.lib.rbd_lock_release)(img) };
+            if r < 0 && r != -libc::ENOENT && r != -libc::EINVAL {
+                return Err(os_err(r.into()));
+            }
+            Ok(())
+        })?;
+        let g = self.handles.read();
+        let p = g
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ESHUTDOWN))?;
+        header_version(p, &self.header_oid)
+    }
+
+    /// The image metadata value of `key`, if it has one.
+    pub fn metadata_get(&self, key: &str) -> io::Result<Option<String>> {
+        let k = CString::new(key).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        self.with_image(|img| {
+            let mut buf = vec![0 as c_char; METADATA_VALUE_MAX];
+            let mut len = buf.len();
+            // SAFETY: an open image; a valid C string; `buf` writable for `len` bytes.
+            let r =
+                unsafe { (self.lib.rbd_metadata_get)(img, k.as_ptr(), buf.as_mut_ptr(), &mut len) };
+            if r == -libc::ENOENT {
+                return Ok(None);
+            }
+            if r < 0 {
+                return Err(self.noted(os_err(r.into()), false));
+            }
+            // SAFETY: librbd wrote a NUL-terminated value into `buf`.
+            let v = unsafe { CStr::from_ptr(buf.as_ptr()) };
+            Ok(Some(v.to_string_lossy().into_owned()))
+        })
+    }
+
+    /// Sets image metadata `key` (stored in the header object's omap: durable on return;
+    /// needs the lock, which this open holds).
+    pub fn metadata_set(&self, key: &str, value: &str) -> io::Result<()> {
+        self.refuse_if_read_only()?;
+        let bad = |_| io::Error::from_raw_os_error(libc::EINVAL);
+        let (k, v) = (
+            CString::new(key).map_err(bad)?,
+            CString::new(value).map_err(bad)?,
+        );
+        self.call(true, |img| {
+            // SAFETY: an open image; valid C strings.
+            unsafe { (self.lib.rbd_metadata_set)(img, k.as_ptr(), v.as_ptr()) }.into()
+        })?;
+        Ok(())
+    }
+
+    /// Removes image metadata `key` (absent already is success).
+    pub fn metadata_remove(&self, key: &str) -> io::Result<()> {
+        self.refuse_if_read_only()?;
+        let k = CString::new(key).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let r = self.call(true, |img| {
+            // SAFETY: an open image; a valid C string.
+            unsafe { (self.lib.rbd_metadata_remove)(img, k.as_ptr()) }.into()
+        });
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
     /// Runs `f` on the open image, holding it open meanwhile.
     fn with_image<R>(&self, f: impl FnOnce(ImageT) -> io::Result<R>) -> io::Result<R> {
         let g = self.handles.read();
@@ -400,18 +530,58 @@ impl RbdBacking {
     }
 
     /// Runs one librbd call on the open image: its result, or the errno a negative result
-    /// stands for.
-    fn call(&self, f: impl FnOnce(ImageT) -> i64) -> io::Result<u64> {
+    /// stands for. A result that means the lock is gone is recorded in the hold.
+    fn call(&self, is_write: bool, f: impl FnOnce(ImageT) -> i64) -> io::Result<u64> {
         self.with_image(|img| match f(img) {
-            r if r < 0 => Err(os_err(r)),
+            r if r < 0 => Err(self.noted(os_err(r), is_write)),
             r => Ok(r as u64),
         })
     }
 
+    /// `e` from librbd, after recording in the hold what it says of the lock.
+    fn noted(&self, e: io::Error, is_write: bool) -> io::Error {
+        if let (Some(h), Some(errno)) = (&self.hold, e.raw_os_error()) {
+            if hold::means_lock_lost(errno, is_write) {
+                let why = if errno == libc::ESHUTDOWN {
+                    "this client was blocklisted: another client broke the image's lock"
+                } else {
+                    "librbd refused a write for want of the image's lock"
+                };
+                h.lose(&self.spec.to_string(), String::from(why));
+            }
+        }
+        e
+    }
+
+    /// A request came back short inside the cached size: the image changed size under
+    /// this process. A smaller image fails the backing (RAM past its new end holds bytes
+    /// the image no longer has); the error to return.
+    fn size_changed(&self, what: &str) -> io::Error {
+        let _g = self.resize.lock();
+        let cached = self.size_bytes.load(Ordering::Acquire);
+        let now = self.with_image(|img| hold::image_size(self.lib, img));
+        match now {
+            Ok(now) if now < cached => {
+                let why = shrunk_message(&self.spec, cached, now);
+                if let Some(h) = &self.hold {
+                    h.lose(&self.spec.to_string(), why.clone());
+                }
+                io::Error::other(why)
+            }
+            Ok(now) => {
+                self.size_bytes.fetch_max(now, Ordering::AcqRel);
+                io::Error::other(format!("{what} on {} came back short", self.spec))
+            }
+            Err(e) => e,
+        }
+    }
+
     /// Resizes the image and the cached size; the caller holds `resize`.
     fn resize_locked(&self, len: u64) -> io::Result<()> {
-        // SAFETY: an open image whose lock we hold.
-        self.call(|img| unsafe { (self.lib.rbd_resize)(img, len) }.into())?;
+        self.call(true, |img| {
+            // SAFETY: an open image whose lock we hold.
+            unsafe { (self.lib.rbd_resize)(img, len) }.into()
+        })?;
         self.size_bytes.store(len, Ordering::Release);
         Ok(())
     }
@@ -465,7 +635,11 @@ impl RbdBacking {
     /// Reads `buf` (already clipped to the image) as pieces of at most `BULK_PIECE_BYTES`,
     /// up to `BULK_PIECES_IN_FLIGHT` in flight, every one waited for before returning.
     fn read_parallel(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.with_image(|img| self.read_parallel_on(img, buf, offset))
+        match self.with_image(|img| self.read_parallel_on(img, buf, offset)) {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(self.size_changed("a read")),
+            Err(e) => Err(self.noted(e, false)),
+            Ok(()) => Ok(()),
+        }
     }
 
     fn read_parallel_on(&self, image: ImageT, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -530,6 +704,12 @@ fn break_dead_owner(
     spec: &RbdSpec,
     record: &Path,
 ) -> Result<Option<String>, RbdError> {
+    if let Some(dir) = record.parent().filter(|d| d.exists()) {
+        crate::owner::check_dir(dir).map_err(|e| RbdError::Ceph {
+            what: String::from("checking the owner record directory"),
+            source: e,
+        })?;
+    }
     let Some(rec) = OwnerRecord::read(record) else {
         return Ok(None);
     };
@@ -565,108 +745,133 @@ fn sole_owner(p: &Partial, spec: &RbdSpec) -> Result<String, RbdError> {
     }
 }
 
-/// The read lease (`RbdOptions::read_lease`): RAM may serve reads only while this client
-/// has confirmed at the OSD, within the lease period, that it still holds the image's
-/// lock. Another client can take the lock only after this one's watch expired on the OSDs
-/// (`osd_client_watch_timeout`) and after blocklisting it, so with a period shorter than
-/// that timeout, no read is served from RAM after another client could have written.
-struct Lease {
-    period: Duration,
-    /// This client as the lock's owner (the address librbd reports).
-    me: String,
-    base: Instant,
-    /// Nanoseconds after `base` of the last confirmation.
-    confirmed_ns: AtomicU64,
-    /// Set for good once the lock is seen with another owner (or none), or this client
-    /// is blocklisted.
-    lost: AtomicBool,
-    stop: AtomicBool,
+/// The message of an image found smaller than this process made it.
+fn shrunk_message(spec: &RbdSpec, cached: u64, now: u64) -> String {
+    format!(
+        "image {spec} shrank from {cached} to {now} bytes under this process (another \
+         client resized it, e.g. rbd resize --allow-shrink): RAM past the new end holds \
+         bytes the image no longer has, so the export stops; restart it to serve the image \
+         as it now is"
+    )
 }
 
-impl Lease {
-    fn new(period: Duration, me: String) -> Lease {
-        Lease {
-            period,
-            me,
-            base: Instant::now(),
-            confirmed_ns: AtomicU64::new(0), // the open just took the lock
-            lost: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-        }
-    }
+/// The keeper thread of a writable open: confirms the lock (`hold.rs`) and checks that the
+/// image keeps its size, until the backing closes or the lock is lost.
+struct Keeper {
+    lib: &'static Lib,
+    hold: Arc<Hold>,
+    handles: Arc<RwLock<Option<Partial>>>,
+    size_bytes: Arc<AtomicU64>,
+    resize: Arc<Mutex<()>>,
+    spec: RbdSpec,
+    name: String,
+}
 
-    fn confirm(&self) {
-        let ns = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.confirmed_ns.fetch_max(ns, Ordering::AcqRel);
-    }
-
-    fn check(&self) -> io::Result<()> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(io::Error::other(RbdLeaseError(
-                "lost the image's exclusive lock to another client: RAM may be stale",
-            )));
-        }
-        let since = self.base.elapsed().saturating_sub(Duration::from_nanos(
-            self.confirmed_ns.load(Ordering::Acquire),
-        ));
-        if since > self.period {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                RbdLeaseError("could not confirm the image's exclusive lock within the read lease"),
-            ));
-        }
+impl Keeper {
+    fn spawn(self) -> io::Result<()> {
+        std::thread::Builder::new()
+            .name(String::from("dhrd-rbd-lock"))
+            .spawn(move || {
+                let every = self.hold.interval();
+                while !self.hold.stop.load(Ordering::Acquire) && !self.hold.is_lost() {
+                    std::thread::sleep(every);
+                    if !self.round() {
+                        return;
+                    }
+                }
+            })?;
         Ok(())
     }
-}
 
-/// The reason a read lease refuses reads.
-#[derive(Debug)]
-struct RbdLeaseError(&'static str);
-
-impl std::fmt::Display for RbdLeaseError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
+    /// One check; false once the image is closed.
+    fn round(&self) -> bool {
+        let g = self.handles.read();
+        let Some(p) = g.as_ref() else { return false };
+        if self.hold.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let sent = boottime_ns();
+        match p.owners() {
+            Ok(owners) if owners.len() == 1 && owners[0] == self.hold.me => self.hold.confirm(sent),
+            Ok(owners) => self.hold.lose(
+                &self.name,
+                format!("the image's lock is now held by {owners:?}"),
+            ),
+            Err(e) if e.raw_os_error() == Some(libc::ESHUTDOWN) => self.hold.lose(
+                &self.name,
+                String::from("this client was blocklisted: another client broke the image's lock"),
+            ),
+            Err(_) => {} // not confirmed; a lease runs out unless a later try succeeds
+        }
+        // The cached size follows this process's own resizes under `resize`; another size
+        // is another client's resize, carried out by librbd for it.
+        let _r = self.resize.lock();
+        let cached = self.size_bytes.load(Ordering::Acquire);
+        match hold::image_size(self.lib, p.image) {
+            Ok(now) if now < cached => self
+                .hold
+                .lose(&self.name, shrunk_message(&self.spec, cached, now)),
+            Ok(now) if now > cached => {
+                self.size_bytes.store(now, Ordering::Release);
+            }
+            _ => {}
+        }
+        true
     }
 }
 
-impl std::error::Error for RbdLeaseError {}
-
-/// Confirms the lock every quarter of the lease period (an OSD round trip each) until the
-/// backing closes or the lock is lost.
-fn spawn_lease_keeper(
-    lease: Arc<Lease>,
-    handles: Arc<RwLock<Option<Partial>>>,
-    name: String,
-) -> io::Result<()> {
-    let every = (lease.period / 4).max(LEASE_CHECK_MIN);
-    std::thread::Builder::new()
-        .name(String::from("dhrd-rbd-lease"))
-        .spawn(move || loop {
-            std::thread::sleep(every);
-            if lease.stop.load(Ordering::Acquire) {
-                return;
-            }
-            let g = handles.read();
-            let Some(p) = g.as_ref() else { return };
-            match p.owners() {
-                Ok(owners) if owners.len() == 1 && owners[0] == lease.me => lease.confirm(),
-                Ok(owners) => {
-                    eprintln!(
-                        "dhrd-rbd: {name}: the lock is now held by {owners:?}; reads refused"
-                    );
-                    lease.lost.store(true, Ordering::Release);
-                    return;
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ESHUTDOWN) => {
-                    // EBLOCKLISTED: another client broke our lock.
-                    eprintln!("dhrd-rbd: {name}: this client was blocklisted; reads refused");
-                    lease.lost.store(true, Ordering::Release);
-                    return;
-                }
-                Err(_) => {} // not confirmed; the lease runs out unless a later try succeeds
-            }
-        })?;
+/// The lease asked for must fit under the watch timeout this client knows of (its
+/// configuration's `osd_client_watch_timeout`, which must match the OSDs') less a ping
+/// interval (`objecter_tick_interval`) and a margin (`hold.rs`).
+fn check_lease(p: &Partial, period: Duration) -> Result<(), RbdError> {
+    let secs = |key: &str| -> Result<Duration, RbdError> {
+        let v = p.get(key)?;
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| ceph(format!("reading {key} ({v:?})"), -i64::from(libc::EINVAL)))
+    };
+    let watch = secs("osd_client_watch_timeout")?;
+    let ping = secs("objecter_tick_interval")?;
+    let bound = hold::lease_bound(watch, ping);
+    if period > bound {
+        return Err(RbdError::LeaseTooLong {
+            lease: period,
+            bound,
+            watch,
+            ping,
+        });
+    }
     Ok(())
+}
+
+/// The name of the image's header object (`rbd_header.ID`, format 2 images).
+fn header_oid(p: &Partial, spec: &RbdSpec) -> Result<CString, RbdError> {
+    let mut buf = [0 as c_char; 64];
+    // SAFETY: an open image; `buf` is writable for its length.
+    let r = unsafe { (p.lib.rbd_get_id)(p.image, buf.as_mut_ptr(), buf.len()) };
+    if r < 0 {
+        return Err(ceph(format!("reading the id of {spec}"), r.into()));
+    }
+    // SAFETY: librbd wrote a NUL-terminated id into `buf`.
+    let id = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+    cstring(&format!("rbd_header.{id}"))
+}
+
+/// The version of the header object now (RADOS's user version of it, which every write
+/// to it moves and nothing else does).
+fn header_version(p: &Partial, oid: &CStr) -> io::Result<u64> {
+    let (mut size, mut mtime) = (0u64, 0 as libc::time_t);
+    // SAFETY: a live I/O context (used by this backing only, so the version read below is
+    // this stat's); a valid C string; out-pointers.
+    let r = unsafe { (p.lib.rados_stat)(p.ioctx, oid.as_ptr(), &mut size, &mut mtime) };
+    if r < 0 {
+        return Err(os_err(r.into()));
+    }
+    // SAFETY: a live I/O context.
+    Ok(unsafe { (p.lib.rados_get_last_version)(p.ioctx) })
 }
 
 /// Takes the exclusive lock, retrying while another client holds it, up to `wait`.
@@ -726,9 +931,12 @@ impl Durable for RbdBacking {
             return Ok(n);
         }
         // SAFETY: an open image; `buf` has room for `n` bytes.
-        let r = self.call(|img| unsafe {
+        let r = self.call(false, |img| unsafe {
             (self.lib.rbd_read)(img, offset, n, buf.as_mut_ptr().cast()) as i64
         })?;
+        if r < n as u64 {
+            return Err(self.size_changed("a read"));
+        }
         Ok(r as usize)
     }
 
@@ -751,11 +959,20 @@ impl Durable for RbdBacking {
         while done < buf.len() {
             let part = &buf[done..buf.len().min(done + MAX_REQUEST_BYTES as usize)];
             // SAFETY: an open image; `part` is readable for its length.
-            let r = self.call(|img| unsafe {
+            let r = self.call(true, |img| unsafe {
                 (self.lib.rbd_write)(img, offset + done as u64, part.len(), part.as_ptr().cast())
                     as i64
-            })?;
-            assert_eq!(r as usize, part.len(), "rbd_write wrote part of a request");
+            });
+            match r {
+                Ok(n) if n == part.len() as u64 => {}
+                // librbd clips a request at the image's end (and refuses one past it): the
+                // image is smaller than this process made it.
+                Ok(_) => return Err(self.size_changed("a write")),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    return Err(self.size_changed("a write"))
+                }
+                Err(e) => return Err(e),
+            }
             done += part.len();
         }
         Ok(())
@@ -766,7 +983,7 @@ impl Durable for RbdBacking {
             return Ok(());
         }
         // SAFETY: an open image.
-        self.call(|img| unsafe { (self.lib.rbd_flush)(img) }.into())?;
+        self.call(true, |img| unsafe { (self.lib.rbd_flush)(img) }.into())?;
         Ok(())
     }
 
@@ -794,7 +1011,7 @@ impl Durable for RbdBacking {
         while done < len {
             let n = (len - done).min(MAX_REQUEST_BYTES);
             // SAFETY: an open image; no buffer.
-            self.call(|img| unsafe {
+            self.call(true, |img| unsafe {
                 (self.lib.rbd_write_zeroes)(img, offset + done, n as usize, 0, 0) as i64
             })?;
             done += n;
@@ -803,9 +1020,9 @@ impl Durable for RbdBacking {
     }
 
     fn reads_allowed(&self) -> io::Result<()> {
-        match &self.lease {
+        match &self.hold {
             None => Ok(()),
-            Some(l) => l.check(),
+            Some(h) => h.check(),
         }
     }
 

@@ -29,9 +29,11 @@
 
 mod backing;
 mod ffi;
+mod hold;
 mod owner;
 
-pub use backing::RbdBacking;
+pub use backing::{RbdBacking, MARK_METADATA_KEY};
+pub use hold::lease_bound;
 
 use std::io;
 use std::path::PathBuf;
@@ -222,6 +224,18 @@ pub enum RbdError {
         owners: String,
         waited: Duration,
     },
+    #[error(
+        "a read lease of {lease:?} is longer than another client must wait to take the lock \
+         over: the watch timeout (osd_client_watch_timeout, {watch:?} in this client's \
+         configuration; set it where the OSDs read it too, e.g. [global]) less a ping \
+         interval (objecter_tick_interval, {ping:?}) and a margin allows at most {bound:?}"
+    )]
+    LeaseTooLong {
+        lease: Duration,
+        bound: Duration,
+        watch: Duration,
+        ping: Duration,
+    },
 }
 
 impl RbdError {
@@ -233,6 +247,7 @@ impl RbdError {
             RbdError::Ceph { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             RbdError::NoExclusiveLock { .. } => libc::EOPNOTSUPP,
             RbdError::Locked { .. } => libc::EBUSY,
+            RbdError::LeaseTooLong { .. } => libc::EINVAL,
         }
     }
 }

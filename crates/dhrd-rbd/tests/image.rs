@@ -118,7 +118,10 @@ fn random_operations_match_an_oracle_and_survive_reopen() {
 fn a_second_writer_is_refused_while_the_first_holds_the_lock() {
     let (c, _g) = cluster::shared();
     let name = c.image_name("lock");
-    let record = std::env::temp_dir().join(format!("dhrd-owner-test-{name}"));
+    // A directory of this user that nobody else may write: owner records elsewhere are
+    // refused (they could be forged).
+    let owners = std::env::temp_dir().join(format!("dhrd-owners-{name}"));
+    let record = owners.join("img.owner");
     let first = RbdBacking::open(
         &spec(&name),
         &RbdOptions {
@@ -180,6 +183,7 @@ fn a_second_writer_is_refused_while_the_first_holds_the_lock() {
         .unwrap_or_else(|e| panic!("open after the holder closed: {e}"));
     drop(again);
     drop(first);
+    let _ = std::fs::remove_dir_all(&owners);
     c.remove_image(&name);
 }
 
