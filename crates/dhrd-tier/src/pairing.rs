@@ -5,7 +5,9 @@
 //! The caller names the slow device with a [`LowerIdentity`]: a key that stays the same
 //! across restarts (a regular file's device and inode numbers, a block device's path, an
 //! RBD image's pool and name) and, where one exists, a stamp that changes whenever the
-//! device's contents may have changed (a regular file's modification time and size).
+//! device's contents may have changed (a regular file's modification time and size; an
+//! RBD image's header version, which every other writer moves by taking the image's
+//! exclusive lock, and so do a rollback, a resize and a snapshot).
 //!
 //! Records: two copies of [`RECORD_BYTES`] in the fast device's header page, at
 //! [`RECORD_OFFSET`] and the sector after it; a change goes to the copy that does not hold
@@ -23,17 +25,27 @@
 //!
 //! The record is on the fast device, so it cannot stop a start that leaves the cache out.
 //! A [`CacheMark`] on the slow device itself (a regular file's extended attribute
-//! [`MARK_XATTR`]) does: it names the cache (a random id kept in the record) and is set,
-//! durably, at every open before anything is written, and removed at a clean close that
-//! left nothing dirty. [`check_mark`] refuses a start without that cache, or with another.
+//! [`MARK_XATTR`], an RBD image's metadata key `dhrd.cache`) does: it names the cache (a
+//! random id kept in the record) and is set, durably, at every open before the record says
+//! ATTACHED and before anything is written, and removed at a clean close that left nothing
+//! dirty. [`check_mark`] refuses a start without that cache, or with another. The record
+//! notes whether the mark was set (MARKED); an ATTACHED, MARKED record whose device no
+//! longer carries this cache's mark was used without the cache after a crash (the mark was
+//! dropped with --drop-cache-mark, or replaced by another cache's): it is Changed, so its
+//! dirty copies are never written back over what that writer stored unless adopted.
 //!
 //! Invariants: the slow device is written by the write-back only while the newest durable
 //! record says ATTACHED with its key; so a DETACHED record's stamp was the slow device's
 //! stamp when the pair was last closed, and a different stamp now means another writer.
 //!
 //! Crash semantics: a crash leaves ATTACHED, and the next open trusts the fast device (the
-//! crashed process was the slow device's writer); a slow device changed by another writer
-//! after a crash and before the next open is not detected. A torn record leaves the older
+//! crashed process was the slow device's writer) as long as the device still carries this
+//! cache's mark; a device without a mark (a block device) changed by another writer after
+//! a crash and before the next open is not detected, nor is a writer that ignores the mark
+//! without removing it. A close clears the mark before it writes DETACHED: a crash between
+//! the two leaves an ATTACHED record of an unmarked device, which the next open takes for
+//! Changed; nothing was dirty (the mark is cleared only then), so it only drops clean
+//! copies. A torn record leaves the older
 //! copy: an older DETACHED record whose stamp no longer matches makes the next open drop
 //! clean copies or refuse dirty ones, which is the safe side. A fast device formatted by a
 //! version without records has none; its first open records its slow device.
@@ -57,11 +69,14 @@ pub const KEY_BYTES_MAX: usize = 440;
 pub const MARK_XATTR: &str = "user.dhrd.cache";
 const STATE_ATTACHED: u8 = 1;
 const STATE_DETACHED: u8 = 2;
+/// Flag bit: the mark was set durably before this record was written.
+const FLAG_MARKED: u8 = 1;
 // Field offsets inside a record.
 const AT_SEQ: usize = 8;
 const AT_STATE: usize = 16;
 const AT_HAS_STAMP: usize = 17;
 const AT_KEY_LEN: usize = 18;
+const AT_FLAGS: usize = 20;
 const AT_STAMP: usize = 24;
 const AT_KEY_SUM: usize = 32;
 const AT_CACHE_ID: usize = 40;
@@ -77,9 +92,12 @@ pub struct LowerIdentity {
     /// Names the device, the same across restarts. Shown in messages.
     pub key: String,
     /// The device's stamp now: changes whenever its contents may have changed. None where
-    /// no such value exists (block devices, RBD images): then a change while detached is
-    /// not detected.
+    /// no such value exists (block devices): then a change while detached is not detected.
     pub stamp: Option<StampFn>,
+    /// The stamp a clean close records, where taking it is not just reading `stamp`: an
+    /// RBD image's lock release moves its stamp, so the close releases the lock (which
+    /// ends this process's writing) and records the stamp after it. None: `stamp`.
+    pub stamp_at_close: Option<StampFn>,
     /// Keep the dirty copies of a fast device that recorded another device, or whose device
     /// changed while detached, and write them back over it (clean copies are dropped all
     /// the same). Without it such a device is refused while it holds dirty data.
@@ -123,6 +141,24 @@ impl CacheMark for XattrMark {
     }
 }
 
+/// [`CacheMark`] as an RBD image's metadata key [`dhrd_rbd::MARK_METADATA_KEY`] (kept in
+/// the header object's omap: durable when set).
+struct RbdMark {
+    image: Arc<dhrd_rbd::RbdBacking>,
+}
+
+impl CacheMark for RbdMark {
+    fn get(&self) -> io::Result<Option<String>> {
+        self.image.metadata_get(dhrd_rbd::MARK_METADATA_KEY)
+    }
+    fn set(&self, text: &str) -> io::Result<()> {
+        self.image.metadata_set(dhrd_rbd::MARK_METADATA_KEY, text)
+    }
+    fn clear(&self) -> io::Result<()> {
+        self.image.metadata_remove(dhrd_rbd::MARK_METADATA_KEY)
+    }
+}
+
 impl std::fmt::Debug for LowerIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LowerIdentity")
@@ -141,15 +177,33 @@ impl LowerIdentity {
         Self {
             key: key.into(),
             stamp: None,
+            stamp_at_close: None,
             adopt: false,
             mark: None,
             ignore_mark: false,
         }
     }
 
-    /// An RBD image, by its spec (`rbd:POOL/IMAGE`), unstamped.
+    /// An RBD image, by its spec (`rbd:POOL/IMAGE`), unstamped and unmarked: a read-only
+    /// open, which no cache sits on.
     pub fn rbd_image(spec: impl std::fmt::Display) -> Self {
         Self::named(format!("RBD image {spec}"))
+    }
+
+    /// An RBD image opened for writing: stamped by its header's version (as found before
+    /// this open took the lock; at a clean close, after releasing the lock), marked by its
+    /// metadata key [`dhrd_rbd::MARK_METADATA_KEY`].
+    pub fn of_rbd(image: &Arc<dhrd_rbd::RbdBacking>) -> Self {
+        let found = image.stamp_before_lock();
+        let closing = Arc::clone(image);
+        Self {
+            stamp: Some(Arc::new(move || Ok(found))),
+            stamp_at_close: Some(Arc::new(move || closing.release_for_detach())),
+            mark: Some(Arc::new(RbdMark {
+                image: Arc::clone(image),
+            })),
+            ..Self::rbd_image(image.spec())
+        }
     }
 
     /// The identity of a file or block device opened as `backing`: a regular file by its
@@ -182,6 +236,7 @@ impl LowerIdentity {
         Ok(Self {
             key: format!("file on device {:#x}, inode {}", m.dev(), m.ino()),
             stamp: Some(stamp),
+            stamp_at_close: None,
             adopt: false,
             mark: Some(mark),
             ignore_mark: false,
@@ -190,6 +245,13 @@ impl LowerIdentity {
 
     fn stamp_now(&self) -> io::Result<Option<u64>> {
         self.stamp.as_ref().map(|f| f()).transpose()
+    }
+
+    fn stamp_closing(&self) -> io::Result<Option<u64>> {
+        match &self.stamp_at_close {
+            Some(f) => f().map(Some),
+            None => self.stamp_now(),
+        }
     }
 }
 
@@ -201,6 +263,8 @@ struct Record {
     /// until the fast device is formatted again.
     cache_id: u64,
     attached: bool,
+    /// The mark was set before this record was written.
+    marked: bool,
     stamp: Option<u64>,
     key_sum: u64,
     key: String,
@@ -217,6 +281,7 @@ impl Record {
             STATE_DETACHED
         };
         r[AT_HAS_STAMP] = u8::from(self.stamp.is_some());
+        r[AT_FLAGS] = if self.marked { FLAG_MARKED } else { 0 };
         let key = cut(&self.key);
         r[AT_KEY_LEN..AT_KEY_LEN + 2].copy_from_slice(&(key.len() as u16).to_le_bytes());
         r[AT_STAMP..AT_STAMP + 8].copy_from_slice(&self.stamp.unwrap_or(0).to_le_bytes());
@@ -247,6 +312,7 @@ impl Record {
             seq: u64_at(r, AT_SEQ),
             cache_id: u64_at(r, AT_CACHE_ID),
             attached,
+            marked: r[AT_FLAGS] & FLAG_MARKED != 0,
             stamp: (r[AT_HAS_STAMP] == 1).then(|| u64_at(r, AT_STAMP)),
             key_sum: u64_at(r, AT_KEY_SUM),
             key,
@@ -283,8 +349,9 @@ pub enum Verdict {
     Same,
     /// The record names another device (its key, as recorded).
     Foreign(String),
-    /// The record names this device, closed cleanly, and its stamp changed since: another
-    /// writer used it without this cache.
+    /// The record names this device, closed cleanly, and its stamp changed since; or it
+    /// was left attached, marked, and no longer carries this cache's mark: another writer
+    /// used it without this cache.
     Changed,
 }
 
@@ -354,7 +421,19 @@ pub(crate) fn check<F: Durable + ?Sized>(fast: &F, lower: &LowerIdentity) -> io:
         return Ok(checked(Verdict::Foreign(rec.key.clone())));
     }
     if rec.attached {
-        return Ok(checked(Verdict::Same));
+        // Left attached (a crash, or a close that did not finish): the device was the
+        // cache's, unless it lost the cache's mark meanwhile.
+        let ours = match (&lower.mark, rec.marked) {
+            (Some(m), true) => m
+                .get()?
+                .is_some_and(|t| t.starts_with(&mark_prefix(rec.cache_id))),
+            _ => true,
+        };
+        return Ok(checked(if ours {
+            Verdict::Same
+        } else {
+            Verdict::Changed
+        }));
     }
     let changed = match (rec.stamp, lower.stamp_now()?) {
         (Some(then), Some(now)) => then != now,
@@ -415,11 +494,13 @@ pub fn check_mark(lower: &LowerIdentity, cache_id: Option<u64>) -> io::Result<()
     ))
 }
 
-/// Marks `lower` as lacking data cache `text` holds, durably (where it can be marked).
-fn set_mark(lower: &LowerIdentity, text: &str) -> io::Result<()> {
+/// Marks `lower` as lacking data cache `text` holds, durably (where it can be marked);
+/// whether it is marked now.
+fn set_mark(lower: &LowerIdentity, text: &str) -> io::Result<bool> {
     match lower.mark.as_ref().map(|m| m.set(text)) {
         Some(Err(e)) if e.kind() != io::ErrorKind::Unsupported => Err(e),
-        _ => Ok(()),
+        Some(Ok(())) => Ok(true),
+        _ => Ok(false),
     }
 }
 
@@ -433,15 +514,18 @@ fn write_record<F: Durable + ?Sized>(fast: &F, rec: &Record) -> io::Result<()> {
     fast.sync()
 }
 
-/// Records durably that `lower` is attached to cache `cache_id`, as record `seq`. Call
-/// before anything may write the slow device.
+/// Records durably that `lower` is attached to cache `cache_id` (and `marked` by it), as
+/// record `seq`. Call before anything may write the slow device.
 pub(crate) fn attach<F: Durable + ?Sized>(
     fast: &F,
     lower: &LowerIdentity,
     seq: u64,
     cache_id: u64,
+    marked: bool,
 ) -> io::Result<()> {
-    write_record(fast, &record_of(lower, seq, cache_id, true, None))
+    let mut rec = record_of(lower, seq, cache_id, true, None);
+    rec.marked = marked;
+    write_record(fast, &rec)
 }
 
 /// Records durably that `lower` was detached cleanly from cache `cache_id`, with its stamp
@@ -452,7 +536,7 @@ pub(crate) fn detach<F: Durable + ?Sized>(
     seq: u64,
     cache_id: u64,
 ) -> io::Result<()> {
-    let stamp = lower.stamp_now()?;
+    let stamp = lower.stamp_closing()?;
     write_record(fast, &record_of(lower, seq, cache_id, false, stamp))
 }
 
@@ -467,6 +551,7 @@ fn record_of(
         seq,
         cache_id,
         attached,
+        marked: false,
         stamp,
         key_sum: fnv64(lower.key.as_bytes()),
         key: lower.key.clone(),
@@ -586,8 +671,9 @@ pub(crate) fn finish<F: Durable + ?Sized>(
         (false, Some(id)) => (plan.checked.next_seq, id),
         _ => (1, new_cache_id()),
     };
-    attach(fast, &lower, record_seq, cache_id)?;
-    set_mark(&lower, &mark_text(cache_id, &fast.describe()))?;
+    // The mark first: an ATTACHED, MARKED record then always had its mark set.
+    let marked = set_mark(&lower, &mark_text(cache_id, &fast.describe()))?;
+    attach(fast, &lower, record_seq, cache_id, marked)?;
     let (dropped_at_open, adopted_dirty) = match plan.action {
         Action::Keep => (0, 0),
         Action::Format => (plan.clean, 0),
@@ -605,21 +691,23 @@ pub(crate) fn finish<F: Durable + ?Sized>(
 
 impl Paired {
     /// At a clean close, once nothing writes the slow device any more (`slow_synced`: its
-    /// final sync): its stamp now is what the next open compares with, and with `dirty`
-    /// units left 0 it lacks nothing, so its mark goes. Best effort: without the record
-    /// the next open trusts the fast device, as after a crash, and a mark left in place
-    /// only refuses a start without this cache.
+    /// final sync): with `dirty` units left 0 it lacks nothing, so its mark goes; then its
+    /// stamp (`stamp_at_close`) is what the next open compares with. Best effort: without
+    /// the record the next open trusts the fast device, as after a crash, if the mark is
+    /// still there; a mark left in place only refuses a start without this cache.
     pub(crate) fn close<F: Durable + ?Sized>(
         &self,
         fast: &F,
         slow_synced: io::Result<()>,
         dirty: impl FnOnce() -> u64,
     ) {
-        let detached = slow_synced
-            .and_then(|()| detach(fast, &self.identity, self.record_seq + 1, self.cache_id));
-        if detached.is_ok() && dirty() == 0 {
-            let _ = clear_mark(&self.identity);
+        if slow_synced.is_err() {
+            return;
         }
+        if dirty() == 0 && clear_mark(&self.identity).is_err() {
+            return;
+        }
+        let _ = detach(fast, &self.identity, self.record_seq + 1, self.cache_id);
     }
 }
 
@@ -644,7 +732,7 @@ mod tests {
         let a = stamped("a", stamp.clone());
         let c = check(&fast, &a)?;
         assert_eq!((c.verdict, c.cache_id), (Verdict::Unrecorded, None));
-        attach(&fast, &a, c.next_seq, 42)?;
+        attach(&fast, &a, c.next_seq, 42, false)?;
         // Attached (or crashed while attached): trusted whatever the stamp says.
         stamp.store(8, Ordering::SeqCst);
         let c = check(&fast, &a)?;
@@ -661,17 +749,66 @@ mod tests {
         Ok(())
     }
 
+    /// A mark kept in memory.
+    struct MemMark(parking_lot::Mutex<Option<String>>);
+
+    impl CacheMark for MemMark {
+        fn get(&self) -> io::Result<Option<String>> {
+            Ok(self.0.lock().clone())
+        }
+        fn set(&self, text: &str) -> io::Result<()> {
+            *self.0.lock() = Some(text.to_owned());
+            Ok(())
+        }
+        fn clear(&self) -> io::Result<()> {
+            *self.0.lock() = None;
+            Ok(())
+        }
+    }
+
+    /// A device left attached by a crash and then used without the cache (its mark
+    /// dropped, or replaced by another cache's) is Changed, not Same: the cache's dirty
+    /// copies would overwrite what the other writer stored.
+    #[test]
+    fn an_attached_record_of_a_device_that_lost_its_mark_is_changed() -> io::Result<()> {
+        let fast = SimBacking::from_bytes(vec![0; 4096], 1);
+        let mark = Arc::new(MemMark(parking_lot::Mutex::new(None)));
+        let a = LowerIdentity {
+            mark: Some(mark.clone()),
+            ..LowerIdentity::named("a")
+        };
+        let c = begin(&fast, &a, true)?;
+        let plan = plan(&a, c, false, 0, 0, "fast")?;
+        let paired = finish(&fast, a.clone(), plan)?;
+        assert!(mark.get()?.is_some(), "not marked at open");
+        // A crash: the record stays ATTACHED; the mark is still the cache's.
+        assert_eq!(check(&fast, &a)?.verdict, Verdict::Same);
+        // Another writer drops the mark (--drop-cache-mark) and writes.
+        mark.clear()?;
+        assert_eq!(check(&fast, &a)?.verdict, Verdict::Changed);
+        // Or another cache marks it.
+        mark.set("dhrd cache 0000000000000001 on another")?;
+        assert_eq!(check(&fast, &a)?.verdict, Verdict::Changed);
+        // A clean close of a device with nothing dirty clears the mark and detaches.
+        mark.set(&mark_text(paired.cache_id, "fast"))?;
+        paired.close(&fast, Ok(()), || 0);
+        assert!(mark.get()?.is_none());
+        assert_eq!(check(&fast, &a)?.verdict, Verdict::Same);
+        Ok(())
+    }
+
     #[test]
     fn a_torn_record_leaves_the_one_before() -> io::Result<()> {
         let fast = SimBacking::from_bytes(vec![0; 4096], 1);
         let a = LowerIdentity::named("a");
-        attach(&fast, &a, 1, 7)?;
+        attach(&fast, &a, 1, 7, false)?;
         detach(&fast, &a, 2, 7)?;
         // Record 3 torn half-way: record 2 (detached) is the newest valid one.
         let rec = Record {
             seq: 3,
             cache_id: 7,
             attached: true,
+            marked: false,
             stamp: None,
             key_sum: fnv64(b"a"),
             key: "a".into(),
@@ -688,7 +825,7 @@ mod tests {
         let fast = SimBacking::from_bytes(vec![0; 4096], 1);
         let long = "é".repeat(400);
         let a = LowerIdentity::named(long.clone());
-        attach(&fast, &a, 1, 7)?;
+        attach(&fast, &a, 1, 7, false)?;
         assert_eq!(check(&fast, &a)?.verdict, Verdict::Same);
         let other = LowerIdentity::named(format!("{long}x"));
         match check(&fast, &other)?.verdict {

@@ -210,7 +210,9 @@ struct Shared<F: Durable, S: Durable> {
 /// See the module documentation.
 pub struct Tiered<F: Durable, S: Durable> {
     shared: Arc<Shared<F, S>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// `close` ran.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The tiered device over any backing, with its SSD a file: what `dhrd nbd --tier-ssd`
@@ -435,7 +437,8 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         }
         Ok(Self {
             shared,
-            threads: handles,
+            threads: parking_lot::Mutex::new(handles),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -505,20 +508,33 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
     }
 }
 
-impl<F: Durable, S: Durable> Drop for Tiered<F, S> {
-    fn drop(&mut self) {
+impl<F: Durable, S: Durable> Tiered<F, S> {
+    /// Stops the write-back threads and, unless the device failed, closes the pair
+    /// cleanly (`pairing.rs`): the lower device's mark is removed when nothing is dirty
+    /// and its stamp recorded. Call after the last write and `drain`, before the lower
+    /// device closes (an RBD image releases its lock here); later writes are not written
+    /// back. Runs once; dropping does it too.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.cv.notify_all();
-        for t in self.threads.drain(..) {
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
             let _ = t.join();
         }
-        // A clean close (`pairing.rs`): the lower tier's stamp is recorded, and its mark
-        // removed when nothing is dirty.
         let s = &self.shared;
         if !s.failed.is_failed() {
             s.paired
                 .close(&s.ssd, s.lower.sync(), || s.state.lock().dirty);
         }
+    }
+}
+
+impl<F: Durable, S: Durable> Drop for Tiered<F, S> {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 

@@ -188,7 +188,9 @@ struct Shared<F: Durable, S: Durable> {
 /// See the module documentation.
 pub struct WriteBack<F: Durable, S: Durable> {
     shared: Arc<Shared<F, S>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// `close` ran.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl<F: Durable, S: Durable> WriteBack<F, S> {
@@ -321,7 +323,8 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
         }
         Ok(Self {
             shared,
-            threads: handles,
+            threads: parking_lot::Mutex::new(handles),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -371,20 +374,33 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
     }
 }
 
-impl<F: Durable, S: Durable> Drop for WriteBack<F, S> {
-    fn drop(&mut self) {
+impl<F: Durable, S: Durable> WriteBack<F, S> {
+    /// Stops the write-back threads and, unless the device failed, closes the pair
+    /// cleanly (`pairing.rs`): the slow device's mark is removed when nothing is dirty
+    /// and its stamp recorded. Call after the last write and `drain`, before the slow
+    /// device closes (an RBD image releases its lock here); later writes are not written
+    /// back. Runs once; dropping does it too.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.cv.notify_all();
-        for t in self.threads.drain(..) {
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
             let _ = t.join();
         }
-        // A clean close (`pairing.rs`): the slow device's stamp is recorded, and its mark
-        // removed when nothing is dirty.
         let s = &self.shared;
         if !s.failed.is_failed() {
             s.paired
                 .close(&s.fast, s.slow.sync(), || s.state.lock().dirty);
         }
+    }
+}
+
+impl<F: Durable, S: Durable> Drop for WriteBack<F, S> {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
