@@ -319,6 +319,13 @@ mon_data_avail_warn = 1
 mon_data_avail_crit = 0
 # Only the mgr's always-on modules (no dashboard, restful, iostat, nfs).
 mgr_initial_modules =
+# A client killed with SIGKILL leaves its watch on the image header behind (librbd's
+# exclusive lock is held through it) until the OSD times the watch out; the lock of a dead
+# owner is broken only then, so a restarted client would wait 30 s (the default) to open
+# the image for writing. 5 s lets it take the lock soon after. Clients must then ping their
+# watches more often than every 5 s: see objecter_tick_interval below. In [global], not
+# [osd]: dhrd bounds its read lease by the value its own configuration holds.
+osd_client_watch_timeout = 5
 # Fresher PG states (OSD -> mgr stats, mgr -> mon digest): a quicker start and start-osd.
 mgr_stats_period = 1
 mon_mgr_digest_period = 1
@@ -366,13 +373,6 @@ bluestore_cache_autotune = false
 bluestore_cache_size = 268435456
 osd_memory_target = 1073741824
 osd_crush_initial_weight = 1
-# A client killed with SIGKILL leaves its watch on the image header behind (librbd's
-# exclusive lock is held through it) until the OSD times the watch out; the lock of a dead
-# owner is broken only then, so a restarted client would wait 30 s (the default) to open
-# the image for writing. 5 s lets it take the lock soon after. Clients must then ping their
-# watches more often than every 5 s: see objecter_tick_interval below.
-osd_client_watch_timeout = 5
-
 [client]
 keyring = $DIR/ceph.client.admin.keyring
 # librados pings each watch once per objecter tick (5 s by default): a ping period equal

@@ -59,8 +59,10 @@ pub struct NbdArgs {
     #[arg(long, default_value = dhrd_rbd::DEFAULT_OWNER_RECORD_DIR)]
     pub rbd_owner_dir: String,
     /// Serve reads from RAM only while the image's lock was confirmed at the cluster
-    /// within this many seconds; set it below osd_client_watch_timeout where another host
-    /// may take the image over (docs/rbd.md). Default: RAM serves reads whatever happens.
+    /// within this many seconds, where another host may take the image over; it must be
+    /// below osd_client_watch_timeout less objecter_tick_interval and a margin (refused
+    /// otherwise; docs/rbd.md). Default: RAM serves reads until dhrd learns that it lost
+    /// the lock (a request fails, or the check every second sees another owner).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub rbd_read_lease_secs: Option<u64>,
     /// Listen on this Unix socket (created with mode 0600).
@@ -478,9 +480,6 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     }
     let summary = server.run().context("serving")?;
     let closed = obj.close();
-    if let Some(r) = &rbd {
-        r.close();
-    }
     eprintln!(
         "dhrd nbd: stopped after {} connection(s) ({} refused, {} idle ones evicted for new \
          clients, {} closed by the idle timeout){}; {}",
@@ -501,11 +500,18 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     if a.verbose {
         eprintln!("{}", obj.stats());
     }
+    // The caches write back and close their pairing (mark, record, stamp) while the
+    // backing is still open; an RBD image is closed last, releasing its lock.
     if let Some(wb) = &writeback {
         crate::nvm::drain(wb, Duration::from_secs(a.writeback_drain_secs));
+        wb.close();
     }
     if let Some(t) = &tier {
         crate::nvm::drain_tier(t, Duration::from_secs(a.writeback_drain_secs));
+        t.close();
+    }
+    if let Some(r) = &rbd {
+        r.close();
     }
     if let Some(f) = obj.failure() {
         eprintln!("dhrd nbd: the export turned read-only after a backing failure: {f}");
@@ -523,7 +529,15 @@ fn owner_record_dir(a: &NbdArgs) -> Option<PathBuf> {
     }
     let dir = PathBuf::from(&a.rbd_owner_dir);
     if a.rbd_owner_dir == dhrd_rbd::DEFAULT_OWNER_RECORD_DIR {
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        use std::os::unix::fs::DirBuilderExt;
+        let made = match dir.exists() {
+            true => Ok(()),
+            false => std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir),
+        };
+        if let Err(e) = made {
             eprintln!(
                 "dhrd nbd: warning: no owner record in {} ({e}): after a crash, a restart \
                  waits for the cluster to expire the lock (--rbd-owner-dir)",
@@ -606,11 +620,17 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             bail!("{spec} is empty; pass --size to grow it");
         }
         let b = Arc::new(b);
+        // A cache over a writable image is stamped and marked through the image itself.
+        let identity = if a.read_only {
+            LowerIdentity::rbd_image(&spec)
+        } else {
+            LowerIdentity::of_rbd(&b)
+        };
         return Ok(Opened {
             backing: b.clone(),
             preferred_chunk: Some(b.preferred_chunk_bytes()),
             rbd: Some(b),
-            identity: LowerIdentity::rbd_image(&spec),
+            identity,
         });
     }
     if a.ceph_conf.is_some()
@@ -755,13 +775,11 @@ fn status_json<D: Durable>(obj: &HybridObject<D>, h: &ShutdownHandle) -> serde_j
     })
 }
 
-/// Writes `content` to `path` through a temporary file and a rename, so a reader never
-/// sees half a status.
+/// Writes `content` to `path` through a temporary file of a random name and a rename, so
+/// a reader never sees half a status and a name planted in the directory (which may be
+/// writable by others: a textfile collector's, /tmp) is never followed.
 fn replace_file(path: &std::path::Path, content: &str) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, content)?;
-    std::fs::rename(&tmp, path)
+    dhrd_io::replace::replace_file(path, content.as_bytes(), 0o644, false)
 }
 
 fn spawn_status_writer<D: Durable + 'static>(
