@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+// The ABI version: the number in the shared library's soname (`libdhrd_capi.so.1`).
+#define DHRD_ABI_VERSION 1
+
 // `dhrd_options.durability`: every write is on the device before `dhrd_write` returns.
 #define DHRD_DURABILITY_SYNC 0
 
@@ -21,8 +24,13 @@
 // An open hybrid object. Opaque to C.
 typedef struct dhrd_object dhrd_object;
 
-// Options of `dhrd_open`; fill with `dhrd_options_default` first, then change fields.
+// Options of `dhrd_open`; fill with `dhrd_options_init(&o, sizeof o)` (or the
+// `dhrd_options_default(&o)` macro) first, then change fields. New fields are only ever
+// appended, and their zero value is their default.
 typedef struct dhrd_options {
+  // The size of this struct as the caller was compiled with it (`sizeof`), set by
+  // `dhrd_options_init`: the library reads and writes only that many bytes.
+  uint32_t struct_bytes;
   // One of the `DHRD_DURABILITY_*` values (a plain integer: any value C passes is
   // defined behaviour, and an unknown one is `EINVAL`).
   uint32_t durability;
@@ -79,6 +87,12 @@ typedef struct dhrd_options {
   // file carries the extended attribute `user.dhrd.cache`, and `dhrd_open` of it without
   // that SSD tier fails with `EBUSY` (remove the attribute to use the file as it is).
   bool tier_adopt;
+  // An RBD image only: serve reads from RAM only while the image's exclusive lock was
+  // confirmed at the cluster within this many milliseconds (a read lease, docs/rbd.md);
+  // reads fail with `EIO` otherwise. It must be below the cluster's watch timeout less a
+  // ping interval and a margin, else `dhrd_open` fails with `EINVAL`. 0: no lease (RAM
+  // serves reads until the object learns that it lost the lock).
+  uint64_t rbd_read_lease_ms;
 } dhrd_options;
 
 // Load progress of the RAM tier.
@@ -139,12 +153,16 @@ typedef struct dhrd_stats {
 extern "C" {
 #endif // __cplusplus
 
-// Fills `opts` with the defaults: `sync` durability, no RAM limit, the default chunk
-// size, no creation, read-write.
+// Fills the `struct_bytes` bytes at `opts` with the defaults (`sync` durability, no RAM
+// limit, the default chunk size, no creation, read-write: all zero) and sets
+// `opts->struct_bytes`. Pass `sizeof` of the struct the caller was compiled with; the
+// `dhrd_options_default(opts)` macro does. `EINVAL` for null or for fewer bytes than the
+// struct up to `tier_adopt` (the shortest this library accepts).
 //
 // # Safety
-// `opts` is null or points to writable memory for one `dhrd_options`.
-int dhrd_options_default(struct dhrd_options *opts);
+// `opts` is null or points to `struct_bytes` writable bytes, aligned for a
+// `dhrd_options`.
+int dhrd_options_init(struct dhrd_options *opts, size_t struct_bytes);
 
 // Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
 // object and stores its handle in `*out`.
@@ -152,10 +170,17 @@ int dhrd_options_default(struct dhrd_options *opts);
 // served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults
 // (then `DHRD_BACKING_TIMING` alone decides the device timing, see `backing_timing`).
 //
+// A backing file is locked against a second open (an OFD lock, exclusive or shared for
+// `read_only`): a second `dhrd_open` of it, in this process or another, fails with
+// `EBUSY`, as does one of an RBD image another client holds (after waiting 45 s for its
+// lock) or of a backing marked by a cache this open lacks.
+//
 // # Safety
-// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` whose
-// `backing_timing` is null or a NUL-terminated string; `out` points to writable memory
-// for one pointer.
+// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` of at
+// least `opts->struct_bytes` readable bytes (filled by `dhrd_options_init`) whose seven
+// strings (`backing_timing`, `cache_policy`, `cache_admit`, `read_ahead`,
+// `tier_ssd_path`, `tier_mode`, `tier_ssd_timing`) are each null or NUL-terminated; `out`
+// points to writable memory for one pointer.
 int dhrd_open(const char *path, const struct dhrd_options *opts, struct dhrd_object **out);
 
 // Makes every write durable, stops the loader and frees the handle. With an SSD tier it
@@ -229,3 +254,6 @@ const char *dhrd_strerror(int err);
 #endif  // __cplusplus
 
 #endif  /* DHRD_H */
+
+/* Fills `*opts` with the defaults for the struct this program was compiled with. */
+#define dhrd_options_default(opts) dhrd_options_init((opts), sizeof *(opts))

@@ -21,6 +21,17 @@
 //! `dhrd_close`, which flushes and frees it; no call may use the handle after that, and
 //! `dhrd_close` must not race other calls on the same handle. Every other function may be
 //! called from many threads at once on the same handle.
+//!
+//! ABI: the shared library's soname is `libdhrd_capi.so.1` ([`DHRD_ABI_VERSION`]); it
+//! changes only when a function or struct changes incompatibly. `struct dhrd_options`
+//! carries the size the caller was compiled with (`struct_bytes`, set by
+//! `dhrd_options_init`): fields are only ever appended, the library fills and reads only
+//! that many bytes and gives fields past them their defaults, which are all zero.
+//!
+//! fork(): the library's threads do not exist in a child, and locks they held stay held
+//! there. After a process that opened an object forks, every call in the child fails at
+//! once with `ECHILD` (instead of hanging or acting on a copy); handles are the parent's.
+//! A child that needs dhrd opens its objects after exec.
 #![deny(clippy::undocumented_unsafe_blocks)]
 // The exported types carry their C names (`dhrd_object`, `dhrd_options`, ...).
 #![allow(non_camel_case_types)]
@@ -39,6 +50,14 @@ use std::time::Duration;
 /// Returned for a panic caught at the boundary (a bug in dhrd, never a normal outcome).
 const PANIC_ERRNO: c_int = libc::EIO;
 
+/// The ABI version: the number in the shared library's soname (`libdhrd_capi.so.1`).
+pub const DHRD_ABI_VERSION: u32 = 1;
+
+/// Bytes of the shortest `struct dhrd_options` this library accepts: the fields up to
+/// `tier_adopt`, which every `dhrd.h` with `struct_bytes` has.
+pub const DHRD_OPTIONS_BYTES_MIN: u32 =
+    (std::mem::offset_of!(dhrd_options, tier_adopt) + std::mem::size_of::<bool>()) as u32;
+
 /// `dhrd_options.durability`: every write is on the device before `dhrd_write` returns.
 pub const DHRD_DURABILITY_SYNC: u32 = 0;
 /// `dhrd_options.durability`: writes are durable at `dhrd_flush` and `dhrd_close`.
@@ -46,10 +65,15 @@ pub const DHRD_DURABILITY_FSYNC: u32 = 1;
 /// `dhrd_options.durability`: as FSYNC, plus a flush every `periodic_secs` seconds.
 pub const DHRD_DURABILITY_PERIODIC: u32 = 2;
 
-/// Options of `dhrd_open`; fill with `dhrd_options_default` first, then change fields.
+/// Options of `dhrd_open`; fill with `dhrd_options_init(&o, sizeof o)` (or the
+/// `dhrd_options_default(&o)` macro) first, then change fields. New fields are only ever
+/// appended, and their zero value is their default.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct dhrd_options {
+    /// The size of this struct as the caller was compiled with it (`sizeof`), set by
+    /// `dhrd_options_init`: the library reads and writes only that many bytes.
+    pub struct_bytes: u32,
     /// One of the `DHRD_DURABILITY_*` values (a plain integer: any value C passes is
     /// defined behaviour, and an unknown one is `EINVAL`).
     pub durability: u32,
@@ -106,10 +130,17 @@ pub struct dhrd_options {
     /// file carries the extended attribute `user.dhrd.cache`, and `dhrd_open` of it without
     /// that SSD tier fails with `EBUSY` (remove the attribute to use the file as it is).
     pub tier_adopt: bool,
+    /// An RBD image only: serve reads from RAM only while the image's exclusive lock was
+    /// confirmed at the cluster within this many milliseconds (a read lease, docs/rbd.md);
+    /// reads fail with `EIO` otherwise. It must be below the cluster's watch timeout less a
+    /// ping interval and a margin, else `dhrd_open` fails with `EINVAL`. 0: no lease (RAM
+    /// serves reads until the object learns that it lost the lock).
+    pub rbd_read_lease_ms: u64,
 }
 
 /// What `dhrd_options_default` fills in, and what a null `opts` means.
 const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
+    struct_bytes: std::mem::size_of::<dhrd_options>() as u32,
     durability: DHRD_DURABILITY_SYNC,
     periodic_secs: 0,
     ram_budget_bytes: 0,
@@ -127,7 +158,25 @@ const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
     tier_mode: std::ptr::null(),
     tier_ssd_timing: std::ptr::null(),
     tier_adopt: false,
+    rbd_read_lease_ms: 0,
 };
+
+/// Set in a child after fork() of a process that opened an object (see the crate doc).
+static FORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn after_fork_in_child() {
+    FORKED.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// Registers the fork handler once, before the first object (and its threads) exists.
+fn guard_fork() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain extern "C" function that only stores an atomic, which
+        // is async-signal-safe as a child handler must be.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+}
 
 /// The environment variable a NULL `dhrd_options.backing_timing` defers to, so that an
 /// unmodified program can be run against an emulated device.
@@ -202,8 +251,22 @@ fn errno_of(e: &Error) -> c_int {
     e.errno()
 }
 
-/// Runs `f` with panics turned into `PANIC_ERRNO`.
+/// The errno of an I/O error from opening a backing or a tier: its OS error, or what its
+/// kind stands for (a backing in use is `EBUSY`).
+fn errno_of_io(e: &std::io::Error) -> c_int {
+    e.raw_os_error().unwrap_or(match e.kind() {
+        std::io::ErrorKind::ResourceBusy => libc::EBUSY,
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => libc::EINVAL,
+        std::io::ErrorKind::PermissionDenied => libc::EACCES,
+        _ => libc::EIO,
+    })
+}
+
+/// Runs `f` with panics turned into `PANIC_ERRNO`; in a forked child, `ECHILD` at once.
 fn guarded(f: impl FnOnce() -> Result<(), c_int>) -> c_int {
+    if FORKED.load(std::sync::atomic::Ordering::Acquire) {
+        return libc::ECHILD;
+    }
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => e,
@@ -220,19 +283,66 @@ unsafe fn object<'a>(obj: *const dhrd_object) -> Result<&'a dhrd_object, c_int> 
     unsafe { obj.as_ref() }.ok_or(libc::EINVAL)
 }
 
-/// Fills `opts` with the defaults: `sync` durability, no RAM limit, the default chunk
-/// size, no creation, read-write.
+/// Fills the `struct_bytes` bytes at `opts` with the defaults (`sync` durability, no RAM
+/// limit, the default chunk size, no creation, read-write: all zero) and sets
+/// `opts->struct_bytes`. Pass `sizeof` of the struct the caller was compiled with; the
+/// `dhrd_options_default(opts)` macro does. `EINVAL` for null or for fewer bytes than the
+/// struct up to `tier_adopt` (the shortest this library accepts).
 ///
 /// # Safety
-/// `opts` is null or points to writable memory for one `dhrd_options`.
+/// `opts` is null or points to `struct_bytes` writable bytes, aligned for a
+/// `dhrd_options`.
 #[no_mangle]
-pub unsafe extern "C" fn dhrd_options_default(opts: *mut dhrd_options) -> c_int {
+pub unsafe extern "C" fn dhrd_options_init(opts: *mut dhrd_options, struct_bytes: usize) -> c_int {
     guarded(|| {
-        // SAFETY: per the function contract.
-        let o = unsafe { opts.as_mut() }.ok_or(libc::EINVAL)?;
-        *o = OPTIONS_DEFAULT;
+        if opts.is_null() || struct_bytes < DHRD_OPTIONS_BYTES_MIN as usize {
+            return Err(libc::EINVAL);
+        }
+        let n = u32::try_from(struct_bytes).map_err(|_| libc::EINVAL)?;
+        // SAFETY: `opts` points to `struct_bytes` writable, aligned bytes (the contract);
+        // every default is the zero value (asserted by a test), so zeroed bytes are the
+        // defaults, for the fields this library knows and for later ones alike.
+        unsafe {
+            std::ptr::write_bytes(opts.cast::<u8>(), 0, struct_bytes);
+            std::ptr::addr_of_mut!((*opts).struct_bytes).write(n);
+        }
         Ok(())
     })
+}
+
+/// The caller's options: the `struct_bytes` it states (at least the minimum), fields past
+/// them at their defaults; fields of a newer caller this library does not know must be
+/// zero (their default), else `EINVAL`.
+///
+/// # Safety
+/// `given` points to a `dhrd_options` of at least `given->struct_bytes` readable bytes.
+unsafe fn options_from(given: *const dhrd_options) -> Result<dhrd_options, c_int> {
+    // SAFETY: every version of the struct starts with `struct_bytes`.
+    let n = unsafe { std::ptr::addr_of!((*given).struct_bytes).read() } as usize;
+    if n < DHRD_OPTIONS_BYTES_MIN as usize {
+        return Err(libc::EINVAL);
+    }
+    let ours = std::mem::size_of::<dhrd_options>();
+    // SAFETY: the caller's struct holds `n` readable bytes (the contract).
+    let bytes = unsafe { std::slice::from_raw_parts(given.cast::<u8>(), n) };
+    if bytes
+        .get(ours..)
+        .is_some_and(|later| later.iter().any(|b| *b != 0))
+    {
+        return Err(libc::EINVAL);
+    }
+    let mut o = OPTIONS_DEFAULT;
+    // SAFETY: copies the caller's bytes over the first min(n, ours) bytes of a valid
+    // struct; the bytes are those of a `dhrd_options` of the same layout (C's bools are 0
+    // or 1, pointers any value).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            std::ptr::addr_of_mut!(o).cast::<u8>(),
+            n.min(ours),
+        );
+    }
+    Ok(o)
 }
 
 /// # Safety
@@ -366,13 +476,19 @@ fn open_backing(
             create: o.create,
             min_len: (o.min_len_bytes > 0).then_some(o.min_len_bytes),
             read_only: o.read_only,
+            read_lease: (o.rbd_read_lease_ms > 0)
+                .then(|| Duration::from_millis(o.rbd_read_lease_ms)),
             ..Default::default()
         };
-        let b = RbdBacking::open(&spec, &ropts).map_err(|e| e.errno())?;
+        let b = Arc::new(RbdBacking::open(&spec, &ropts).map_err(|e| e.errno())?);
         let chunk = b.preferred_chunk_bytes();
-        return Ok((Arc::new(b), Some(chunk), LowerIdentity::rbd_image(&spec)));
+        let id = match o.read_only {
+            true => LowerIdentity::rbd_image(&spec),
+            false => LowerIdentity::of_rbd(&b),
+        };
+        return Ok((b, Some(chunk), id));
     }
-    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let errno = |e: std::io::Error| errno_of_io(&e);
     let b = FileBacking::open(path, fopts).map_err(errno)?;
     let id = LowerIdentity::of_file(&b).map_err(errno)?;
     Ok((Arc::new(b), None, id))
@@ -384,10 +500,17 @@ fn open_backing(
 /// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults
 /// (then `DHRD_BACKING_TIMING` alone decides the device timing, see `backing_timing`).
 ///
+/// A backing file is locked against a second open (an OFD lock, exclusive or shared for
+/// `read_only`): a second `dhrd_open` of it, in this process or another, fails with
+/// `EBUSY`, as does one of an RBD image another client holds (after waiting 45 s for its
+/// lock) or of a backing marked by a cache this open lacks.
+///
 /// # Safety
-/// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` whose
-/// `backing_timing` is null or a NUL-terminated string; `out` points to writable memory
-/// for one pointer.
+/// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` of at
+/// least `opts->struct_bytes` readable bytes (filled by `dhrd_options_init`) whose seven
+/// strings (`backing_timing`, `cache_policy`, `cache_admit`, `read_ahead`,
+/// `tier_ssd_path`, `tier_mode`, `tier_ssd_timing`) are each null or NUL-terminated; `out`
+/// points to writable memory for one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn dhrd_open(
     path: *const c_char,
@@ -401,11 +524,13 @@ pub unsafe extern "C" fn dhrd_open(
         // SAFETY: non-null and NUL-terminated per the function contract.
         let path = unsafe { CStr::from_ptr(path) };
         let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
-        let mut o = OPTIONS_DEFAULT;
-        // SAFETY: per the function contract, non-null means a valid `dhrd_options`.
-        if let Some(given) = unsafe { opts.as_ref() } {
-            o = *given;
-        }
+        guard_fork();
+        let o = match opts.is_null() {
+            true => OPTIONS_DEFAULT,
+            // SAFETY: per the function contract, non-null means a `dhrd_options` of at
+            // least its stated size.
+            false => unsafe { options_from(opts) }?,
+        };
         // SAFETY: dhrd_open's contract: the option strings are null or NUL-terminated.
         let mut cfg = unsafe { config_of(&o, path) }?;
         let fopts = FileOptions {
@@ -425,8 +550,7 @@ pub unsafe extern "C" fn dhrd_open(
         identity.adopt = o.tier_adopt;
         if tier_opts.is_none() {
             // A backing a cache marked as lacking its data is not served without it.
-            dhrd_tier::pairing::check_mark(&identity, None)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EBUSY))?;
+            dhrd_tier::pairing::check_mark(&identity, None).map_err(|e| errno_of_io(&e))?;
         }
         let backing: Arc<dyn Durable> = match timing {
             Some(p) => Arc::new(Timed::new(backing, p)),
@@ -446,7 +570,10 @@ pub unsafe extern "C" fn dhrd_open(
                     mode,
                     timing,
                 )
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+                .map_err(|e| match errno_of_io(&e) {
+                    libc::EIO if e.raw_os_error().is_none() => libc::EINVAL,
+                    n => n,
+                })?;
                 let t = Arc::new(t);
                 (t.clone(), Some(t))
             }
@@ -479,7 +606,9 @@ pub unsafe extern "C" fn dhrd_close(obj: *mut dhrd_object) -> c_int {
         let b = unsafe { Box::from_raw(obj) };
         let r = b.obj.close().map_err(|e| errno_of(&e));
         if let Some(t) = &b.tier {
+            // Written back and closed (mark, record, stamp) while the backing is open.
             t.drain(TIER_DRAIN_ON_CLOSE);
+            t.close();
         }
         r
     })
@@ -695,14 +824,29 @@ pub extern "C" fn dhrd_strerror(err: c_int) -> *const c_char {
     let s: &'static CStr = match err {
         0 => c"success",
         libc::EINVAL => c"invalid argument",
-        libc::EIO => c"I/O error on the backing, or the object is read-only after one",
+        libc::EIO => {
+            c"I/O error on the backing, or the object is read-only after one, or a read \
+              refused because an RBD image's lock was lost or its read lease ran out"
+        }
         libc::ENOSPC => c"the backing is full",
         libc::EROFS => c"the object is open read-only",
         libc::EFBIG => c"size beyond the maximum object size",
         libc::ENOMEM => c"the RAM tier could not be created or grown",
         libc::ETIMEDOUT => c"timed out",
-        libc::ENOENT => c"no such file",
+        libc::ENOENT => c"no such file, or no such RBD image or pool",
         libc::EACCES => c"permission denied",
+        libc::EBUSY => {
+            c"in use: another open or client holds the backing's lock (a file's, or an RBD \
+              image's exclusive lock), or the backing is marked as lacking data a cache holds \
+              (open it with that cache)"
+        }
+        libc::ENOSYS => c"Ceph's client libraries (librbd1) are not installed",
+        libc::EOPNOTSUPP => c"the RBD image lacks the exclusive-lock feature",
+        libc::ESHUTDOWN => c"the RBD client was blocklisted: another client broke the image's lock",
+        libc::ECHILD => {
+            c"called in a child after fork(): dhrd objects and threads do not survive fork; \
+              open objects after exec"
+        }
         _ => c"error (see errno values)",
     };
     s.as_ptr()
@@ -729,10 +873,66 @@ mod tests {
     }
 
     #[test]
+    fn every_default_is_zero_and_init_fills_only_the_given_bytes() {
+        // dhrd_options_init writes zeros as the defaults: they must be.
+        let d = OPTIONS_DEFAULT;
+        assert!(d.durability == 0 && d.periodic_secs == 0 && d.ram_budget_bytes == 0);
+        assert!(d.chunk_bytes == 0 && !d.create && d.min_len_bytes == 0 && !d.read_only);
+        assert!(d.backing_timing.is_null() && d.cache_policy.is_null());
+        assert!(d.cache_admit.is_null() && d.read_ahead.is_null() && !d.no_prefill);
+        assert!(d.tier_ssd_path.is_null() && d.tier_ssd_bytes == 0 && d.tier_mode.is_null());
+        assert!(d.tier_ssd_timing.is_null() && !d.tier_adopt && d.rbd_read_lease_ms == 0);
+        /// Room for a struct, aligned as one.
+        #[repr(C, align(8))]
+        struct Buf([u8; 512]);
+        let mut buf = Buf([0xA5u8; 512]);
+        let n = DHRD_OPTIONS_BYTES_MIN as usize;
+        let p = buf.0.as_mut_ptr().cast::<dhrd_options>();
+        // SAFETY: `buf` has room for `n` bytes and the struct's alignment.
+        let r = unsafe { dhrd_options_init(p, n) };
+        assert_eq!(r, 0);
+        assert!(
+            buf.0[n..].iter().all(|b| *b == 0xA5),
+            "wrote past the given size"
+        );
+        // A too-small size is refused before anything is written.
+        // SAFETY: as above.
+        let r = unsafe { dhrd_options_init(p, 4) };
+        assert_eq!(r, libc::EINVAL);
+    }
+
+    #[test]
+    fn every_errno_the_library_returns_has_its_own_text() {
+        let generic = dhrd_strerror(-1);
+        for e in [
+            libc::EINVAL,
+            libc::EIO,
+            libc::ENOSPC,
+            libc::EROFS,
+            libc::EFBIG,
+            libc::ENOMEM,
+            libc::ETIMEDOUT,
+            libc::ENOENT,
+            libc::EACCES,
+            libc::EBUSY,
+            libc::ENOSYS,
+            libc::EOPNOTSUPP,
+            libc::ESHUTDOWN,
+            libc::ECHILD,
+        ] {
+            assert_ne!(
+                dhrd_strerror(e),
+                generic,
+                "errno {e} has no text of its own"
+            );
+        }
+    }
+
+    #[test]
     fn null_pointers_are_einval() {
         // SAFETY: every pointer is null, which each function must refuse.
         unsafe {
-            assert_eq!(dhrd_options_default(std::ptr::null_mut()), libc::EINVAL);
+            assert_eq!(dhrd_options_init(std::ptr::null_mut(), 64), libc::EINVAL);
             assert_eq!(dhrd_flush(std::ptr::null()), libc::EINVAL);
             assert_eq!(dhrd_close(std::ptr::null_mut()), libc::EINVAL);
             let mut h = std::ptr::null_mut();
@@ -751,7 +951,10 @@ mod tests {
         let mut h: *mut dhrd_object = std::ptr::null_mut();
         // SAFETY: valid pointers to live locals throughout; the handle is closed once.
         unsafe {
-            assert_eq!(dhrd_options_default(o.as_mut_ptr()), 0);
+            assert_eq!(
+                dhrd_options_init(o.as_mut_ptr(), size_of::<dhrd_options>()),
+                0
+            );
             let mut o = o.assume_init();
             o.create = true;
             o.durability = DHRD_DURABILITY_FSYNC;

@@ -13,7 +13,10 @@ fn options() -> dhrd_options {
     // SAFETY: `MaybeUninit` storage for one dhrd_options, filled by the call.
     let mut o = unsafe {
         let mut o = std::mem::MaybeUninit::<dhrd_options>::uninit();
-        assert_eq!(dhrd_options_default(o.as_mut_ptr()), 0);
+        assert_eq!(
+            dhrd_options_init(o.as_mut_ptr(), std::mem::size_of::<dhrd_options>()),
+            0
+        );
         o.assume_init()
     };
     o.ram_budget_bytes = 2 * MIB;

@@ -19,7 +19,10 @@ fn an_rbd_image_through_the_c_api() {
     // SAFETY: `MaybeUninit` storage for one dhrd_options, filled by the call.
     let mut opts = unsafe {
         let mut o = std::mem::MaybeUninit::<dhrd_options>::uninit();
-        assert_eq!(dhrd_options_default(o.as_mut_ptr()), 0);
+        assert_eq!(
+            dhrd_options_init(o.as_mut_ptr(), std::mem::size_of::<dhrd_options>()),
+            0
+        );
         o.assume_init()
     };
     opts.create = true;
@@ -49,5 +52,65 @@ fn an_rbd_image_through_the_c_api() {
     assert_eq!(&buf[..n], data);
     // SAFETY: a live handle, closed once.
     assert_eq!(unsafe { dhrd_close(obj) }, 0);
+    c.remove_image(&name);
+}
+
+/// Another client shrinks the image (`rbd resize --allow-shrink`, which the lock owner
+/// carries out): a write across the new end must fail, and the object must turn
+/// read-only for good (C4) with reads refused, so that RAM and the image never diverge
+/// silently.
+#[test]
+fn an_image_shrunk_by_another_client_fails_the_object() {
+    let (c, _g) = cluster::shared();
+    std::env::set_var("CEPH_CONF", &c.conf);
+    let name = c.image_name("capishrink");
+    let path = CString::new(format!("rbd:rbd/{name}")).expect("path");
+    // SAFETY: `MaybeUninit` storage for one dhrd_options, filled by the call.
+    let mut opts = unsafe {
+        let mut o = std::mem::MaybeUninit::<dhrd_options>::uninit();
+        assert_eq!(
+            dhrd_options_init(o.as_mut_ptr(), std::mem::size_of::<dhrd_options>()),
+            0
+        );
+        o.assume_init()
+    };
+    opts.create = true;
+    opts.min_len_bytes = 16 << 20;
+    let mut obj: *mut dhrd_object = std::ptr::null_mut();
+    // SAFETY: valid C string, options and out-pointer.
+    assert_eq!(unsafe { dhrd_open(path.as_ptr(), &opts, &mut obj) }, 0);
+    let data = vec![7u8; 64 << 10];
+    let last = (16 << 20) - data.len() as u64;
+    // SAFETY: a live handle; `data` is readable for its length.
+    let r = unsafe { dhrd_write(obj, data.as_ptr().cast(), data.len(), last) };
+    assert_eq!(r, 0);
+    c.rbd(&[
+        "resize",
+        "--no-progress",
+        "--size",
+        "8M",
+        "--allow-shrink",
+        &format!("rbd/{name}"),
+    ]);
+    // SAFETY: a live handle; `data` is readable for its length.
+    let r = unsafe { dhrd_write(obj, data.as_ptr().cast(), data.len(), (8 << 20) - 4096) };
+    assert_ne!(r, 0, "a write across the shrunk image's end succeeded");
+    let mut st = dhrd_stats::default();
+    // SAFETY: a live handle; out-pointer.
+    assert_eq!(unsafe { dhrd_get_stats(obj, &mut st) }, 0);
+    assert!(
+        st.read_only_after_failure,
+        "the object stayed writable after its image shrank under it (error {r})"
+    );
+    let mut buf = vec![0u8; data.len()];
+    let mut n = 0usize;
+    // SAFETY: a live handle; `buf` is writable for its length; out-pointer.
+    let r = unsafe { dhrd_read(obj, buf.as_mut_ptr().cast(), buf.len(), last, &mut n) };
+    assert!(
+        r != 0 || buf[..n] != data[..n],
+        "RAM served bytes the image no longer has"
+    );
+    // SAFETY: a live handle, closed once.
+    unsafe { dhrd_close(obj) };
     c.remove_image(&name);
 }
