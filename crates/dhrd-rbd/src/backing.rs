@@ -447,11 +447,7 @@ impl RbdBacking {
     /// header meanwhile. Later writes fail (EROFS); reads of RAM are refused.
     pub fn release_for_detach(&self) -> io::Result<u64> {
         if let Some(h) = &self.hold {
-            h.stop.store(true, Ordering::Release);
-            h.lose(
-                &self.spec.to_string(),
-                String::from("the lock was released at close"),
-            );
+            h.release();
         }
         self.sync()?;
         self.with_image(|img| {

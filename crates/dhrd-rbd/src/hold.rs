@@ -97,6 +97,15 @@ impl Hold {
         }
     }
 
+    /// This open gave the lock up itself (a clean close of a cache over it): reads of RAM
+    /// stop, quietly.
+    pub fn release(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self
+            .lost
+            .set(String::from("the image's lock was released at close"));
+    }
+
     pub fn is_lost(&self) -> bool {
         self.lost.get().is_some()
     }
