@@ -18,11 +18,15 @@
 //!   (`osd_client_watch_timeout`, 30 s by default), or at once by a dhrd of the same host
 //!   whose owner record proves the holder's process gone (`owner.rs`); either way the dead
 //!   client is blocklisted, so it could not write even if it were only cut off;
-//! - with a read lease, RAM may serve reads only while the lock was confirmed at the OSD
-//!   within the lease period, and never after the lock was seen with another owner
-//!   ([`dhrd_io::Durable::reads_allowed`]); without one, a dhrd cut off from the cluster
-//!   keeps serving what it loaded;
-//! - the image size is cached: with the lock held, only this process resizes the image;
+//! - once this client learns that it lost the lock (blocklisted, a write refused for want
+//!   of it, or another owner seen by the check it makes every second), RAM serves no read
+//!   again ([`dhrd_io::Durable::reads_allowed`]); with a read lease, RAM serves reads only
+//!   while the lock was confirmed within the lease period, which must fit under the watch
+//!   timeout (`hold.rs`); without one, a dhrd cut off from the cluster serves what it
+//!   loaded until it learns of the loss;
+//! - the image size is cached: only the lock owner resizes the image, this process for
+//!   itself or for another client that asks (`rbd resize`); a smaller image than this
+//!   process made fails the backing and refuses reads (RAM past the end is gone from it);
 //! - a read-only open (`read_only` or a snapshot) takes no lock; an image that another
 //!   client changes under a read-only dhrd is served stale from RAM, which is why a
 //!   snapshot (`rbd:POOL/IMAGE@SNAP`) is the safe way to export an image read-only.
@@ -150,11 +154,13 @@ pub struct RbdOptions {
     /// cluster's watch timeout (see [`owner_record_in`], [`DEFAULT_OWNER_RECORD_DIR`]); `None`: no record.
     pub owner_record: Option<PathBuf>,
     /// Serve reads from RAM only while the lock was confirmed at the OSD within this
-    /// period (a writable open only). Set it below the cluster's `osd_client_watch_timeout`
-    /// (30 s by default) where another host may take the image over after this one is cut
-    /// off: then no read is served from RAM after another client could have written. The
-    /// price: when the cluster is unreachable for longer than the period, reads fail too.
-    /// `None`: RAM serves reads whatever happens to the cluster.
+    /// period (a writable open only), where another host may take the image over after
+    /// this one is cut off: then no read is served from RAM after another client could
+    /// have written. It must be below `osd_client_watch_timeout` less
+    /// `objecter_tick_interval` and a margin ([`lease_bound`]; 22 s with Ceph's defaults),
+    /// as this client's configuration has them, else the open fails. The price: when the
+    /// cluster is unreachable for longer than the period, reads fail too. `None`: RAM
+    /// serves reads until this client learns that it lost the lock.
     pub read_lease: Option<Duration>,
 }
 
