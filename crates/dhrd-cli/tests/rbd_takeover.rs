@@ -456,3 +456,63 @@ fn status_files_are_not_written_through_planted_symlinks() {
     let doc = std::fs::read_to_string(&status).unwrap_or_default();
     assert!(doc.contains("\"size_bytes\""), "no status written: {doc}");
 }
+
+/// Item 2 with no request of its own: a dhrd without a lease, frozen (SIGSTOP) past the
+/// watch timeout while a second one takes the image over and writes, learns of the loss
+/// from its check of the lock once it runs again, and from then on refuses reads of RAM,
+/// although it sent nothing that could fail. (Until that check, about a second, a read may
+/// still be served from RAM: docs/rbd.md.)
+#[test]
+fn a_frozen_dhrd_without_a_lease_stops_serving_ram_once_it_sees_the_takeover() {
+    let (c, _g) = cluster::shared();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let image = c.image_name("frozen");
+    let mut a = start(
+        dir.path(),
+        &dir.path().join("owners"),
+        c,
+        &image,
+        &["--size", "8M"],
+    );
+    let mut cl = Client::connect(&a.sock).unwrap_or_else(|e| panic!("{e}"));
+    cl.write(0, &block(0, 1), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pid = a.child.id() as libc::pid_t;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let dir_b = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let wait = ["--rbd-lock-wait-secs", "60"];
+    let mut b = start(dir_b.path(), &dir_b.path().join("owners"), c, &image, &wait);
+    let mut c2 = Client::connect(&b.sock).unwrap_or_else(|e| panic!("{e}"));
+    c2.write(0, &block(0, 2), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(c2);
+    assert_eq!(b.term(), Some(0), "{}", b.stderr_text());
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    // Only reads: the loss must be found by the dhrd itself. A bound on the wait, not a
+    // timing assertion: the check runs every second.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        match read_block(&mut cl, 0) {
+            Err(NbdError::Errno(_)) => break true,
+            Err(e) => panic!("the connection broke: {e}"),
+            Ok(_) if Instant::now() > deadline => break false,
+            Ok(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    assert!(
+        refused,
+        "a dhrd whose lock another client took still served RAM after 30 s:\n{}",
+        a.stderr_text()
+    );
+    for _ in 0..3 {
+        assert!(
+            read_block(&mut cl, 0).is_err(),
+            "a refused read was served again"
+        );
+    }
+    drop(cl);
+    a.kill9();
+    remove_with_snapshots(c, &image);
+}
