@@ -1,9 +1,9 @@
 //! [`RbdBacking`]: the durable-I/O trait over one open RBD image.
 //!
 //! Invariants:
-//! - the handles are created in the order cluster -> pool context -> image and destroyed
-//!   in the reverse order, exactly once, in `Drop` (or by the partial-open guard when an
-//!   open fails half-way);
+//! - the handles (`image.rs`) are created in the order cluster -> pool context -> image
+//!   and destroyed in the reverse order, exactly once, in `Drop` (or by the partial-open
+//!   guard when an open fails half-way);
 //! - no buffer handed to an asynchronous read is released or reused before its completion
 //!   has been waited for, on every path including errors;
 //! - requests are clipped to the cached image size. Only the lock owner changes the size,
@@ -16,21 +16,22 @@
 //! Crash semantics: with librbd's cache off, every completed write is on the OSDs; a
 //! crash of this process loses nothing that `write_at` returned `Ok` for.
 
-use crate::ffi::{self, CompletionT, ImageInfo, ImageT, IoctxT, Lib, RadosT};
+use crate::ffi::{self, CompletionT, ImageInfo, ImageT, Lib};
 use crate::hold::{self, boottime_ns, Hold};
+use crate::image::{
+    break_dead_owner, ceph, check_lease, cstring, header_oid, header_version, os_err,
+    shrunk_message, sole_owner, take_lock, Keeper, Partial,
+};
 use crate::owner::OwnerRecord;
 use crate::{RbdError, RbdOptions, RbdSpec, BULK_PIECES_IN_FLIGHT, BULK_PIECE_BYTES};
 use dhrd_io::Durable;
 use parking_lot::{Mutex, RwLock};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-/// Pause between attempts to take an exclusive lock another client holds.
-const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Largest single request handed to librbd (its length is a `size_t`, but one request
 /// of many GiB would hold a huge buffer in librbd for a `write_zeroes`).
 const MAX_REQUEST_BYTES: u64 = 1 << 30;
@@ -66,143 +67,6 @@ pub struct RbdBacking {
     /// Serialises resizes (growth on write, `set_len`, the keeper's size check) so the
     /// cached size follows them.
     resize: Arc<Mutex<()>>,
-}
-
-// SAFETY: librados cluster and I/O context handles and librbd image handles may be used
-// from several threads at once (librbd's documentation: an image handle is thread-safe for
-// I/O); the raw pointers are only ever passed to librbd/librados and freed once, by
-// `Partial`'s Drop, under the write lock of `RbdBacking::handles` or when no other
-// reference exists.
-unsafe impl Send for Partial {}
-// SAFETY: see Send.
-unsafe impl Sync for Partial {}
-
-/// `-r` as an io::Error (librados and librbd return negative errno values). A full pool's
-/// quota (EDQUOT) is reported as ENOSPC, the error the engine leaves writable (C5).
-fn os_err(r: i64) -> io::Error {
-    let errno = i32::try_from(-r).unwrap_or(libc::EIO);
-    io::Error::from_raw_os_error(if errno == libc::EDQUOT {
-        libc::ENOSPC
-    } else {
-        errno
-    })
-}
-
-fn ceph(what: impl Into<String>, r: i64) -> RbdError {
-    RbdError::Ceph {
-        what: what.into(),
-        source: os_err(r),
-    }
-}
-
-fn cstring(s: &str) -> Result<CString, RbdError> {
-    CString::new(s).map_err(|_| RbdError::Spec {
-        spec: s.to_owned(),
-        why: "a name with NUL",
-    })
-}
-
-/// Handles of an open in progress; whatever was created is destroyed if the open fails.
-struct Partial {
-    lib: &'static Lib,
-    cluster: RadosT,
-    ioctx: IoctxT,
-    image: ImageT,
-}
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        // SAFETY: each handle is null or a live handle created by this open, destroyed once
-        // here in reverse order of creation.
-        unsafe {
-            if !self.image.is_null() {
-                (self.lib.rbd_close)(self.image);
-            }
-            if !self.ioctx.is_null() {
-                (self.lib.rados_ioctx_destroy)(self.ioctx);
-            }
-            if !self.cluster.is_null() {
-                (self.lib.rados_shutdown)(self.cluster);
-            }
-        }
-    }
-}
-
-impl Partial {
-    fn set(&self, key: &str, value: &str) -> Result<(), RbdError> {
-        let (k, v) = (cstring(key)?, cstring(value)?);
-        // SAFETY: a created, not yet connected cluster handle; valid C strings.
-        let r = unsafe { (self.lib.rados_conf_set)(self.cluster, k.as_ptr(), v.as_ptr()) };
-        if r < 0 {
-            return Err(ceph(format!("setting {key}={value}"), r.into()));
-        }
-        Ok(())
-    }
-
-    /// A configuration value of this client, as text.
-    fn get(&self, key: &str) -> Result<String, RbdError> {
-        let k = cstring(key)?;
-        let mut buf = [0 as c_char; 256];
-        // SAFETY: a created cluster handle; a valid C string; `buf` writable for its length.
-        let r = unsafe {
-            (self.lib.rados_conf_get)(self.cluster, k.as_ptr(), buf.as_mut_ptr(), buf.len())
-        };
-        if r < 0 {
-            return Err(ceph(format!("reading {key}"), r.into()));
-        }
-        // SAFETY: librados wrote a NUL-terminated value into `buf`.
-        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned())
-    }
-
-    /// The owners of the image's lock (empty when nobody holds it).
-    fn owners(&self) -> io::Result<Vec<String>> {
-        let mut mode: c_int = 0;
-        let mut owners: [*mut c_char; 8] = [std::ptr::null_mut(); 8];
-        let mut n: usize = owners.len();
-        // SAFETY: an open image; `owners` has room for `n` pointers, which librbd fills
-        // and which are released with the matching cleanup call.
-        let r = unsafe {
-            (self.lib.rbd_lock_get_owners)(self.image, &mut mode, owners.as_mut_ptr(), &mut n)
-        };
-        if r == -libc::ENOENT {
-            return Ok(Vec::new());
-        }
-        if r < 0 {
-            return Err(os_err(r.into()));
-        }
-        let names: Vec<String> = owners[..n]
-            .iter()
-            // SAFETY: librbd set the first `n` entries to NUL-terminated strings.
-            .map(|p| unsafe { CStr::from_ptr(*p) }.to_string_lossy().into_owned())
-            .collect();
-        // SAFETY: the `n` strings librbd allocated above.
-        unsafe { (self.lib.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), n) };
-        Ok(names)
-    }
-
-    /// Who holds the image's lock, for the error message.
-    fn lock_owners(&self) -> String {
-        match self.owners() {
-            Ok(v) if v.is_empty() => String::from("no owner recorded"),
-            Ok(v) => v.join(", "),
-            Err(e) => format!("owner unknown: {e}"),
-        }
-    }
-
-    /// Breaks the lock `owner` holds (librbd blocklists that client as it does so).
-    fn break_lock(&self, owner: &str) -> io::Result<()> {
-        let c = CString::new(owner).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: an open image; a valid C string.
-        let r = unsafe {
-            (self.lib.rbd_lock_break)(self.image, ffi::RBD_LOCK_MODE_EXCLUSIVE, c.as_ptr())
-        };
-        if r < 0 {
-            return Err(os_err(r.into()));
-        }
-        Ok(())
-    }
 }
 
 impl RbdBacking {
@@ -690,223 +554,6 @@ impl RbdBacking {
             }
         }
         Ok(())
-    }
-}
-
-/// If the one owner of the image's lock is the recorded owner and its process is gone,
-/// breaks the lock and returns that owner (see `owner.rs` for why this is safe).
-fn break_dead_owner(
-    p: &Partial,
-    spec: &RbdSpec,
-    record: &Path,
-) -> Result<Option<String>, RbdError> {
-    if let Some(dir) = record.parent().filter(|d| d.exists()) {
-        crate::owner::check_dir(dir).map_err(|e| RbdError::Ceph {
-            what: String::from("checking the owner record directory"),
-            source: e,
-        })?;
-    }
-    let Some(rec) = OwnerRecord::read(record) else {
-        return Ok(None);
-    };
-    let owners = p.owners().map_err(|e| RbdError::Ceph {
-        what: format!("listing the lock owners of {spec}"),
-        source: e,
-    })?;
-    if owners != [rec.owner.clone()] || !rec.holder_is_gone() {
-        return Ok(None);
-    }
-    p.break_lock(&rec.owner).map_err(|e| RbdError::Ceph {
-        what: format!(
-            "breaking the lock of {spec} left by the dead process {}",
-            rec.pid
-        ),
-        source: e,
-    })?;
-    Ok(Some(rec.owner))
-}
-
-/// This client as the owner of the lock it has just taken (the address librbd reports).
-fn sole_owner(p: &Partial, spec: &RbdSpec) -> Result<String, RbdError> {
-    let owners = p.owners().map_err(|e| RbdError::Ceph {
-        what: format!("listing the lock owners of {spec}"),
-        source: e,
-    })?;
-    match <[String; 1]>::try_from(owners) {
-        Ok([me]) => Ok(me),
-        Err(owners) => Err(RbdError::Ceph {
-            what: format!("the lock of {spec} has owners {owners:?} after taking it"),
-            source: io::Error::from_raw_os_error(libc::EIO),
-        }),
-    }
-}
-
-/// The message of an image found smaller than this process made it.
-fn shrunk_message(spec: &RbdSpec, cached: u64, now: u64) -> String {
-    format!(
-        "image {spec} shrank from {cached} to {now} bytes under this process (another \
-         client resized it, e.g. rbd resize --allow-shrink): RAM past the new end holds \
-         bytes the image no longer has, so the export stops; restart it to serve the image \
-         as it now is"
-    )
-}
-
-/// The keeper thread of a writable open: confirms the lock (`hold.rs`) and checks that the
-/// image keeps its size, until the backing closes or the lock is lost.
-struct Keeper {
-    lib: &'static Lib,
-    hold: Arc<Hold>,
-    handles: Arc<RwLock<Option<Partial>>>,
-    size_bytes: Arc<AtomicU64>,
-    resize: Arc<Mutex<()>>,
-    spec: RbdSpec,
-    name: String,
-}
-
-impl Keeper {
-    fn spawn(self) -> io::Result<()> {
-        std::thread::Builder::new()
-            .name(String::from("dhrd-rbd-lock"))
-            .spawn(move || {
-                let every = self.hold.interval();
-                while !self.hold.stop.load(Ordering::Acquire) && !self.hold.is_lost() {
-                    std::thread::sleep(every);
-                    if !self.round() {
-                        return;
-                    }
-                }
-            })?;
-        Ok(())
-    }
-
-    /// One check; false once the image is closed.
-    fn round(&self) -> bool {
-        let g = self.handles.read();
-        let Some(p) = g.as_ref() else { return false };
-        if self.hold.stop.load(Ordering::Acquire) {
-            return false;
-        }
-        let sent = boottime_ns();
-        match p.owners() {
-            Ok(owners) if owners.len() == 1 && owners[0] == self.hold.me => self.hold.confirm(sent),
-            Ok(owners) => self.hold.lose(
-                &self.name,
-                format!("the image's lock is now held by {owners:?}"),
-            ),
-            Err(e) if e.raw_os_error() == Some(libc::ESHUTDOWN) => self.hold.lose(
-                &self.name,
-                String::from("this client was blocklisted: another client broke the image's lock"),
-            ),
-            Err(_) => {} // not confirmed; a lease runs out unless a later try succeeds
-        }
-        // The cached size follows this process's own resizes under `resize`; another size
-        // is another client's resize, carried out by librbd for it.
-        let _r = self.resize.lock();
-        let cached = self.size_bytes.load(Ordering::Acquire);
-        match hold::image_size(self.lib, p.image) {
-            Ok(now) if now < cached => self
-                .hold
-                .lose(&self.name, shrunk_message(&self.spec, cached, now)),
-            Ok(now) if now > cached => {
-                self.size_bytes.store(now, Ordering::Release);
-            }
-            _ => {}
-        }
-        true
-    }
-}
-
-/// The lease asked for must fit under the watch timeout this client knows of (its
-/// configuration's `osd_client_watch_timeout`, which must match the OSDs') less a ping
-/// interval (`objecter_tick_interval`) and a margin (`hold.rs`).
-fn check_lease(p: &Partial, period: Duration) -> Result<(), RbdError> {
-    let secs = |key: &str| -> Result<Duration, RbdError> {
-        let v = p.get(key)?;
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| ceph(format!("reading {key} ({v:?})"), -i64::from(libc::EINVAL)))
-    };
-    let watch = secs("osd_client_watch_timeout")?;
-    let ping = secs("objecter_tick_interval")?;
-    let bound = hold::lease_bound(watch, ping);
-    if period > bound {
-        return Err(RbdError::LeaseTooLong {
-            lease: period,
-            bound,
-            watch,
-            ping,
-        });
-    }
-    Ok(())
-}
-
-/// The name of the image's header object (`rbd_header.ID`, format 2 images).
-fn header_oid(p: &Partial, spec: &RbdSpec) -> Result<CString, RbdError> {
-    let mut buf = [0 as c_char; 64];
-    // SAFETY: an open image; `buf` is writable for its length.
-    let r = unsafe { (p.lib.rbd_get_id)(p.image, buf.as_mut_ptr(), buf.len()) };
-    if r < 0 {
-        return Err(ceph(format!("reading the id of {spec}"), r.into()));
-    }
-    // SAFETY: librbd wrote a NUL-terminated id into `buf`.
-    let id = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
-    cstring(&format!("rbd_header.{id}"))
-}
-
-/// The version of the header object now (RADOS's user version of it, which every write
-/// to it moves and nothing else does).
-fn header_version(p: &Partial, oid: &CStr) -> io::Result<u64> {
-    let (mut size, mut mtime) = (0u64, 0 as libc::time_t);
-    // SAFETY: a live I/O context (used by this backing only, so the version read below is
-    // this stat's); a valid C string; out-pointers.
-    let r = unsafe { (p.lib.rados_stat)(p.ioctx, oid.as_ptr(), &mut size, &mut mtime) };
-    if r < 0 {
-        return Err(os_err(r.into()));
-    }
-    // SAFETY: a live I/O context.
-    Ok(unsafe { (p.lib.rados_get_last_version)(p.ioctx) })
-}
-
-/// Takes the exclusive lock, retrying while another client holds it, up to `wait`.
-fn take_lock(p: &Partial, spec: &RbdSpec, wait: Duration) -> Result<(), RbdError> {
-    let mut features: u64 = 0;
-    // SAFETY: an open image; out-pointer.
-    let r = unsafe { (p.lib.rbd_get_features)(p.image, &mut features) };
-    if r < 0 {
-        return Err(ceph(format!("reading the features of {spec}"), r.into()));
-    }
-    if features & ffi::RBD_FEATURE_EXCLUSIVE_LOCK == 0 {
-        return Err(RbdError::NoExclusiveLock {
-            image: spec.to_string(),
-        });
-    }
-    let started = Instant::now();
-    loop {
-        // SAFETY: an open image.
-        let r = unsafe { (p.lib.rbd_lock_acquire)(p.image, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
-        if r == 0 {
-            return Ok(());
-        }
-        // EROFS: the owner refused to hand the lock over; EBUSY/EAGAIN: it is being
-        // released or broken. Anything else is a real failure.
-        let contended = [libc::EROFS, libc::EBUSY, libc::EAGAIN].contains(&-r);
-        if !contended {
-            return Err(ceph(
-                format!("taking the exclusive lock of {spec}"),
-                r.into(),
-            ));
-        }
-        if started.elapsed() >= wait {
-            return Err(RbdError::Locked {
-                image: spec.to_string(),
-                owners: p.lock_owners(),
-                waited: started.elapsed(),
-            });
-        }
-        std::thread::sleep(LOCK_RETRY_PAUSE.min(wait.saturating_sub(started.elapsed())));
     }
 }
 

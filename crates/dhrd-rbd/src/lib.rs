@@ -34,6 +34,7 @@
 mod backing;
 mod ffi;
 mod hold;
+mod image;
 mod owner;
 
 pub use backing::{RbdBacking, MARK_METADATA_KEY};
