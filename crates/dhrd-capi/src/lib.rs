@@ -482,9 +482,10 @@ fn open_backing(
         };
         let b = Arc::new(RbdBacking::open(&spec, &ropts).map_err(|e| e.errno())?);
         let chunk = b.preferred_chunk_bytes();
-        let id = match o.read_only {
-            true => LowerIdentity::rbd_image(&spec),
-            false => LowerIdentity::of_rbd(&b),
+        // A snapshot lacks nothing a cache holds, whatever the image's mark says.
+        let id = match spec.snapshot {
+            Some(_) => LowerIdentity::rbd_image(&spec),
+            None => LowerIdentity::of_rbd(&b),
         };
         return Ok((b, Some(chunk), id));
     }

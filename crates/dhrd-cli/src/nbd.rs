@@ -620,11 +620,12 @@ fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
             bail!("{spec} is empty; pass --size to grow it");
         }
         let b = Arc::new(b);
-        // A cache over a writable image is stamped and marked through the image itself.
-        let identity = if a.read_only {
-            LowerIdentity::rbd_image(&spec)
-        } else {
-            LowerIdentity::of_rbd(&b)
+        // The image is stamped and marked through itself (a read-only start is refused
+        // over a marked image, as over a marked file); a snapshot lacks nothing a cache
+        // holds, whatever the image's mark says.
+        let identity = match spec.snapshot {
+            Some(_) => LowerIdentity::rbd_image(&spec),
+            None => LowerIdentity::of_rbd(&b),
         };
         return Ok(Opened {
             backing: b.clone(),

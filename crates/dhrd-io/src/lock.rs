@@ -23,6 +23,9 @@
 //! (an object closed a moment ago whose background threads have not yet let go of its
 //! file), never for one of another process.
 //!
+//! Crash semantics: the kernel drops the lock with the last descriptor of its open, so a
+//! process that crashed holds nothing; nothing is written.
+//!
 //! [`FileBacking::open`]: crate::FileBacking::open
 
 use std::fs::File;

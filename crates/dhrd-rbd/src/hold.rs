@@ -25,6 +25,9 @@
 //! Without a lease the window is open between the loss and the moment this process learns
 //! of it (its next request, or the keeper's next check): reads of RAM in that window may
 //! return bytes older than the other client's writes.
+//!
+//! Crash semantics: none; the hold lives in memory and dies with the process, whose
+//! lock the cluster frees once its watch expires.
 
 use crate::ffi::{self, ImageT};
 use std::io;

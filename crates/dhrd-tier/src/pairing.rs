@@ -184,15 +184,15 @@ impl LowerIdentity {
         }
     }
 
-    /// An RBD image, by its spec (`rbd:POOL/IMAGE`), unstamped and unmarked: a read-only
-    /// open, which no cache sits on.
+    /// An RBD image, by its spec (`rbd:POOL/IMAGE`), unstamped and unmarked: a snapshot,
+    /// which no cache sits on and which lacks nothing a cache of the image holds.
     pub fn rbd_image(spec: impl std::fmt::Display) -> Self {
         Self::named(format!("RBD image {spec}"))
     }
 
-    /// An RBD image opened for writing: stamped by its header's version (as found before
-    /// this open took the lock; at a clean close, after releasing the lock), marked by its
-    /// metadata key [`dhrd_rbd::MARK_METADATA_KEY`].
+    /// An RBD image: stamped by its header's version (as found before this open took the
+    /// lock; at a clean close of a cache, after releasing the lock), marked by its
+    /// metadata key [`dhrd_rbd::MARK_METADATA_KEY`] (read-only opens only read the mark).
     pub fn of_rbd(image: &Arc<dhrd_rbd::RbdBacking>) -> Self {
         let found = image.stamp_before_lock();
         let closing = Arc::clone(image);
