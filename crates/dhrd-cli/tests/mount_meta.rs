@@ -189,7 +189,7 @@ fn without_sync_mode_the_cut_loses_acknowledged_changes() {
 /// stores into a shared mapping, which only the page cache holds until then).
 #[test]
 fn an_fsync_writes_its_file_where_rounds_are_journal_commits() {
-    use dhrd_io::pagecache;
+    use dhrd_pagecache as pagecache;
     use std::os::fd::AsFd;
     let s = Scratch::new("meta-fsync-data");
     let disk = LoopFs::new(&s);

@@ -12,7 +12,7 @@
 
 mod common;
 use common::*;
-use dhrd_io::pagecache::{self, CacheStat, CacheStatSource};
+use dhrd_pagecache::{self as pagecache, CacheStat, CacheStatSource};
 use std::fs::{self, File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

@@ -89,7 +89,7 @@ fn thousands_of_files_keep_memory_and_descriptors_bounded_on_the_engine() {
 /// Bytes of a backing file in the page cache.
 fn cached(path: &std::path::Path) -> u64 {
     let f = fs::File::open(path).unwrap();
-    dhrd_io::pagecache::cachestat(f.as_fd(), 0, 0)
+    dhrd_pagecache::cachestat(f.as_fd(), 0, 0)
         .unwrap()
         .0
         .cached_bytes()

@@ -1,9 +1,9 @@
 //! Options of an object and of the loader. Every bound is a named constant here.
 
 use crate::ahead::{ReadAhead, WINDOW_MAX_CHUNKS_DEFAULT};
-use crate::budget::RamBudget;
 use crate::cache::{Admission, CachePolicy};
 use crate::loader::{LoadGate, Loader};
+use dhrd_io::RamBudget;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;

@@ -11,7 +11,6 @@
 //! when.
 
 pub mod ahead;
-mod budget;
 pub mod cache;
 mod commit;
 mod config;
@@ -20,20 +19,19 @@ mod layout_lock;
 mod loader;
 mod object;
 mod ram;
-pub mod reaper;
-pub mod resident;
 mod slot;
 mod stats;
 mod units;
 
 pub use ahead::ReadAhead;
-pub use budget::RamBudget;
+// The budget lives below both RAM tiers (the page cache tier charges it too).
 pub use cache::{Admission, CachePolicy};
 pub use config::{
     CacheConfig, Durability, LoaderConfig, ObjectConfig, RamOptions, DEFAULT_CHUNK_BYTES,
     DEMAND_QUEUE_MAX, INLINE_LOAD_BYTES_MAX, LOADER_THREADS_DEFAULT, LOADER_THREADS_MAX,
     OBJECT_BYTES_MAX,
 };
+pub use dhrd_io::RamBudget;
 pub use error::{BackingOp, Error, FailureCause, Result};
 pub use loader::{LoadGate, Loader};
 pub use object::{HybridObject, LoadProgress, LoadStep, RamView, ReadOutcome, Served, View};

@@ -45,7 +45,6 @@
 //! good (C4), ENOSPC fails only that request (C5).
 
 use crate::ahead::Ahead;
-use crate::budget::RamBudget;
 use crate::cache::Residency;
 use crate::commit::{Failure, GroupCommit};
 use crate::config::{Durability, ObjectConfig, DEMAND_QUEUE_MAX, OBJECT_BYTES_MAX};
@@ -57,6 +56,7 @@ use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, SlotTable, Write
 use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
 use crossbeam_utils::sync::{ShardedLockReadGuard, ShardedLockWriteGuard};
+use dhrd_io::RamBudget;
 use dhrd_io::{read_full, Durable, Persistence, PAGE_BYTES};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

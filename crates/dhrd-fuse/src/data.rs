@@ -30,8 +30,8 @@ use crate::objects::{Obj, OpenKind};
 use crate::page_tier::{Opened, PageOpen, PageTier, Service};
 use crate::sys;
 use crate::walk::BackingOpener;
-use dhrd_engine::reaper::{Reaper, REAPER_THREADS};
-use dhrd_engine::resident::{Resident, ResidentConfig};
+use dhrd_pagecache::reaper::{Reaper, REAPER_THREADS};
+use dhrd_pagecache::resident::{Resident, ResidentConfig};
 use fuser::{FileAttr, FileHandle, FopenFlags, OpenAccMode, OpenFlags, Request, TimeOrNow};
 use std::ffi::OsStr;
 use std::io;
@@ -436,8 +436,8 @@ impl Shared {
                 // round covers with every other change (one journal commit, not an fsync
                 // and a device flush of its own). Unknown (no cachestat): write it.
                 let clean = matches!(
-                    dhrd_io::pagecache::cachestat(open.file.as_fd(), 0, 0),
-                    Ok((c, dhrd_io::pagecache::CacheStatSource::Cachestat))
+                    dhrd_pagecache::cachestat(open.file.as_fd(), 0, 0),
+                    Ok((c, dhrd_pagecache::CacheStatSource::Cachestat))
                         if c.dirty_pages == 0 && c.writeback_pages == 0
                 );
                 if clean {

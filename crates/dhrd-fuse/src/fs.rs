@@ -172,7 +172,7 @@ impl Shared {
         let round_sync = RoundSync::for_fs(dir.root_fd());
         // The page cache path needs the flag only to make writes durable (`sync` mode).
         let sync_flag_probe = if cfg.durability == Durability::Sync {
-            dhrd_io::pagecache::probe_sync_flag(dir.root_fd()).map_err(|e| {
+            dhrd_pagecache::probe_sync_flag(dir.root_fd()).map_err(|e| {
                 format!("the backing file system does not keep the sync flag (FS_SYNC_FL): {e}")
             })
         } else {

@@ -6,7 +6,7 @@
 //! - Every open of a regular file carries the inode's backing id (FOPEN_PASSTHROUGH; the
 //!   kernel wants one per inode, shared by all its opens, fs/fuse/iomode.c). The kernel
 //!   opens the backing file with the application's own flags and reads and writes it.
-//! - `sync` durability: the backing inode carries `FS_SYNC_FL` (`dhrd_io::pagecache`), so
+//! - `sync` durability: the backing inode carries `FS_SYNC_FL` (`dhrd_pagecache`), so
 //!   the backing file system makes every write synchronous (`IS_SYNC`), also those the
 //!   kernel makes for an application through passthrough. A write returns once its data
 //!   is on the device; nothing of it ever sits dirty in the page cache.
@@ -52,9 +52,9 @@ use crate::config::COPY_STEP_BYTES;
 use crate::data::{OpenReply, WriteSync};
 use crate::error::{FsError, Result};
 use crate::killpriv::Caller;
-use dhrd_engine::reaper::Reaper;
-use dhrd_engine::resident::Resident;
-use dhrd_io::pagecache;
+use dhrd_pagecache as pagecache;
+use dhrd_pagecache::reaper::Reaper;
+use dhrd_pagecache::resident::Resident;
 use fuser::FopenFlags;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -635,8 +635,8 @@ fn size_and_links(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use super::*;
-    use dhrd_engine::resident::{FileRef, Opener, ResidentConfig};
     use dhrd_engine::RamBudget;
+    use dhrd_pagecache::resident::{FileRef, Opener, ResidentConfig};
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 

@@ -11,9 +11,9 @@
 
 use crate::data::Tier;
 use crate::fs::Shared;
-use dhrd_engine::resident::ResidentStats;
-use dhrd_io::pagecache::{self, CacheStat};
 use dhrd_io::Durable as _;
+use dhrd_pagecache::resident::ResidentStats;
+use dhrd_pagecache::{self as pagecache, CacheStat};
 use serde_json::{json, Map, Value};
 use std::fmt::Write as _;
 use std::os::fd::AsFd;

@@ -15,7 +15,7 @@ use crate::data::Tier;
 use crate::error::{FsError, Result};
 use crate::fs::Shared;
 use crate::sys::{self, BackingDir};
-use dhrd_engine::resident::{FileRef, Opener};
+use dhrd_pagecache::resident::{FileRef, Opener};
 use rustix::fs::OFlags;
 use std::collections::VecDeque;
 use std::ffi::OsStr;

@@ -16,15 +16,16 @@
 //! - a failed `sync` promises nothing about the writes it covered, and a later successful
 //!   `sync` does not repair that promise (the engine treats it as sticky, see C4).
 
+mod budget;
 mod file;
 mod lock;
-pub mod pagecache;
 pub mod replace;
 mod rng;
 mod sim;
 mod timed;
 pub mod xattr;
 
+pub use budget::RamBudget;
 pub use file::{FileBacking, FileOptions, WriteSync, DIRECT_ALIGN_BYTES};
 pub use rng::SplitMix64;
 pub use sim::{CrashImage, Fault, FaultKind, SimBacking, SimStats};

@@ -19,7 +19,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use crate::PAGE_BYTES;
+use dhrd_io::PAGE_BYTES;
 
 /// `FS_SYNC_FL` from linux/fs.h: synchronous updates.
 pub const FS_SYNC_FL: libc::c_int = 0x0000_0008;

@@ -1,13 +1,20 @@
-//! RAM budget shared by any number of objects (I11). A chunk may enter state Loaded
-//! only after reserving its size here; leaving Loaded releases it. The budget counts
-//! chunk-sized reservations, an upper bound on the memory the RAM tier can hold, except
-//! for the last chunk of a file that ends inside it: that one is charged by the pages the
-//! file occupies in it (see `object.rs`, "rebate"), so a 1 KiB file costs a page, not a
-//! chunk. While such a file grows, its last chunk's charge grows with it even past the
-//! limit ([`RamBudget::charge`]): the bytes are in RAM already.
+//! RAM budget shared by any number of users of RAM (I11): both RAM tiers charge it, so one
+//! `--mem` bounds whichever tier a frontend runs on, or both at once.
 //!
-//! The page cache data path of the file system charges the pages it pins here too
-//! (`resident.rs`), so one budget bounds whichever RAM tier a mount runs on.
+//! - The engine (`dhrd-engine`): a chunk may enter state Loaded only after reserving its
+//!   size here; leaving Loaded releases it. It counts chunk-sized reservations, an upper
+//!   bound on the memory its RAM tier can hold, except for the last chunk of a file that
+//!   ends inside it: that one is charged by the pages the file occupies in it (the
+//!   engine's "rebate"), so a 1 KiB file costs a page, not a chunk. While such a file
+//!   grows, its last chunk's charge grows with it even past the limit
+//!   ([`RamBudget::charge`]): the bytes are in RAM already.
+//! - The page cache tier (`dhrd-pagecache`): the pages it pins.
+//!
+//! Why here, at the bottom: the two tiers are peers, neither depends on the other, and
+//! the budget has no dependency of its own.
+//!
+//! Invariants: `used_bytes` is the sum of live reservations and charges; a release of
+//! more than is held is a bug and stops the process. Crash semantics: none (RAM only).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

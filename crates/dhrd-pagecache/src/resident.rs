@@ -46,7 +46,7 @@
 //! mappings, but the pages stay cached until the kernel needs the memory, so a new
 //! instance finds them warm and pins them again without reading the device.
 
-use crate::budget::RamBudget;
+use dhrd_io::RamBudget;
 use dhrd_io::PAGE_BYTES;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
@@ -404,7 +404,7 @@ impl Resident {
         // The file may have lost its last name before the entry went in, and its `forget`
         // then found nothing to drop: look now that the entry is in. An unlink after this
         // point finds the entry (its `forget` comes after the unlink).
-        if dhrd_io::pagecache::link_count(file.as_fd()).is_ok_and(|n| n == 0) {
+        if crate::sys::link_count(file.as_fd()).is_ok_and(|n| n == 0) {
             self.forget(key);
         }
     }
@@ -573,10 +573,10 @@ impl Drop for Resident {
     }
 }
 
-/// The size of an open file without asking for its timestamps (`pagecache::file_size`).
+/// The size of an open file without asking for its timestamps (`sys::file_size`).
 fn file_size(file: &File) -> io::Result<u64> {
     use std::os::fd::AsFd;
-    dhrd_io::pagecache::file_size(file.as_fd())
+    crate::sys::file_size(file.as_fd())
 }
 
 /// Moves the entries of `q` that `pred` picks to `out`, keeping the others in order.
@@ -1003,7 +1003,7 @@ fn set_nice(nice: i32) {
 
 /// Bytes of `file` the page cache holds (for tests and status of single files).
 pub fn cached_bytes(file: &File) -> io::Result<u64> {
-    let (st, _) = dhrd_io::pagecache::cachestat(file.as_fd(), 0, 0)?;
+    let (st, _) = crate::sys::cachestat(file.as_fd(), 0, 0)?;
     Ok(st.cached_bytes())
 }
 
