@@ -14,7 +14,8 @@
 //! before it marks it clean (so a clean slot holds its whole chunk).
 //!
 //! SSD layout and its upgrade from the first format: `layout.rs`. Which lower tier the SSD
-//! caches, and what happens when it is opened over another one: `pairing.rs`.
+//! caches, and what happens when it is opened over another one: `pairing.rs`. The write
+//! paths: `writes.rs`; the write-back: `clean.rs`.
 //!
 //! Invariants:
 //! - A lower chunk is in at most one slot, on the device too: a slot is reused only after
@@ -47,8 +48,10 @@
 //! has the same size and there is nothing for ReHypar's partitioning to do (it shines on a
 //! file cache with varied sizes; `dhrd-bench rehypar` measures it there).
 
+mod clean;
 mod layout;
 mod parts;
+mod writes;
 
 use crate::fastdev::{self, invalid, read_padded, Background, StickyFailure};
 use crate::pairing::{self, LowerIdentity, Paired};
@@ -432,7 +435,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("dhrd-tier-wb-{i}"))
-                    .spawn(move || writeback_loop(&s))?,
+                    .spawn(move || clean::writeback_loop(&s))?,
             );
         }
         Ok(Self {
@@ -670,145 +673,6 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         Ok(())
     }
 
-    /// Writes `buf` at chunk-relative byte `a` of chunk `c` into slot `i`, whose lock the
-    /// caller holds, and returns the parts the write touched. The slot holds `held`
-    /// already; a touched part outside `held` that the write covers only partly gets its
-    /// other bytes from the lower tier, so that every touched part holds the chunk's bytes.
-    fn write_parts(&self, i: usize, c: u64, held: Parts, buf: &[u8], a: u64) -> io::Result<Parts> {
-        let (start, end) = self.chunk_range(c);
-        let pb = self.geo.part_bytes();
-        let (touched, edges) = parts::touched(pb, end - start, a, a + buf.len() as u64);
-        let base = self.slot_offset(i);
-        for (x, y) in edges {
-            if held.contains(x / pb) {
-                continue;
-            }
-            let mut fill = vec![0u8; (y - x) as usize];
-            read_padded(&self.lower, &mut fill, start + x)?;
-            self.ssd_write(&fill, base + x)?;
-        }
-        self.ssd_write(buf, base + a)?;
-        Ok(touched)
-    }
-
-    /// Writes `buf` at chunk-relative byte `a` into slot `i`, which holds chunk `c` DIRTY
-    /// and whose lock the caller holds. Parts new to the slot are named by its entry only
-    /// after their bytes are durable; the caller's final sync makes the entry durable.
-    fn write_dirty_slot(&self, i: usize, c: u64, buf: &[u8], a: u64) -> io::Result<()> {
-        // A DIRTY slot's parts only grow: writes add them under the slot's lock, which the
-        // caller holds, and the write-back names the parts it completed without that lock.
-        // So `held` may fall behind, never ahead: a part it lacks but the write-back filled
-        // holds the lower tier's bytes, as does an edge fill from there.
-        let held = self.state.lock().slots[i].parts;
-        let touched = self.write_parts(i, c, held, buf, a)?;
-        if touched.minus(held).is_empty() {
-            return Ok(());
-        }
-        self.ssd_sync()?;
-        let mut st = self.state.lock();
-        debug_assert_eq!(st.slots[i].state, SLOT_DIRTY);
-        // The current parts, not `held`: naming from a stale `held` would drop parts the
-        // write-back named meanwhile, and with them later writes into those parts.
-        let parts = st.slots[i].parts.union(touched);
-        let e = Entry::new(c, SLOT_DIRTY, parts);
-        self.write_entry(&mut st, i, e)?;
-        st.slots[i].parts = parts;
-        Ok(())
-    }
-
-    /// Write-back mode: writes into the chunk's slot, taking one if the SSD does not hold
-    /// the chunk. False when no slot could be had (every one dirty or busy).
-    fn write_cached(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<bool> {
-        let a = offset - self.chunk_range(c).0;
-        loop {
-            let found = self.state.lock().by_chunk.get(&c).copied();
-            if let Some(i) = found {
-                let _g = self.locks[i].lock();
-                let mut st = self.state.lock();
-                if st.by_chunk.get(&c) != Some(&i) {
-                    continue; // evicted meanwhile
-                }
-                st.slots[i].writes += 1;
-                if st.slots[i].state == SLOT_CLEAN {
-                    st.slots[i].state = SLOT_DIRTY;
-                    st.dirty += 1;
-                    let e = Entry::new(c, SLOT_DIRTY, st.slots[i].parts);
-                    self.write_entry(&mut st, i, e)?;
-                    drop(st);
-                    self.ssd_sync()?;
-                } else {
-                    drop(st);
-                }
-                self.write_dirty_slot(i, c, buf, a)?;
-                return Ok(true);
-            }
-            let Some(i) = self.take_slot()? else {
-                return Ok(false);
-            };
-            let _g = self.locks[i].lock();
-            // Only the parts the write touches: the rest of the chunk stays on the lower
-            // tier and is not read now.
-            let r = (|| {
-                let touched = self.write_parts(i, c, Parts::NONE, buf, a)?;
-                self.ssd_sync()?;
-                Ok(touched)
-            })();
-            let parts = match r {
-                Ok(p) => p,
-                Err(e) => {
-                    self.untake(i);
-                    return Err(e);
-                }
-            };
-            let mut st = self.state.lock();
-            if st.by_chunk.contains_key(&c) {
-                // Another writer cached it first: retry on that slot.
-                st.free.push(i);
-                continue;
-            }
-            let e = Entry::new(c, SLOT_DIRTY, parts);
-            self.write_entry(&mut st, i, e)?;
-            st.slots[i].hold(c, SLOT_DIRTY, parts, 1);
-            st.by_chunk.insert(c, i);
-            st.dirty += 1;
-            st.policy.insert(c);
-            if parts != self.chunk_parts(c) {
-                self.partial_fills.fetch_add(1, Ordering::Relaxed);
-            }
-            return Ok(true);
-        }
-    }
-
-    /// Write-through (and the write-back mode's fallback): drops the chunk's slot, durably,
-    /// then writes the lower tier.
-    fn write_lower(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<()> {
-        let found = self.state.lock().by_chunk.get(&c).copied();
-        if let Some(i) = found {
-            let _g = self.locks[i].lock();
-            let mut st = self.state.lock();
-            if st.by_chunk.get(&c) == Some(&i) {
-                if st.slots[i].state == SLOT_DIRTY {
-                    // Its newer bytes must reach the lower tier first: write into the
-                    // slot instead (write-back keeps it; write-through drains below).
-                    drop(st);
-                    let (start, _) = self.chunk_range(c);
-                    self.write_dirty_slot(i, c, buf, offset - start)?;
-                    self.ssd_sync()?;
-                    return Ok(());
-                }
-                st.by_chunk.remove(&c);
-                st.policy.remove(c);
-                st.slots[i].clear();
-                st.free.push(i);
-                self.write_entry(&mut st, i, Entry::FREE)?;
-                drop(st);
-                self.ssd_sync()?;
-            }
-        }
-        self.lower.write_at(buf, offset)?;
-        self.lower.sync()
-    }
-
     /// Serves `dst`, at chunk-relative byte `a` of chunk `c`, from slot `i`, whose lock the
     /// caller holds and which lacks some of the parts `dst` needs: the lower tier's bytes
     /// with the slot's parts laid over them. (The write-back completes the slot.)
@@ -837,111 +701,6 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             .runs()
             .map(move |(p, q)| (p as usize * pb, (q as usize * pb).min(len)))
     }
-
-    fn next_dirty(&self, st: &mut State) -> Option<usize> {
-        let n = st.slots.len();
-        if st.dirty == 0 {
-            return None;
-        }
-        for k in 0..n {
-            let i = (st.cursor + k) % n;
-            if st.slots[i].state == SLOT_DIRTY && !st.slots[i].busy {
-                st.cursor = i + 1;
-                st.slots[i].busy = true;
-                return Some(i);
-            }
-        }
-        None
-    }
-
-    /// Copies dirty slot `i` to the lower tier and marks it CLEAN unless written meanwhile.
-    /// A slot holding only some parts is completed first, so that a clean slot always holds
-    /// its whole chunk and later reads of it never reach the lower tier: the parts it lacks
-    /// are read from the lower tier without the slot's lock (writes to the chunk need not
-    /// wait for the slow tier; the lower tier's bytes of parts the slot lacks are current),
-    /// written into the slot under the lock, and named once the sync below made them durable.
-    fn write_back(&self, i: usize) -> io::Result<()> {
-        let (chunk, held) = {
-            let st = self.state.lock();
-            (st.slots[i].chunk, st.slots[i].parts)
-        };
-        let (start, end) = self.chunk_range(chunk);
-        let all = self.chunk_parts(chunk);
-        let mut whole = None;
-        if held != all {
-            let mut b = vec![0u8; (end - start) as usize];
-            read_padded(&self.lower, &mut b, start)?;
-            whole = Some(b);
-        }
-        let base = self.slot_offset(i);
-        let (before, filled, pieces) = {
-            let _g = self.locks[i].lock();
-            let (before, held) = {
-                let st = self.state.lock();
-                // A dirty slot being written back is neither evicted nor dropped.
-                assert_eq!(
-                    st.slots[i].chunk, chunk,
-                    "slot {i} changed chunk while dirty"
-                );
-                (st.slots[i].writes, st.slots[i].parts)
-            };
-            let mut filled = Parts::NONE;
-            let pieces = match whole {
-                Some(mut w) => {
-                    // Parts added by writes since the read above are in the slot already.
-                    self.lay_parts_over(i, held, &mut w)?;
-                    filled = all.minus(held);
-                    for (x, y) in self.byte_runs(filled, w.len()) {
-                        self.ssd_write(&w[x..y], base + x as u64)?;
-                    }
-                    vec![(0, w)]
-                }
-                None => {
-                    let mut pieces = Vec::new();
-                    for (x, y) in self.byte_runs(held, (end - start) as usize) {
-                        let mut b = vec![0u8; y - x];
-                        read_padded(&self.ssd, &mut b, base + x as u64)?;
-                        pieces.push((x as u64, b));
-                    }
-                    pieces
-                }
-            };
-            (before, filled, pieces)
-        };
-        self.ssd_sync()?;
-        for (x, b) in &pieces {
-            self.lower.write_at(b, start + x)?;
-        }
-        self.lower.sync()?;
-        let mut st = self.state.lock();
-        let clean = st.slots[i].writes == before && st.slots[i].state == SLOT_DIRTY;
-        // Filled parts a write took meanwhile were named by that write; naming the rest is
-        // safe whatever happened since: their bytes are durable and equal the lower tier's.
-        let parts = st.slots[i].parts.union(filled);
-        if !clean && parts == st.slots[i].parts {
-            return Ok(());
-        }
-        let e = Entry::new(chunk, if clean { SLOT_CLEAN } else { SLOT_DIRTY }, parts);
-        self.write_entry(&mut st, i, e)?;
-        st.slots[i].parts = parts;
-        if !filled.is_empty() {
-            self.completions.fetch_add(1, Ordering::Relaxed);
-        }
-        if clean {
-            st.slots[i].state = SLOT_CLEAN;
-            st.dirty -= 1;
-            self.written_back.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-}
-
-fn writeback_loop<F: Durable, S: Durable>(s: &Shared<F, S>) {
-    s.background().run(
-        |st| s.next_dirty(st),
-        |i| s.write_back(i),
-        |st, i| st.slots[i].busy = false,
-    );
 }
 
 impl<F: Durable, S: Durable> Durable for Tiered<F, S> {

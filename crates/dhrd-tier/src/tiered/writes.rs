@@ -1,0 +1,151 @@
+//! The write paths of the tiered device: into the chunk's slot, into a new slot, and to
+//! the lower tier alone (write-through, or no slot to be had).
+//!
+//! Invariants: those of `tiered.rs`.
+//!
+//! Crash semantics: a write is acknowledged only after its bytes are durable on the SSD
+//! (in a slot whose entry names them) or on the lower tier (with no entry naming the chunk
+//! any more); an unacknowledged write leaves each sector old or new.
+
+use super::*;
+
+impl<F: Durable, S: Durable> Shared<F, S> {
+    /// Writes `buf` at chunk-relative byte `a` of chunk `c` into slot `i`, whose lock the
+    /// caller holds, and returns the parts the write touched. The slot holds `held`
+    /// already; a touched part outside `held` that the write covers only partly gets its
+    /// other bytes from the lower tier, so that every touched part holds the chunk's bytes.
+    fn write_parts(&self, i: usize, c: u64, held: Parts, buf: &[u8], a: u64) -> io::Result<Parts> {
+        let (start, end) = self.chunk_range(c);
+        let pb = self.geo.part_bytes();
+        let (touched, edges) = parts::touched(pb, end - start, a, a + buf.len() as u64);
+        let base = self.slot_offset(i);
+        for (x, y) in edges {
+            if held.contains(x / pb) {
+                continue;
+            }
+            let mut fill = vec![0u8; (y - x) as usize];
+            read_padded(&self.lower, &mut fill, start + x)?;
+            self.ssd_write(&fill, base + x)?;
+        }
+        self.ssd_write(buf, base + a)?;
+        Ok(touched)
+    }
+
+    /// Writes `buf` at chunk-relative byte `a` into slot `i`, which holds chunk `c` DIRTY
+    /// and whose lock the caller holds. Parts new to the slot are named by its entry only
+    /// after their bytes are durable; the caller's final sync makes the entry durable.
+    fn write_dirty_slot(&self, i: usize, c: u64, buf: &[u8], a: u64) -> io::Result<()> {
+        // A DIRTY slot's parts only grow: writes add them under the slot's lock, which the
+        // caller holds, and the write-back names the parts it completed without that lock.
+        // So `held` may fall behind, never ahead: a part it lacks but the write-back filled
+        // holds the lower tier's bytes, as does an edge fill from there.
+        let held = self.state.lock().slots[i].parts;
+        let touched = self.write_parts(i, c, held, buf, a)?;
+        if touched.minus(held).is_empty() {
+            return Ok(());
+        }
+        self.ssd_sync()?;
+        let mut st = self.state.lock();
+        debug_assert_eq!(st.slots[i].state, SLOT_DIRTY);
+        // The current parts, not `held`: naming from a stale `held` would drop parts the
+        // write-back named meanwhile, and with them later writes into those parts.
+        let parts = st.slots[i].parts.union(touched);
+        let e = Entry::new(c, SLOT_DIRTY, parts);
+        self.write_entry(&mut st, i, e)?;
+        st.slots[i].parts = parts;
+        Ok(())
+    }
+
+    /// Write-back mode: writes into the chunk's slot, taking one if the SSD does not hold
+    /// the chunk. False when no slot could be had (every one dirty or busy).
+    pub(super) fn write_cached(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<bool> {
+        let a = offset - self.chunk_range(c).0;
+        loop {
+            let found = self.state.lock().by_chunk.get(&c).copied();
+            if let Some(i) = found {
+                let _g = self.locks[i].lock();
+                let mut st = self.state.lock();
+                if st.by_chunk.get(&c) != Some(&i) {
+                    continue; // evicted meanwhile
+                }
+                st.slots[i].writes += 1;
+                if st.slots[i].state == SLOT_CLEAN {
+                    st.slots[i].state = SLOT_DIRTY;
+                    st.dirty += 1;
+                    let e = Entry::new(c, SLOT_DIRTY, st.slots[i].parts);
+                    self.write_entry(&mut st, i, e)?;
+                    drop(st);
+                    self.ssd_sync()?;
+                } else {
+                    drop(st);
+                }
+                self.write_dirty_slot(i, c, buf, a)?;
+                return Ok(true);
+            }
+            let Some(i) = self.take_slot()? else {
+                return Ok(false);
+            };
+            let _g = self.locks[i].lock();
+            // Only the parts the write touches: the rest of the chunk stays on the lower
+            // tier and is not read now.
+            let r = (|| {
+                let touched = self.write_parts(i, c, Parts::NONE, buf, a)?;
+                self.ssd_sync()?;
+                Ok(touched)
+            })();
+            let parts = match r {
+                Ok(p) => p,
+                Err(e) => {
+                    self.untake(i);
+                    return Err(e);
+                }
+            };
+            let mut st = self.state.lock();
+            if st.by_chunk.contains_key(&c) {
+                // Another writer cached it first: retry on that slot.
+                st.free.push(i);
+                continue;
+            }
+            let e = Entry::new(c, SLOT_DIRTY, parts);
+            self.write_entry(&mut st, i, e)?;
+            st.slots[i].hold(c, SLOT_DIRTY, parts, 1);
+            st.by_chunk.insert(c, i);
+            st.dirty += 1;
+            st.policy.insert(c);
+            if parts != self.chunk_parts(c) {
+                self.partial_fills.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(true);
+        }
+    }
+
+    /// Write-through (and the write-back mode's fallback): drops the chunk's slot, durably,
+    /// then writes the lower tier.
+    pub(super) fn write_lower(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<()> {
+        let found = self.state.lock().by_chunk.get(&c).copied();
+        if let Some(i) = found {
+            let _g = self.locks[i].lock();
+            let mut st = self.state.lock();
+            if st.by_chunk.get(&c) == Some(&i) {
+                if st.slots[i].state == SLOT_DIRTY {
+                    // Its newer bytes must reach the lower tier first: write into the
+                    // slot instead (write-back keeps it; write-through drains below).
+                    drop(st);
+                    let (start, _) = self.chunk_range(c);
+                    self.write_dirty_slot(i, c, buf, offset - start)?;
+                    self.ssd_sync()?;
+                    return Ok(());
+                }
+                st.by_chunk.remove(&c);
+                st.policy.remove(c);
+                st.slots[i].clear();
+                st.free.push(i);
+                self.write_entry(&mut st, i, Entry::FREE)?;
+                drop(st);
+                self.ssd_sync()?;
+            }
+        }
+        self.lower.write_at(buf, offset)?;
+        self.lower.sync()
+    }
+}
