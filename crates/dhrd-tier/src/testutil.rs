@@ -2,6 +2,8 @@
 
 use dhrd_io::Durable;
 
+pub(crate) mod gate;
+
 /// Seeds per enumeration: `soak` with `DHRD_SOAK` set, else 3.
 pub(crate) fn seeds(soak: u64) -> u64 {
     if std::env::var_os("DHRD_SOAK").is_some() {

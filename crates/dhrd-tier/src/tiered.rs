@@ -25,6 +25,11 @@
 //!   never written.
 //! - The lower tier's bytes of a part the slot does not hold are current: every write to a
 //!   cached chunk lands in its slot (or, in write-through, drops a clean slot first).
+//! - Bytes read from the lower tier without a lock (a promotion, the edges of a write
+//!   taking a new slot, the parts the write-back completes) go into a slot only if no
+//!   write to the lower tier of the chunk was in flight when they were read or began
+//!   since (`lower_writes.rs`); such a write counts itself before it looks for the slot,
+//!   so it either spoils that check or finds the slot.
 //! - A slot's entry says DIRTY durably before its data changes for a write (so a CLEAN
 //!   slot's parts equal the lower tier's); it says CLEAN only after the parts it holds,
 //!   read under the slot's lock and synced on the SSD, were written to the lower tier and
@@ -50,6 +55,7 @@
 
 mod clean;
 mod layout;
+mod lower_writes;
 mod parts;
 mod writes;
 
@@ -59,6 +65,7 @@ use dhrd_engine::cache::{AccessBits, Admission, Admit, CachePolicy, Residency, A
 use dhrd_io::{read_full, Durable, Persistence};
 use layout::{Entry, Found, Geometry, SLOT_CLEAN, SLOT_DIRTY, SLOT_FREE};
 pub use layout::{ENTRY_BYTES, HEADER_BYTES};
+use lower_writes::{LowerWrites, Seen};
 use parking_lot::{Condvar, Mutex};
 use parts::Parts;
 use std::collections::HashMap;
@@ -70,6 +77,10 @@ use std::time::Duration;
 /// Victims looked at before a promotion or an allocation gives up (dirty slots cannot be
 /// evicted).
 const VICTIM_TRIES_MAX: usize = 32;
+/// Times a write that takes a new slot fills it and finds a write to the lower tier began
+/// meanwhile, before it writes the lower tier itself instead (so that it cannot be kept
+/// waiting for ever by a stream of them).
+const FILL_TRIES_MAX: usize = 4;
 
 /// How writes reach the lower tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -188,6 +199,9 @@ struct Shared<F: Durable, S: Durable> {
     cv: Condvar,
     /// One lock per slot: data changes and write-back reads of a slot serialise.
     locks: Vec<Mutex<()>>,
+    /// Writes to the lower tier, counted per chunk: bytes read from it without a lock go
+    /// into a slot only if none began meanwhile (`lower_writes.rs`).
+    lower_writes: LowerWrites,
     stop: AtomicBool,
     /// A write or sync of the SSD failed: its table may name chunks memory has dropped,
     /// so no write is acknowledged any more (a write to the lower tier alone could be
@@ -412,6 +426,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             state: Mutex::new(st),
             cv: Condvar::new(),
             locks: (0..slots).map(|_| Mutex::new(())).collect(),
+            lower_writes: LowerWrites::for_slots(slots),
             stop: AtomicBool::new(false),
             failed: StickyFailure::new(
                 "the tier's SSD failed earlier: writes are refused (its slot table may be stale)",
@@ -640,8 +655,10 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         self.state.lock().free.push(i);
     }
 
-    /// Copies chunk `c` (whose bytes `whole` holds) into a new slot as CLEAN.
-    fn promote(&self, c: u64, whole: &[u8]) -> io::Result<()> {
+    /// Copies chunk `c` (whose bytes `whole` holds, read from the lower tier after `seen`)
+    /// into a new slot as CLEAN, unless a write to the lower tier of the chunk began since:
+    /// `whole` may then be older than an acknowledged write.
+    fn promote(&self, c: u64, whole: &[u8], seen: Seen) -> io::Result<()> {
         let Some(i) = self.take_slot()? else {
             return Ok(());
         };
@@ -654,10 +671,13 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             self.untake(i);
             return Err(e);
         }
-        // The check and the entry under one lock: a chunk is never named by two entries.
+        // The checks and the entry under one lock: a chunk is never named by two entries,
+        // and a write to the lower tier that begins after the check finds this slot.
         let mut st = self.state.lock();
-        if st.by_chunk.contains_key(&c) {
-            st.free.push(i); // a write cached it meanwhile; this slot's entry is still FREE
+        if st.by_chunk.contains_key(&c) || !self.lower_writes.unchanged(seen) {
+            // A write cached it, or reached the lower tier, meanwhile; this slot's entry is
+            // still FREE.
+            st.free.push(i);
             return Ok(());
         }
         let parts = self.chunk_parts(c);
@@ -747,9 +767,17 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                 }
             }
             if !served {
-                let admit =
-                    !s.failed.is_failed() && s.state.lock().policy.on_miss(c) == Admit::Load;
-                if admit {
+                // Admitted, the chunk is promoted from the bytes read below, if no write to
+                // the lower tier was in flight now or begins before the slot is named.
+                let seen = {
+                    let mut st = s.state.lock();
+                    let missed = !st.by_chunk.contains_key(&c) && !s.failed.is_failed();
+                    match s.lower_writes.seen(c) {
+                        Some(seen) if missed && st.policy.on_miss(c) == Admit::Load => Some(seen),
+                        _ => None,
+                    }
+                };
+                if let Some(seen) = seen {
                     // Read the whole chunk once: it serves this read and fills the slot.
                     let mut whole = vec![0u8; (cend - start) as usize];
                     read_padded(&s.lower, &mut whole, start)?;
@@ -757,7 +785,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                         &whole[(pos - start) as usize..(piece_end - start) as usize],
                     );
                     // A failed promotion only costs the caching.
-                    let _ = s.promote(c, &whole);
+                    let _ = s.promote(c, &whole, seen);
                 } else {
                     read_padded(&s.lower, dst, pos)?;
                 }
@@ -849,5 +877,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
     }
 }
 
+#[cfg(test)]
+mod races;
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,10 @@
 //! Invariants (with those of `tiered.rs`): one write-back works on a slot at a time (it is
 //! `busy`, so neither evicted nor picked again); it marks the slot CLEAN only if the slot's
 //! write count did not move since it read the slot under its lock, after the bytes it read
-//! were synced on the SSD, written to the lower tier and synced there.
+//! were synced on the SSD, written to the lower tier and synced there. Its writes to the
+//! lower tier are counted (`lower_writes.rs`), and the parts it completes from the lower
+//! tier are put into the slot only if no write to the lower tier of the chunk began since
+//! it read them.
 //!
 //! Crash semantics: a power cut at any point leaves the slot DIRTY on the SSD (or CLEAN
 //! with the lower tier holding its bytes), so the write-back simply runs again.
@@ -41,7 +44,12 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         let (start, end) = self.chunk_range(chunk);
         let all = self.chunk_parts(chunk);
         let mut whole = None;
+        let mut seen = None;
         if held != all {
+            // While the slot names the chunk only this write-back writes the chunk to the
+            // lower tier; the count checks that all the same, as for every read of the
+            // lower tier whose bytes go into a slot (`lower_writes.rs`).
+            seen = Some(self.lower_writes.wait_seen(chunk));
             let mut b = vec![0u8; (end - start) as usize];
             read_padded(&self.lower, &mut b, start)?;
             whole = Some(b);
@@ -59,6 +67,9 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 (st.slots[i].writes, st.slots[i].parts)
             };
             let mut filled = Parts::NONE;
+            if seen.is_some_and(|s| !self.lower_writes.unchanged(s)) {
+                return Ok(()); // the lower tier changed under the read: try again later
+            }
             let pieces = match whole {
                 Some(mut w) => {
                     // Parts added by writes since the read above are in the slot already.
@@ -82,10 +93,13 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             (before, filled, pieces)
         };
         self.ssd_sync()?;
-        for (x, b) in &pieces {
-            self.lower.write_at(b, start + x)?;
+        {
+            let _writing = self.lower_writes.begin(chunk);
+            for (x, b) in &pieces {
+                self.lower.write_at(b, start + x)?;
+            }
+            self.lower.sync()?;
         }
-        self.lower.sync()?;
         let mut st = self.state.lock();
         let clean = st.slots[i].writes == before && st.slots[i].state == SLOT_DIRTY;
         // Filled parts a write took meanwhile were named by that write; naming the rest is

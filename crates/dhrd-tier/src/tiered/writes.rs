@@ -1,7 +1,10 @@
 //! The write paths of the tiered device: into the chunk's slot, into a new slot, and to
 //! the lower tier alone (write-through, or no slot to be had).
 //!
-//! Invariants: those of `tiered.rs`.
+//! Invariants (with those of `tiered.rs`): a slot is named for a chunk only if no write to
+//! the lower tier of that chunk was in flight when the bytes it takes from there were read,
+//! and none began since (`lower_writes.rs`); a write to the lower tier begins before it
+//! looks for the slot.
 //!
 //! Crash semantics: a write is acknowledged only after its bytes are durable on the SSD
 //! (in a slot whose entry names them) or on the lower tier (with no entry naming the chunk
@@ -57,9 +60,11 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     }
 
     /// Write-back mode: writes into the chunk's slot, taking one if the SSD does not hold
-    /// the chunk. False when no slot could be had (every one dirty or busy).
+    /// the chunk. False when no slot could be had (every one dirty or busy), or when writes
+    /// to the lower tier kept spoiling the fill of a new one.
     pub(super) fn write_cached(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<bool> {
         let a = offset - self.chunk_range(c).0;
+        let mut fills = 0;
         loop {
             let found = self.state.lock().by_chunk.get(&c).copied();
             if let Some(i) = found {
@@ -86,6 +91,10 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 return Ok(false);
             };
             let _g = self.locks[i].lock();
+            // The edges of the parts the write covers partly come from the lower tier:
+            // taken once no write to it is in flight, and named only if none began since.
+            // (Waiting holds the lock of a slot nobody else can find, so it cannot deadlock.)
+            let seen = self.lower_writes.wait_seen(c);
             // Only the parts the write touches: the rest of the chunk stays on the lower
             // tier and is not read now.
             let r = (|| {
@@ -106,6 +115,16 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 st.free.push(i);
                 continue;
             }
+            if !self.lower_writes.unchanged(seen) {
+                // A write reached the lower tier meanwhile: the edges may be older, and
+                // until now such a write did not find this slot. Fill again.
+                st.free.push(i);
+                fills += 1;
+                if fills == FILL_TRIES_MAX {
+                    return Ok(false);
+                }
+                continue;
+            }
             let e = Entry::new(c, SLOT_DIRTY, parts);
             self.write_entry(&mut st, i, e)?;
             st.slots[i].hold(c, SLOT_DIRTY, parts, 1);
@@ -122,29 +141,41 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     /// Write-through (and the write-back mode's fallback): drops the chunk's slot, durably,
     /// then writes the lower tier.
     pub(super) fn write_lower(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<()> {
+        // Counted before the look-up: a slot named for the chunk after the look-up missed
+        // it is named only if this write had not begun (`lower_writes.rs`).
+        let looking = self.lower_writes.begin(c);
         let found = self.state.lock().by_chunk.get(&c).copied();
-        if let Some(i) = found {
-            let _g = self.locks[i].lock();
-            let mut st = self.state.lock();
-            if st.by_chunk.get(&c) == Some(&i) {
-                if st.slots[i].state == SLOT_DIRTY {
-                    // Its newer bytes must reach the lower tier first: write into the
-                    // slot instead (write-back keeps it; write-through drains below).
+        let _writing = match found {
+            None => looking,
+            Some(i) => {
+                // Not counted while it waits for the slot's lock: a write filling a new slot
+                // holds that slot's lock while it waits for the count, and this slot may be
+                // it by now (evicted and taken). Counted again before the second look.
+                drop(looking);
+                let _g = self.locks[i].lock();
+                let writing = self.lower_writes.begin(c);
+                let mut st = self.state.lock();
+                if st.by_chunk.get(&c) == Some(&i) {
+                    if st.slots[i].state == SLOT_DIRTY {
+                        // Its newer bytes must reach the lower tier first: write into the
+                        // slot instead (write-back keeps it; write-through drains below).
+                        drop(st);
+                        let (start, _) = self.chunk_range(c);
+                        self.write_dirty_slot(i, c, buf, offset - start)?;
+                        self.ssd_sync()?;
+                        return Ok(());
+                    }
+                    st.by_chunk.remove(&c);
+                    st.policy.remove(c);
+                    st.slots[i].clear();
+                    st.free.push(i);
+                    self.write_entry(&mut st, i, Entry::FREE)?;
                     drop(st);
-                    let (start, _) = self.chunk_range(c);
-                    self.write_dirty_slot(i, c, buf, offset - start)?;
                     self.ssd_sync()?;
-                    return Ok(());
                 }
-                st.by_chunk.remove(&c);
-                st.policy.remove(c);
-                st.slots[i].clear();
-                st.free.push(i);
-                self.write_entry(&mut st, i, Entry::FREE)?;
-                drop(st);
-                self.ssd_sync()?;
+                writing
             }
-        }
+        };
         self.lower.write_at(buf, offset)?;
         self.lower.sync()
     }
