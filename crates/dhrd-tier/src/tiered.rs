@@ -33,8 +33,9 @@
 //! - A slot's entry says DIRTY durably before its data changes for a write (so a CLEAN
 //!   slot's parts equal the lower tier's); it says CLEAN only after the parts it holds,
 //!   read under the slot's lock and synced on the SSD, were written to the lower tier and
-//!   synced, and no write began in the slot since. The write-back makes a dirty slot whole
-//!   first, so clean slots hold their whole chunk.
+//!   synced, and no write into the slot began since (every write into a slot is counted
+//!   first, whichever path it takes). The write-back makes a dirty slot whole first, so
+//!   clean slots hold their whole chunk.
 //! - Dirty slots are never evicted; when no clean slot is left, a write goes to the lower
 //!   tier directly (write-through for that write).
 //! - Entries change under the state lock, so they change in the order memory sees.

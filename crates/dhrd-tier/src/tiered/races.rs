@@ -5,7 +5,7 @@
 use super::*;
 use crate::testutil::gate::{GatedDev, Gates, Kind, Point, Power, When};
 use crate::testutil::same;
-use dhrd_io::SimBacking;
+use dhrd_io::{Fault, FaultKind, SimBacking};
 
 const CB: u64 = 4096;
 const CHUNKS: u64 = 16;
@@ -250,4 +250,58 @@ fn an_edge_fill_never_shadows_a_bypassing_write() -> io::Result<()> {
     );
     assert!(rig.t.drain(WAIT));
     rig.check_all(&model, "after the edge fill")
+}
+
+/// The SSD of a write-back tier whose lower tier refused writes: chunk 4 is dirty on it
+/// with `0x11`. Returns the SSD, the lower tier and the model.
+fn dirty_ssd() -> io::Result<(Arc<SimBacking>, Arc<SimBacking>, Vec<u8>)> {
+    let ssd = Arc::new(SimBacking::new(1));
+    let lower = Arc::new(SimBacking::from_bytes(initial(), 2));
+    lower.inject(Fault {
+        at_op: 0,
+        kind: FaultKind::Eio,
+        persist: true,
+        reads: false,
+    });
+    let mut model = initial();
+    {
+        let rig = Rig::open(&ssd, &lower, 4, TierMode::WriteBack, |_, _| {})?;
+        rig.t.write_at(&[0x11; CB as usize], 4 * CB)?;
+        model[(4 * CB) as usize..(5 * CB) as usize].fill(0x11);
+        assert_eq!(rig.t.stats().slots_dirty, 1);
+    }
+    lower.clear_faults();
+    Ok((ssd, lower, model))
+}
+
+/// Defect: the tier is opened in write-through mode over a dirty slot. Its write-back has
+/// read the slot when a write of the chunk, which goes into the dirty slot, is
+/// acknowledged; the write-back must not then mark the slot clean, or the lower tier
+/// lacks that write and dropping the clean slot loses it.
+#[test]
+fn a_write_into_a_dirty_slot_keeps_it_dirty_in_write_through_mode() -> io::Result<()> {
+    let (ssd, lower, mut model) = dirty_ssd()?;
+    let mut gate = None;
+    let rig = Rig::open(&ssd, &lower, 4, TierMode::WriteThrough, |_, l| {
+        gate = Some(l.arm(Point::new(Kind::Write, When::Before).by("dhrd-tier-wb")));
+    })?;
+    let gate = gate.unwrap_or_else(|| unreachable!());
+    assert_eq!(rig.t.stats().dirty_at_open, 1);
+    // The write-back read the slot (0x11) and holds before writing it below.
+    let held = rig.lower_gates.wait_held(gate);
+    assert_eq!(held.offset, 4 * CB, "{held:?}");
+    rig.t.write_at(&[0x22; 100], 4 * CB)?;
+    model[(4 * CB) as usize..(4 * CB + 100) as usize].fill(0x22);
+    rig.lower_gates.release(gate);
+    assert!(rig.t.drain(WAIT));
+    same(
+        &lower.volatile(),
+        &model,
+        "the lower tier once nothing is dirty",
+    );
+    // A write-through write drops the chunk's clean slot: what the slot held beyond this
+    // write is read from the lower tier from then on.
+    rig.t.write_at(&[0x33; 10], 4 * CB + 2000)?;
+    model[(4 * CB + 2000) as usize..(4 * CB + 2010) as usize].fill(0x33);
+    rig.check_all(&model, "after the slot was dropped")
 }

@@ -1,10 +1,13 @@
 //! The write paths of the tiered device: into the chunk's slot, into a new slot, and to
 //! the lower tier alone (write-through, or no slot to be had).
 //!
-//! Invariants (with those of `tiered.rs`): a slot is named for a chunk only if no write to
-//! the lower tier of that chunk was in flight when the bytes it takes from there were read,
-//! and none began since (`lower_writes.rs`); a write to the lower tier begins before it
-//! looks for the slot.
+//! Invariants (with those of `tiered.rs`):
+//! - Every write into a slot is counted in the slot before it changes anything
+//!   (`write_into_slot`), so the write-back never marks a slot CLEAN over a write it did
+//!   not copy.
+//! - A slot is named for a chunk only if no write to the lower tier of that chunk was in
+//!   flight when the bytes it takes from there were read, and none began since
+//!   (`lower_writes.rs`); a write to the lower tier begins before it looks for the slot.
 //!
 //! Crash semantics: a write is acknowledged only after its bytes are durable on the SSD
 //! (in a slot whose entry names them) or on the lower tier (with no entry naming the chunk
@@ -59,6 +62,35 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         Ok(())
     }
 
+    /// Writes `buf` at chunk-relative byte `a` into slot `i`, which holds chunk `c`: the
+    /// caller holds the slot's lock and saw, under `st`, that it holds the chunk. Every
+    /// write into a slot goes through here. It is counted before anything changes: the
+    /// write-back marks a slot CLEAN only if the count did not move since it read the slot,
+    /// so a write it did not copy keeps the slot dirty. A CLEAN slot is marked DIRTY durably
+    /// before its bytes change.
+    fn write_into_slot(
+        &self,
+        mut st: parking_lot::MutexGuard<'_, State>,
+        i: usize,
+        c: u64,
+        buf: &[u8],
+        a: u64,
+    ) -> io::Result<()> {
+        debug_assert_eq!(st.by_chunk.get(&c), Some(&i));
+        st.slots[i].writes += 1;
+        if st.slots[i].state == SLOT_CLEAN {
+            st.slots[i].state = SLOT_DIRTY;
+            st.dirty += 1;
+            let e = Entry::new(c, SLOT_DIRTY, st.slots[i].parts);
+            self.write_entry(&mut st, i, e)?;
+            drop(st);
+            self.ssd_sync()?;
+        } else {
+            drop(st);
+        }
+        self.write_dirty_slot(i, c, buf, a)
+    }
+
     /// Write-back mode: writes into the chunk's slot, taking one if the SSD does not hold
     /// the chunk. False when no slot could be had (every one dirty or busy), or when writes
     /// to the lower tier kept spoiling the fill of a new one.
@@ -69,22 +101,11 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             let found = self.state.lock().by_chunk.get(&c).copied();
             if let Some(i) = found {
                 let _g = self.locks[i].lock();
-                let mut st = self.state.lock();
+                let st = self.state.lock();
                 if st.by_chunk.get(&c) != Some(&i) {
                     continue; // evicted meanwhile
                 }
-                st.slots[i].writes += 1;
-                if st.slots[i].state == SLOT_CLEAN {
-                    st.slots[i].state = SLOT_DIRTY;
-                    st.dirty += 1;
-                    let e = Entry::new(c, SLOT_DIRTY, st.slots[i].parts);
-                    self.write_entry(&mut st, i, e)?;
-                    drop(st);
-                    self.ssd_sync()?;
-                } else {
-                    drop(st);
-                }
-                self.write_dirty_slot(i, c, buf, a)?;
+                self.write_into_slot(st, i, c, buf, a)?;
                 return Ok(true);
             }
             let Some(i) = self.take_slot()? else {
@@ -159,9 +180,8 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                     if st.slots[i].state == SLOT_DIRTY {
                         // Its newer bytes must reach the lower tier first: write into the
                         // slot instead (write-back keeps it; write-through drains below).
-                        drop(st);
                         let (start, _) = self.chunk_range(c);
-                        self.write_dirty_slot(i, c, buf, offset - start)?;
+                        self.write_into_slot(st, i, c, buf, offset - start)?;
                         self.ssd_sync()?;
                         return Ok(());
                     }
