@@ -158,6 +158,18 @@ impl StickyFailure {
         Ok(())
     }
 
+    /// A number for the writes made before this call: once [`Self::covered`] says so for
+    /// it, a sync that began after them succeeded.
+    pub(crate) fn ticket(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
+    }
+
+    /// Whether a sync numbered above `ticket` (so begun after the ticket was taken)
+    /// succeeded.
+    pub(crate) fn covered(&self, ticket: u64) -> bool {
+        self.synced.load(Ordering::SeqCst) > ticket
+    }
+
     /// Err once the device failed.
     pub(crate) fn check(&self) -> io::Result<()> {
         if let Some(why) = self.failure() {

@@ -22,7 +22,10 @@
 //!   its entry says FREE durably.
 //! - An entry names a chunk, or a part of it, only after the slot's bytes for it are
 //!   durable, so a crash never pairs an entry with another chunk's bytes or with a part
-//!   never written.
+//!   never written. A slot's newest entry is durable before the next change of it
+//!   overwrites the other table copy, so a change that fails or is cut off leaves the
+//!   newest entry, never an older one that may name the slot's previous chunk; and
+//!   nothing is written to the SSD once a write or sync of it failed.
 //! - The lower tier's bytes of a part the slot does not hold are current: every write to a
 //!   cached chunk lands in its slot (or, in write-through, drops a clean slot first).
 //! - Bytes read from the lower tier without a lock (a promotion, the edges of a write
@@ -153,6 +156,8 @@ struct Slot {
     busy: bool,
     /// The sequence number of the slot's newest entry on the device (`layout.rs`).
     seq: u64,
+    /// The SSD's sync number after which the newest entry is durable (`None`: it is).
+    entry_ticket: Option<u64>,
 }
 
 impl Slot {
@@ -339,6 +344,9 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         match found {
             Found::Current(g) => {
                 entries = layout::read_table(&ssd, &g)?;
+                // What was read may not be durable yet (a restart without a power cut):
+                // the next change of an entry overwrites the other copy (`write_entry`).
+                ssd.sync()?;
                 let dirty = entries.iter().filter(|e| e.state == SLOT_DIRTY).count();
                 if g != want {
                     if dirty > 0 {
@@ -404,6 +412,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
                 writes: 0,
                 busy: false,
                 seq: e.seq,
+                entry_ticket: None,
             };
             if !used {
                 st.free.push(i);
@@ -589,19 +598,37 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     /// Writes slot `slot`'s entry `e` into the copy that does not hold its newest one
     /// (`layout.rs`); under the state lock (`st`), so that entries change in the order
     /// memory sees.
+    ///
+    /// The copy it overwrites holds the entry before the newest. Should this write fail
+    /// or be cut off, the newest entry decides what the slot holds after a restart, so it
+    /// must be durable first: else a power cut could leave only the older entry valid,
+    /// which may name the slot's previous chunk while the slot holds another's bytes. So
+    /// when no sync has covered the newest entry yet (a promotion or a write-back names
+    /// a slot without one of its own), this syncs first, under the lock. That is rare:
+    /// nearly every change of an entry is followed by a sync anyway.
     fn write_entry(&self, st: &mut State, slot: usize, mut e: Entry) -> io::Result<()> {
+        if let Some(t) = st.slots[slot].entry_ticket {
+            if !self.failed.covered(t) {
+                self.ssd_sync()?;
+            }
+        }
         e.seq = st.slots[slot].seq + 1;
         self.ssd_write(
             &layout::encode_entry(&e),
             self.geo.entry_offset(slot, e.seq),
         )?;
-        // Only now: after a failed write the next change goes to the same copy again.
+        // Only after the write: a failed one changed nothing in memory (and nothing is
+        // written to the SSD after a failure).
         st.slots[slot].seq = e.seq;
+        st.slots[slot].entry_ticket = Some(self.failed.ticket());
         Ok(())
     }
 
-    /// Every change of the SSD goes through here and `ssd_sync`: a failure is sticky.
+    /// Every change of the SSD goes through here and `ssd_sync`: a failure is sticky, and
+    /// after one nothing more is written (a later entry could overwrite the only valid
+    /// copy of an older one).
     fn ssd_write(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.failed.check()?;
         self.failed.write(self.ssd.write_at(buf, offset))
     }
 
