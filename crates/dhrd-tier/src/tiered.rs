@@ -40,7 +40,10 @@
 //!   first, whichever path it takes). The write-back makes a dirty slot whole first, so
 //!   clean slots hold their whole chunk.
 //! - Dirty slots are never evicted; when no clean slot is left, a write goes to the lower
-//!   tier directly (write-through for that write).
+//!   tier directly (write-through for that write). Such a write is acknowledged only once
+//!   the FREE entry that dropped the chunk's last slot is durable, and never after the SSD
+//!   failed: an entry that named the chunk could otherwise come back after a power cut
+//!   with older bytes.
 //! - Entries change under the state lock, so they change in the order memory sees.
 //!
 //! - SSD syncs run one at a time, and none succeeds once a write or sync of the SSD
@@ -181,6 +184,10 @@ struct State {
     free: Vec<usize>,
     policy: Residency,
     counts: HashMap<u64, u8>,
+    /// Chunks whose slot was freed by an entry that may not be durable yet, with the SSD
+    /// sync number after which it is: a write of such a chunk to the lower tier alone
+    /// waits for it (`write_lower`). Covered ones are pruned as it grows.
+    dropped: HashMap<u64, u64>,
     dirty: u64,
     cursor: usize,
 }
@@ -393,6 +400,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             free: Vec::new(),
             policy: Residency::new(CachePolicy::Clock, Admission::SecondAccess, slots),
             counts: HashMap::new(),
+            dropped: HashMap::new(),
             dirty: 0,
             cursor: 0,
         };
@@ -670,12 +678,21 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             st.counts.remove(&chunk);
             st.slots[i].clear();
             self.write_entry(&mut st, i, Entry::FREE)?;
+            self.note_dropped(&mut st, chunk);
             drop(st);
             self.ssd_sync()?;
             self.evictions.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(i));
         }
         Ok(None)
+    }
+
+    /// Notes that the slot of `chunk` was just freed by an entry not yet synced.
+    fn note_dropped(&self, st: &mut State, chunk: u64) {
+        if st.dropped.len() as u64 >= self.geo.slots {
+            st.dropped.retain(|_, t| !self.failed.covered(*t));
+        }
+        st.dropped.insert(chunk, self.failed.ticket());
     }
 
     /// Gives a slot taken by `take_slot` back unused.

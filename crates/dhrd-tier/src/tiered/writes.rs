@@ -8,6 +8,9 @@
 //! - A slot is named for a chunk only if no write to the lower tier of that chunk was in
 //!   flight when the bytes it takes from there were read, and none began since
 //!   (`lower_writes.rs`); a write to the lower tier begins before it looks for the slot.
+//! - A write to the lower tier alone is acknowledged only when no entry that named the
+//!   chunk can come back after a power cut: the FREE entry that dropped its slot is
+//!   durable, and the SSD has not failed.
 //!
 //! Crash semantics: a write is acknowledged only after its bytes are durable on the SSD
 //! (in a slot whose entry names them) or on the lower tier (with no entry naming the chunk
@@ -188,14 +191,30 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                     st.by_chunk.remove(&c);
                     st.policy.remove(c);
                     st.slots[i].clear();
-                    st.free.push(i);
                     self.write_entry(&mut st, i, Entry::FREE)?;
+                    self.note_dropped(&mut st, c);
                     drop(st);
                     self.ssd_sync()?;
+                    // Reused only now that its FREE entry is durable.
+                    self.state.lock().free.push(i);
                 }
                 writing
             }
         };
+        // No slot names the chunk in memory, and none can until this write ended. But an
+        // entry that freed one (here or in an eviction) may not be durable yet, or may have
+        // failed: were the power cut after this write was acknowledged, the old entry would
+        // name the chunk again, with bytes older than this write. So it is made durable
+        // first, and once the SSD failed this write fails before it changes anything. (A
+        // failed entry write sets the failure under the state lock, before this look.)
+        let pending = {
+            let st = self.state.lock();
+            self.check()?;
+            st.dropped.get(&c).is_some_and(|t| !self.failed.covered(*t))
+        };
+        if pending {
+            self.ssd_sync()?;
+        }
         self.lower.write_at(buf, offset)?;
         self.lower.sync()
     }
