@@ -925,4 +925,6 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
 #[cfg(test)]
 mod races;
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;

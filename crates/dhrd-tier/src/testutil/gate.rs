@@ -71,6 +71,11 @@ impl Point {
         self
     }
 
+    pub(crate) fn skip(mut self, n: u32) -> Self {
+        self.skip = n;
+        self
+    }
+
     fn matches(&self, kind: Kind, when: When, offset: u64, len: u64) -> bool {
         if self.kind != kind || self.when != when {
             return false;
@@ -89,6 +94,8 @@ impl Point {
 /// An operation held at a gate.
 #[derive(Debug, Clone)]
 pub(crate) struct Held {
+    pub thread: String,
+    pub kind: Kind,
     pub offset: u64,
     pub len: u64,
 }
@@ -152,6 +159,35 @@ impl Gates {
         }
     }
 
+    /// Waits until gate `id` holds an operation or `done()` says it never will (checked
+    /// every millisecond, without the gates' lock: `done` may take the layer's locks, which
+    /// a thread on its way to a gate may hold); the held operation, if any.
+    pub(crate) fn wait_held_or(&self, id: GateId, done: impl Fn() -> bool) -> Option<Held> {
+        let deadline = Instant::now() + HANG_GUARD;
+        let held = |st: &State| {
+            st.armed
+                .iter()
+                .find(|a| a.id == id)
+                .and_then(|a| a.held.clone())
+        };
+        loop {
+            if let Some(h) = held(&self.st.lock()) {
+                return Some(h);
+            }
+            if done() {
+                return None;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gate {id:?}: neither held nor done"
+            );
+            let mut st = self.st.lock();
+            if held(&st).is_none() {
+                self.cv.wait_for(&mut st, Duration::from_millis(1));
+            }
+        }
+    }
+
     /// Lets the operation held at gate `id` go on, or disarms the gate if it held none.
     pub(crate) fn release(&self, id: GateId) {
         let mut st = self.st.lock();
@@ -186,7 +222,12 @@ impl Gates {
             return;
         }
         let id = st.armed[i].id;
-        st.armed[i].held = Some(Held { offset, len });
+        st.armed[i].held = Some(Held {
+            thread: std::thread::current().name().unwrap_or("").to_string(),
+            kind,
+            offset,
+            len,
+        });
         self.cv.notify_all();
         // Held until released; after the hang guard the operation goes on, so that a test
         // that failed before releasing it can still drop the device.
