@@ -29,11 +29,11 @@
 use crate::fileio::{emit, r3};
 use crate::replay::{parse_trace, Op, TraceFormat};
 use anyhow::{bail, Context, Result};
-use dhrd_io::SplitMix64;
-use dhrd_tier::{
+use dhrd_alloc::{
     AllocOutcome, BlockCount, BucketAllocator, Extent, ExtentAllocator, FitPolicy, FreePolicy,
     Placement, ReHypar, ReHyparConfig, SpaceAllocator, SpaceStats,
 };
+use dhrd_io::SplitMix64;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
@@ -42,7 +42,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 /// The paper's block size (1 KiB); all sizes below are in these blocks.
-const BLOCK_BYTES: u64 = dhrd_tier::rehypar::BLOCK_BYTES_DEFAULT;
+const BLOCK_BYTES: u64 = dhrd_alloc::rehypar::BLOCK_BYTES_DEFAULT;
 /// Statistics snapshots per run for the time-averaged figures.
 const SAMPLES: usize = 100;
 /// Bounds on the options, so a typo cannot ask for terabytes of state.

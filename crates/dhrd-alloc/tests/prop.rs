@@ -9,8 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use dhrd_tier::rehypar::{BlockOffset, ChunkGeometry, MapOutcome};
-use dhrd_tier::{
+use dhrd_alloc::rehypar::{BlockOffset, ChunkGeometry, MapOutcome};
+use dhrd_alloc::{
     AllocOutcome, BlockAddr, BlockCount, BucketAllocator, Extent, ExtentAllocator, FitPolicy,
     FreePolicy, ReHypar, ReHyparConfig, SectionSpec, SpaceAllocator,
 };

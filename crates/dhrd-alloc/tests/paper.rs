@@ -3,8 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use dhrd_tier::rehypar::{BlockOffset, Chunk, ChunkGeometry, ChunkIndex, MapOutcome};
-use dhrd_tier::{
+use dhrd_alloc::rehypar::{BlockOffset, Chunk, ChunkGeometry, ChunkIndex, MapOutcome};
+use dhrd_alloc::{
     BlockAddr, BlockCount, Extent, ReHypar, ReHyparConfig, SectionSpec, SpaceAllocator,
 };
 
