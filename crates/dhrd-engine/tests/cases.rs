@@ -752,3 +752,47 @@ fn widened_writers_of_one_block_keep_each_others_bytes() -> Result<(), Box<dyn s
     o.verify_mirror()?;
     Ok(())
 }
+
+/// D6: writes of any offset and length are taken as they are: on a backing that takes any
+/// byte range, a few bytes at an odd offset read nothing from the backing (no
+/// read-modify-write of a block, in RAM or on the backing), hand the backing exactly those
+/// bytes, and change only them, on a Loaded chunk and on an Unloaded one. (A backing that
+/// is durable only in whole blocks gets the blocks around the write instead, with no RAM
+/// block rewritten: `unaligned_writes_go_out_as_whole_blocks`.)
+#[test]
+fn small_unaligned_writes_read_nothing_and_write_only_their_bytes(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let data = pattern(4 * CB as usize, 13);
+    let sim = sim_with(data.clone());
+    let gate = LoadGate::new();
+    gate.pause(ChunkIndex(2));
+    let o: Obj = HybridObject::open(sim.clone(), cfg(Some(gate.clone())))?;
+    assert!(gate.wait_reached(ChunkIndex(2), WAIT));
+    assert_eq!(o.chunk_state(ChunkIndex(0)), Some(ChunkState::Loaded));
+    assert_eq!(o.chunk_state(ChunkIndex(3)), Some(ChunkState::Unloaded));
+    let mut want = data;
+    for (offset, len) in [(1u64, 1usize), (CB - 3, 7), (3 * CB + 1001, 3)] {
+        let before = sim.stats();
+        let bytes = pattern(len, offset as u8 ^ 0x5a);
+        o.write_at(&bytes, offset)?;
+        let after = sim.stats();
+        assert_eq!(
+            after.bytes_read, before.bytes_read,
+            "a {len}-byte write at {offset} read the backing"
+        );
+        assert_eq!(
+            after.bytes_written - before.bytes_written,
+            len as u64,
+            "a {len}-byte write at {offset} wrote more than its bytes"
+        );
+        want[offset as usize..offset as usize + len].copy_from_slice(&bytes);
+        assert_eq!(sim.volatile(), want, "write of {len} at {offset}");
+    }
+    gate.release(ChunkIndex(2));
+    assert!(o.wait_loaded(Some(WAIT)));
+    let mut got = vec![0u8; want.len()];
+    assert_eq!(o.read_at(&mut got, 0)?.served, Served::Ram);
+    assert_eq!(got, want);
+    o.verify_mirror()?;
+    Ok(())
+}
