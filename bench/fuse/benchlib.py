@@ -49,10 +49,9 @@ def unmount(dhrd, mnt, proc):
 
 
 def results_dir(tag):
-    out = os.path.join(ROOT, "bench/results",
-                       "fuse-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + tag)
-    os.makedirs(out, exist_ok=True)
-    return out
+    """A new run folder, bench/results/<date>-fuse-<tag>[-n] (bench/new-run-dir.sh)."""
+    return subprocess.run([os.path.join(ROOT, "bench", "new-run-dir.sh"), "fuse-" + tag],
+                          check=True, capture_output=True, text=True).stdout.strip()
 
 
 def machine(**params):

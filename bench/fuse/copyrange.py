@@ -13,7 +13,7 @@ directory and time it until the copy is durable, then delete the copy.
 The daemon's status after the last round shows whether the copies reached it as
 COPY_FILE_RANGE requests.
 
-Writes copy.json and copy.md to bench/results/fuse-<date>-copy/. Needs root (mounts).
+Writes copy.json and copy.md to bench/results/<date>-fuse-copy/. Needs root (mounts).
 
 Usage: bench/fuse/copyrange.py [--size-mib 512] [--rounds 3] [--dhrd target/release/dhrd]
        [--baseline-dhrd BIN] [--disk-dir /var/tmp]

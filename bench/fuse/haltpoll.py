@@ -14,7 +14,7 @@ each on a `fsync`-mode dhrd mount and on the ext4 below it (a fresh journalled e
 loop device over an image on --disk-dir: the suite's configs.JournaledDisk, as in its
 experiment 4). The setting is restored on every exit path.
 
-Writes haltpoll.json and haltpoll.md to bench/results/fuse-<date>-haltpoll/. Needs root,
+Writes haltpoll.json and haltpoll.md to bench/results/<date>-fuse-haltpoll/. Needs root,
 postmark, and a haltpoll cpuidle driver (it says so and stops otherwise).
 
 Usage: bench/fuse/haltpoll.py [--poll-ns 200000] [--rounds 2] [--fs-files 8000]

@@ -12,7 +12,7 @@ is rewritten once with new bytes; the time per file is reported:
 The daemons' status after the last round shows how the truncations reached them (SETATTR
 requests, or opens that truncated themselves with FUSE_ATOMIC_O_TRUNC).
 
-Writes rewrite.json and rewrite.md to bench/results/fuse-<date>-rewrite/. Needs root.
+Writes rewrite.json and rewrite.md to bench/results/<date>-fuse-rewrite/. Needs root.
 
 Usage: bench/fuse/rewrite.py [--files 2000] [--file-bytes 4096] [--rounds 3]
        [--dhrd target/release/dhrd] [--baseline-dhrd BIN] [--disk-dir /var/tmp]

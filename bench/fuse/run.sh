@@ -13,8 +13,8 @@
 # repeat (--rounds), the order inside a round rotates, and every ratio is computed per
 # round from runs of that round before its median over the rounds is taken. All mounts
 # stay up for the whole run. Writes fio JSON per run, results.md, summary.json and
-# machine.txt under bench/results/fuse-<date>/. Needs root, fio, fuse3. Speeds are
-# reported, never asserted.
+# machine.txt under bench/results/<date>-fuse/ (bench/new-run-dir.sh). Needs root, fio,
+# fuse3. Speeds are reported, never asserted.
 #
 # Usage: bench/fuse/run.sh [--size 1G] [--runtime 5] [--rounds 5] [--disk-dir /var/tmp]
 set -euo pipefail
@@ -37,8 +37,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 cargo build --release -p dhrd --manifest-path "$ROOT/Cargo.toml" >&2
 DHRD=$CARGO_TARGET_DIR/release/dhrd
-OUT=$ROOT/bench/results/fuse-$(date -u +%Y%m%d-%H%M%S)
-mkdir -p "$OUT"
+OUT=$("$ROOT/bench/new-run-dir.sh" fuse)
 WORK=$DISK_DIR/dhrd-fuse-bench.$$
 TMPFS=/tmp/dhrd-fuse-bench-tmpfs.$$
 # The default data path and the engine's best read path, for comparison.

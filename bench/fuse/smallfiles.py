@@ -12,7 +12,7 @@ Configurations: dhrd (the binary given with --dhrd), optionally a second dhrd bi
 (--baseline-dhrd, e.g. an older build, for an A/B comparison), and the backing ext4
 directory itself with a warm page cache.
 
-Writes smallfiles.json and smallfiles.md to bench/results/fuse-<date>-smallfiles/.
+Writes smallfiles.json and smallfiles.md to bench/results/<date>-fuse-smallfiles/.
 Needs root (mounts, drop_caches).
 
 Usage: bench/fuse/smallfiles.py [--files 20000] [--file-bytes 1024] [--rounds 3]

@@ -5,7 +5,7 @@
 # small files: mount, walk, read everything; daemon RSS and descriptors. And a tree of
 # mid-sized files, more than the object cache holds (--mid "N SIZE", "" to skip): full-load
 # time against `cp -a` of the tree into tmpfs and `vmtouch -t`, bytes in RAM, daemon RSS.
-# Writes startup.md / startup.json to bench/results/fuse-<date>-startup/. Needs root.
+# Writes startup.md / startup.json to bench/results/<date>-fuse-startup/. Needs root.
 #
 # Usage: bench/fuse/startup.sh [--sizes "1G 8G"] [--files 500000] [--mid "2500 2M"]
 #                              [--disk-dir /var/tmp]
@@ -27,8 +27,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 cargo build --release -p dhrd --manifest-path "$ROOT/Cargo.toml" >&2
 DHRD=$CARGO_TARGET_DIR/release/dhrd
-OUT=$ROOT/bench/results/fuse-$(date -u +%Y%m%d-%H%M%S)-startup
-mkdir -p "$OUT"
+OUT=$("$ROOT/bench/new-run-dir.sh" fuse-startup)
 WORK=$DISK_DIR/dhrd-fuse-startup.$$
 TMPFS=/tmp/dhrd-fuse-startup-tmpfs.$$
 mkdir -p "$WORK/mnt" "$TMPFS"

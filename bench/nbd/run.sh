@@ -2,7 +2,7 @@
 # NBD benchmark: dhrd against nbdkit (memory and file plugins) and qemu-nbd, all over a
 # Unix socket, driven by the same client (crates/dhrd-nbd/examples/nbd_bench.rs) in one run.
 #
-# Output: bench/results/nbd-<UTC date>/{results.json,table.md,machine.txt}; the table is
+# Output: bench/results/<UTC date>-nbd/{results.json,table.md,machine.txt}; the table is
 # also printed. Environment knobs: SIZE (export size, default 512M), SECS (seconds per
 # measurement, default 5), QD (queue depth of the 4 KiB tests, default 16), WORKDIR (where
 # backing files go; must be a real disk, not tmpfs; default /var/tmp).
@@ -23,9 +23,7 @@ cargo build --release -q -p dhrd-nbd --example nbd_bench --manifest-path "$ROOT/
 DHRD=$CARGO_TARGET_DIR/release/dhrd
 BENCH=$CARGO_TARGET_DIR/release/examples/nbd_bench
 
-STAMP=$(date -u +%Y%m%d-%H%M%S)
-OUT=$ROOT/bench/results/nbd-$STAMP
-mkdir -p "$OUT"
+OUT=$("$ROOT/bench/new-run-dir.sh" nbd)
 WORK=$(mktemp -d "${WORKDIR:-/var/tmp}/dhrd-nbd-bench.XXXXXX")
 PIDS=()
 cleanup() {

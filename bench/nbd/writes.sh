@@ -11,7 +11,7 @@
 # Usage: sudo bench/nbd/writes.sh [--rounds 5] [--secs 4] [--size 1G] [--disk-dir /var/tmp]
 #                                 [--out DIR]
 # Output: DIR/results.json, DIR/table.md, DIR/machine.txt (default
-# bench/results/<UTC date>-nbd-writes/).
+# bench/results/<UTC date>-nbd-writes/, bench/new-run-dir.sh).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,7 +30,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-OUT=${OUT:-$ROOT/bench/results/$(date -u +%Y%m%d)-nbd-writes}
+if [ -z "$OUT" ]; then
+  OUT=$("$ROOT/bench/new-run-dir.sh" nbd-writes)
+fi
 mkdir -p "$OUT"
 for t in fio cc python3; do
   command -v "$t" >/dev/null || { echo "missing tool: $t" >&2; exit 1; }

@@ -6,12 +6,15 @@ Usage (as root; `bench/suite.sh` builds the binaries first):
 
 PROFILE is `tiny` (seconds; the test suite's smoke run), `quick` (minutes) or `full` (the
 committed figures, about an hour). Writes results.json, report.md and one PNG per
-experiment into bench/results/<date>-<profile>/ (or --out), and a log of every command.
+experiment into bench/results/<date>-<subject>-<profile>/ (or --out), and a log of every
+command; the subject is `suite`, or with --only the experiments joined by `+`
+(bench/new-run-dir.sh, docs/benchmarks.md "Run folders").
 """
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -92,7 +95,7 @@ def main():
     ap.add_argument("--only", help="comma-separated experiments: " + ",".join(ORDER))
     ap.add_argument("--configs", help="comma-separated configuration names to keep")
     ap.add_argument("--disk-dir", default="/var/tmp", help="directory on the disk under test")
-    ap.add_argument("--out", help="result directory (default bench/results/<date>-<profile>)")
+    ap.add_argument("--out", help="result directory (default bench/results/<date>-<subject>-<profile>)")
     ap.add_argument("--traces", default=os.environ.get("DHRD_TRACES_DIR",
                                                        os.path.join(root, "..", "shared", "traces")))
     ap.add_argument("--dhrd", default=os.path.join(target, "release", "dhrd"))
@@ -113,7 +116,10 @@ def main():
     except lib.BenchError as e:
         sys.exit(f"bench suite: {e}")
 
-    out = a.out or os.path.join(root, "bench", "results", time.strftime("%Y-%m-%d-") + a.profile)
+    subject = "+".join(only) if a.only else "suite"
+    out = a.out or subprocess.run(
+        [os.path.join(root, "bench", "new-run-dir.sh"), f"{subject}-{a.profile}"],
+        check=True, capture_output=True, text=True).stdout.strip()
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     lib.LOG = open(os.path.join(out, "logs", "commands.log"), "w")
     p = PROFILES[a.profile]

@@ -8,7 +8,7 @@
 //! - chunk-size sweep: load rate and write latency during the load.
 
 use crate::machine::Machine;
-use crate::report::{default_out, Report, Row};
+use crate::report::{new_run_dir, Report, Row};
 use crate::Common;
 use anyhow::Context;
 use dhrd_engine::{Durability, HybridObject, ObjectConfig};
@@ -750,10 +750,14 @@ pub fn run(a: EngineArgs) -> anyhow::Result<()> {
             ))
         })
         .collect();
-    let out: PathBuf = c
-        .out
-        .clone()
-        .unwrap_or_else(|| default_out("engine", c.quick));
+    let out: PathBuf = match &c.out {
+        Some(out) => out.clone(),
+        None => new_run_dir(if c.quick {
+            "engine-quick"
+        } else {
+            "engine-full"
+        })?,
+    };
     let report = Report {
         name: String::from("dhrd engine benchmarks"),
         command: std::env::args().collect::<Vec<_>>().join(" "),

@@ -114,7 +114,7 @@ pub struct FuseTransportArgs {
     /// Skip the io_uring transport (legacy and tmpfs only).
     #[arg(long)]
     pub no_uring: bool,
-    /// Where results go; default bench/results/fuse-transport-<yyyymmdd-hhmmss>.
+    /// Where results go; default a new bench/results/<date>-fuse-transport[-n].
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Scratch directory for the mount points.
@@ -227,16 +227,6 @@ fn loadavg() -> String {
         .unwrap_or_default()
 }
 
-fn default_out() -> PathBuf {
-    let d = std::process::Command::new("date")
-        .args(["-u", "+%Y%m%d-%H%M%S"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "undated".into());
-    PathBuf::from(format!("bench/results/fuse-transport-{d}"))
-}
-
 /// Per-queue request counts, the share on each caller's main queue, and the share of
 /// requests whose caller had changed CPU since its previous request.
 fn take_queue_stats(s: &Server) -> Option<(Vec<u64>, f64, f64)> {
@@ -285,7 +275,10 @@ pub fn run(a: FuseTransportArgs) -> anyhow::Result<()> {
     let t_start = Instant::now();
     let machine = Machine::probe(&a.scratch);
     println!("machine: {}", machine.describe());
-    let out_dir = a.out.clone().unwrap_or_else(default_out);
+    let out_dir = match &a.out {
+        Some(out) => out.clone(),
+        None => crate::report::new_run_dir("fuse-transport")?,
+    };
     let base = a
         .scratch
         .join(format!("dhrd-fuse-transport-{}", std::process::id()));

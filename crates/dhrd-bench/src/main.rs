@@ -63,7 +63,7 @@ pub struct Common {
     /// Directory on the disk under test for backing files (needs a few GiB).
     #[arg(long, default_value = "/var/tmp/dhrd-bench")]
     pub dir: PathBuf,
-    /// Where results go; default bench/results/<date>-<name>.
+    /// Where results go; default a new bench/results/<date>-<name>-<profile>[-n].
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Small sizes and short runs (smoke test, seconds).
