@@ -2,9 +2,36 @@
 # Runs the whole test suite: formatting, lints, and every test (unit, property,
 # simulation, crash, and integration tests with real FUSE mounts and NBD clients).
 # Long soak runs are opt-in: DHRD_SOAK=1 (more seeds, and the tests marked #[ignore]).
+# The public traces are required (below); DHRD_NO_TRACES=1 runs without them.
 # At the end it prints how many checks did not run here, and which (DHRD-SKIP lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The public block traces the replay tests and the bench suite's smoke run read:
+# $DHRD_TRACES_DIR, else ../shared/traces beside the checkout (where CI has them). Without
+# them those checks would only be skipped, so the run stops here instead, before anything
+# is built. DHRD_NO_TRACES=1 runs without them on purpose; the checks that need them then
+# say DHRD-SKIP and are counted at the end.
+TRACE_FILES=(websearch/WebSearch1.first24783.spc msr_cambridge/hm_0.first1000.csv
+  oltp_tpcc/tpcc-small.trace)
+traces_dir=${DHRD_TRACES_DIR:-../shared/traces}
+missing_traces=()
+for t in "${TRACE_FILES[@]}"; do
+  [ -f "$traces_dir/$t" ] || missing_traces+=("$t")
+done
+if [ ${#missing_traces[@]} -eq 0 ]; then
+  # Absolute, so that every test and the suite read the same directory.
+  DHRD_TRACES_DIR=$(cd "$traces_dir" && pwd)
+  export DHRD_TRACES_DIR
+elif [ "${DHRD_NO_TRACES:-}" = 1 ]; then
+  echo "test-all: running without the public traces (DHRD_NO_TRACES=1)" >&2
+else
+  echo "test-all: the public traces are missing from $traces_dir (${missing_traces[*]})." >&2
+  echo "test-all: put them there, point DHRD_TRACES_DIR at them, or set DHRD_NO_TRACES=1" \
+    "to run without the checks that need them." >&2
+  exit 1
+fi
+
 # The packages the tests use (installed when missing; needs root then).
 bash scripts/install-deps.sh
 cargo fmt --all -- --check
@@ -15,6 +42,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 # or failed, so nothing passes in silence.
 DHRD_SKIP_LOG=$(mktemp /tmp/dhrd-skips.XXXXXX)
 export DHRD_SKIP_LOG
+if [ ${#missing_traces[@]} -gt 0 ]; then
+  echo "DHRD-SKIP: public-traces: DHRD_NO_TRACES=1, missing ${missing_traces[*]}" \
+    | tee -a "$DHRD_SKIP_LOG" >&2
+fi
 report_skips() {
   local n
   n=$(grep -c '^DHRD-SKIP: ' "$DHRD_SKIP_LOG" || true)

@@ -62,7 +62,11 @@ fn compares_all_allocators_on_the_same_events_and_reproduces() -> R<()> {
     let workloads = if traces_dir().is_dir() {
         "postmark,iozone,traces"
     } else {
-        eprintln!("trace directory not found: running without block traces");
+        dhrd_testkit::skip(format!(
+            "trace directory {} not found (set DHRD_TRACES_DIR): the allocators ran without \
+             the block traces",
+            traces_dir().display()
+        ));
         "postmark,iozone"
     };
     let out = run("3", workloads)?;
