@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite and the benchmark suite need (FUSE, the NBD
 # and block clients, the applications the tests run, systemd for its unit checker, fstab
-# generator and test mode, which work where systemd is not running), skipping those
-# already present.
+# generator and test mode, which work where systemd is not running, man-db and binutils
+# for the package test), skipping those already present; and cargo-deb, the tool that
+# builds dhrd's Debian package (scripts/build-deb.sh), at the version pinned below.
 # Idempotent; needs root for apt-get. Rust's toolchain is expected to be present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# cargo-deb from crates.io, built once per machine (a few minutes) into ~/.cargo/bin.
+CARGO_DEB_VERSION=$(cat scripts/cargo-deb.version)
+if ! cargo deb --version 2>/dev/null | grep -qx "cargo-deb $CARGO_DEB_VERSION"; then
+    cargo install --locked --force cargo-deb --version "$CARGO_DEB_VERSION"
+fi
 
 packages=(fuse3 libfuse3-dev fio nbdkit libnbd-bin python3-libnbd nbdfuse qemu-utils sqlite3
           e2fsprogs util-linux pkg-config python3-matplotlib vmtouch postmark postgresql
-          ceph-mon ceph-osd ceph-mgr ceph-common librbd1 systemd)
+          ceph-mon ceph-osd ceph-mgr ceph-common librbd1 systemd man-db binutils dpkg-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

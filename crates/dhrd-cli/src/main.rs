@@ -2,6 +2,7 @@
 //! only parses arguments and calls into the library crates; no storage logic lives here.
 
 mod boot;
+mod dist;
 mod load;
 mod metrics;
 mod mount;
@@ -41,6 +42,15 @@ enum Cmd {
 
 fn main() {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Packaging only, so not a command of `Cli`: its man pages and completions list exactly
+    // what users run. An option-like name, which no mount helper call starts with.
+    if argv.get(1).is_some_and(|a| a == dist::FLAG) {
+        if let Err(e) = dist::run(Cli::command(), &argv[1..]) {
+            eprintln!("dhrd: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let invoked_as = argv
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())

@@ -359,13 +359,14 @@ fn foreground_mount_tells_systemd_when_it_is_ready() {
     assert!(umount.success() && st.success(), "{umount} {st}");
 }
 
-/// The unit as installed, with the binary under test where install.sh puts it.
+/// The unit as the package installs it, with the binary under test where the package
+/// puts `dhrd`.
 fn unit_text() -> String {
     let unit = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/dhrd@.service"),
     )
     .expect("unit file");
-    unit.replace("/usr/local/bin/dhrd", dhrd())
+    unit.replace("/usr/bin/dhrd", dhrd())
 }
 
 /// Panics unless `tool` runs. systemd need not be running (it is not PID 1 in a container
