@@ -31,7 +31,7 @@ pub use config::{
     DEMAND_QUEUE_MAX, INLINE_LOAD_BYTES_MAX, LOADER_THREADS_DEFAULT, LOADER_THREADS_MAX,
     OBJECT_BYTES_MAX,
 };
-pub use dhrd_io::RamBudget;
+pub use dhrd_io::{Allocation, Extent, RamBudget};
 pub use error::{BackingOp, Error, FailureCause, Result};
 pub use loader::{LoadGate, Loader};
 pub use object::{HybridObject, LoadProgress, LoadStep, RamView, ReadOutcome, Served, View};

@@ -323,6 +323,7 @@ struct Inner<D: Durable> {
 }
 
 mod evict;
+mod extents;
 mod load;
 use evict::ReclaimBatch;
 mod write;

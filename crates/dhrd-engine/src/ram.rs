@@ -334,6 +334,13 @@ impl RamRegion {
         }
     }
 
+    /// How the memfd holds `[offset, offset + max_len)` from `offset` on (`max_len > 0`): a
+    /// hole (pages never written, or given back by `zero`) reads as zeros. Meaningful only
+    /// for Loaded chunks, like the bytes themselves.
+    pub(crate) fn extent(&self, offset: u64, max_len: u64) -> dhrd_io::Extent {
+        dhrd_io::seek_extent(self.fd.as_raw_fd(), offset, max_len)
+    }
+
     /// Bytes of memory the memfd holds (allocated pages).
     pub(crate) fn resident_bytes(&self) -> u64 {
         // SAFETY: fstat into a zeroed struct we own.

@@ -674,6 +674,17 @@ impl Durable for FileBacking {
         next as u64 >= offset + len
     }
 
+    fn extent_at(&self, offset: u64, max_len: u64) -> io::Result<crate::Extent> {
+        if self.block_device {
+            // A block device has no holes to report (its own thin provisioning is not
+            // visible through SEEK_DATA).
+            return Ok(crate::Extent::data(max_len));
+        }
+        // Writes reach this file (its page cache at least) before they are acknowledged,
+        // and SEEK_DATA counts dirty cached pages as data, so a hole here reads as zeros.
+        Ok(crate::seek_extent(self.file.as_raw_fd(), offset, max_len))
+    }
+
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         self.pending.store(true, Ordering::Release);
         if !self.block_device {

@@ -17,6 +17,7 @@
 //!   `sync` does not repair that promise (the engine treats it as sticky, see C4).
 
 mod budget;
+mod extent;
 mod file;
 mod lock;
 pub mod replace;
@@ -26,6 +27,7 @@ mod timed;
 pub mod xattr;
 
 pub use budget::RamBudget;
+pub use extent::{seek_extent, Allocation, Extent};
 pub use file::{FileBacking, FileOptions, WriteSync, DIRECT_ALIGN_BYTES};
 pub use rng::SplitMix64;
 pub use sim::{CrashImage, Fault, FaultKind, SimBacking, SimStats};
@@ -90,6 +92,15 @@ pub trait Durable: Send + Sync + 'static {
     /// (a hole). `false` when unknown.
     fn is_zero_range(&self, _offset: u64, _len: u64) -> bool {
         false
+    }
+
+    /// How `[offset, offset + max_len)` is allocated from `offset` on: the first extent,
+    /// which may be shorter than `max_len` (`max_len > 0`). Used to answer block-status
+    /// queries (sparse copies skip holes). It must never report a hole or zeros where
+    /// reads could return anything else, so a backing whose reads may come from elsewhere
+    /// (a cache in front of a lower tier) keeps the default: all data.
+    fn extent_at(&self, _offset: u64, max_len: u64) -> io::Result<Extent> {
+        Ok(Extent::data(max_len))
     }
 
     /// Zeroes a range, deallocating it where the backing can (punch hole). Not durable until
@@ -184,6 +195,9 @@ impl<D: Durable + ?Sized> Durable for std::sync::Arc<D> {
     }
     fn is_zero_range(&self, offset: u64, len: u64) -> bool {
         (**self).is_zero_range(offset, len)
+    }
+    fn extent_at(&self, offset: u64, max_len: u64) -> io::Result<Extent> {
+        (**self).extent_at(offset, max_len)
     }
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         (**self).zero_range(offset, len)

@@ -221,6 +221,10 @@ impl<D: Durable> Durable for Timed<D> {
     fn is_zero_range(&self, offset: u64, len: u64) -> bool {
         self.inner.is_zero_range(offset, len)
     }
+    // Metadata, not a device transfer: untimed, like `is_zero_range`.
+    fn extent_at(&self, offset: u64, max_len: u64) -> io::Result<crate::Extent> {
+        self.inner.extent_at(offset, max_len)
+    }
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         let t = Instant::now();
         let r = self.inner.zero_range(offset, len);
