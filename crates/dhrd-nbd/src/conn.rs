@@ -37,20 +37,24 @@
 //!   at most one thread of the process polls at a time, and only while at most one request
 //!   executes, so it spends CPU only when the server would otherwise sleep;
 //! - `Activity` records writes that no FLUSH of the connection has covered, so a
-//!   connection closed by the server can flush them on the client's behalf.
+//!   connection closed by the server can flush them on the client's behalf;
+//! - NBD_CMD_BLOCK_STATUS is served only after the client selected `base:allocation`; its
+//!   reply has at least one extent and never reaches past the request (with REQ_ONE,
+//!   exactly one), at most [`MAX_BLOCK_STATUS_EXTENTS`] of them; it reads no data.
 
+use crate::activity::{Activity, Traffic};
 use crate::limits::{
-    MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES, MAX_WORKERS_PER_CONNECTION,
-    THREAD_STACK_BYTES,
+    MAX_BLOCK_STATUS_EXTENTS, MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES,
+    MAX_WORKERS_PER_CONNECTION, THREAD_STACK_BYTES,
 };
 use crate::proto::*;
 use crate::reply::{Borrowing, Replier};
 use crate::socket::{read_by, Stream};
-use crate::target::Target;
+use crate::target::{Allocation, Extent, Target};
 use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
 use std::io::{self, BufReader, Read};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -90,10 +94,21 @@ const ZERO_COPY_MIN_BYTES: u32 = 64 << 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Read,
-    Write { fua: bool },
+    Write {
+        fua: bool,
+    },
     Flush,
-    Trim { fua: bool },
-    Zero { fua: bool, may_punch: bool },
+    Trim {
+        fua: bool,
+    },
+    Zero {
+        fua: bool,
+        may_punch: bool,
+    },
+    /// NBD_CMD_BLOCK_STATUS for `base:allocation`; `req_one`: one extent only.
+    BlockStatus {
+        req_one: bool,
+    },
 }
 
 /// Largest payload buffer a thread keeps between requests (see [`recycle`]).
@@ -141,11 +156,13 @@ struct Shared<T: Target> {
 
 /// Checks a request header against the export; `Err(wire errno)` means reply with that
 /// error. DISC and unknown commands are handled by the caller.
-fn validate(h: &RequestHeader, size: u64, read_only: bool, framing: Framing) -> Result<Op, u32> {
+fn validate(h: &RequestHeader, p: &ConnParams) -> Result<Op, u32> {
+    let (size, read_only, framing) = (p.size, p.read_only, p.framing);
     let fua = h.flags & CMD_FLAG_FUA != 0;
     let allowed_flags = match h.cmd {
         CMD_READ if framing == Framing::Structured => CMD_FLAG_FUA | CMD_FLAG_DF,
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
         _ => CMD_FLAG_FUA,
     };
     if h.flags & !allowed_flags != 0 {
@@ -160,6 +177,11 @@ fn validate(h: &RequestHeader, size: u64, read_only: bool, framing: Framing) -> 
             fua,
             may_punch: h.flags & CMD_FLAG_NO_HOLE == 0,
         },
+        // Only after the client selected `base:allocation` (which needed structured
+        // replies): the protocol's answer otherwise is EINVAL.
+        CMD_BLOCK_STATUS if p.block_status.is_some() => Op::BlockStatus {
+            req_one: h.flags & CMD_FLAG_REQ_ONE != 0,
+        },
         _ => return Err(EINVAL),
     };
     if matches!(op, Op::Read) && h.length > MAX_PAYLOAD_BYTES {
@@ -170,7 +192,7 @@ fn validate(h: &RequestHeader, size: u64, read_only: bool, framing: Framing) -> 
         // write is a client bug; refuse both uniformly.
         return Err(EINVAL);
     }
-    let writes = !matches!(op, Op::Read);
+    let writes = !matches!(op, Op::Read | Op::BlockStatus { .. });
     if writes && read_only {
         return Err(EPERM);
     }
@@ -181,6 +203,29 @@ fn validate(h: &RequestHeader, size: u64, read_only: bool, framing: Framing) -> 
         _ if writes => Err(ENOSPC),
         _ => Err(EINVAL),
     }
+}
+
+/// Whether a command's reply must be structured once structured replies are on (a read's
+/// data, a block status's extents, and their errors).
+fn structured_cmd(cmd: u16) -> bool {
+    matches!(cmd, CMD_READ | CMD_BLOCK_STATUS)
+}
+
+/// A block status reply's descriptors for `base:allocation`. The extents lie inside the
+/// request (whose length is a u32), so every length fits.
+fn descriptors(extents: &[Extent]) -> Vec<(u32, u32)> {
+    extents
+        .iter()
+        .filter(|e| e.len > 0)
+        .map(|e| {
+            let flags = match e.allocation {
+                Allocation::Data => 0,
+                Allocation::Zero => STATE_ZERO,
+                Allocation::Hole => STATE_HOLE | STATE_ZERO,
+            };
+            (u32::try_from(e.len).unwrap_or(u32::MAX), flags)
+        })
+        .collect()
 }
 
 fn error_reply(framing: Framing, is_read: bool, handle: u64, error: u32) -> Vec<u8> {
@@ -194,8 +239,49 @@ fn report(op: &str, offset: u64, length: u32, e: &NbdError) -> u32 {
     wire_errno(e.errno())
 }
 
+/// Answers a block status request: extents of the range, clipped to it, at least one.
+fn block_status<T: Target>(
+    target: &T,
+    context_id: u32,
+    job: &Job,
+    req_one: bool,
+) -> Result<Vec<u8>, u32> {
+    let max = if req_one { 1 } else { MAX_BLOCK_STATUS_EXTENTS };
+    let extents = target
+        .extents(job.offset, job.length.into(), max)
+        .map_err(|e| report("block_status", job.offset, job.length, &e))?;
+    let mut d = descriptors(&extents);
+    let mut total: u64 = 0;
+    d.retain(|&(len, _)| {
+        let keep = total < u64::from(job.length);
+        total += u64::from(len);
+        keep
+    });
+    if let Some(last) = d.last_mut() {
+        // Never past the request (REQ_ONE demands it; otherwise it is simply what we
+        // know): trim the last descriptor to the requested end.
+        let over = total.saturating_sub(job.length.into());
+        last.0 -= over as u32;
+    }
+    d.truncate(max);
+    if d.is_empty() {
+        // The target answered nothing: all data is always true.
+        d.push((job.length, 0));
+    }
+    Ok(encode_block_status_reply(job.handle, context_id, &d))
+}
+
 /// Executes one job and sends its reply; returns whether the target call succeeded.
-fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier) -> bool {
+/// Counts the job as successful in `traffic` before its reply is sent, so a client that has
+/// its reply sees it counted.
+fn execute<T: Target>(
+    target: &T,
+    params: &ConnParams,
+    job: &Job,
+    replier: &Replier,
+    traffic: &Traffic,
+) -> bool {
+    let framing = params.framing;
     let &Job {
         op,
         handle,
@@ -213,6 +299,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
         let borrowed = {
             let _borrowing = Borrowing::start();
             target.read_borrowed(offset, length as usize, &mut |data| {
+                traffic.count(op, length);
                 unsent = replier.send_borrowed(head, data);
             })
         };
@@ -240,6 +327,7 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
             match target.read_at(&mut buf[hdr..], offset) {
                 Ok(()) => {
                     encode_reply_header(&mut buf[..hdr], framing, true, handle, 0, offset, length);
+                    traffic.count(op, length);
                     replier.send(&buf);
                     return true;
                 }
@@ -256,9 +344,24 @@ fn execute<T: Target>(target: &T, framing: Framing, job: &Job, replier: &Replier
         Op::Zero { fua, may_punch } => target
             .zero(offset, length.into(), may_punch, fua)
             .map_err(|e| report("write_zeroes", offset, length, &e)),
+        Op::BlockStatus { req_one } => {
+            let id = params.block_status.unwrap_or(0);
+            match block_status(target, id, job, req_one) {
+                Ok(reply) => {
+                    traffic.count(op, length);
+                    replier.send(&reply);
+                    return true;
+                }
+                Err(errno) => Err(errno),
+            }
+        }
     };
     let error = reply.err().unwrap_or(0);
-    replier.send(&error_reply(framing, matches!(op, Op::Read), handle, error));
+    if error == 0 {
+        traffic.count(op, length);
+    }
+    let structured = matches!(op, Op::Read | Op::BlockStatus { .. });
+    replier.send(&error_reply(framing, structured, handle, error));
     error == 0
 }
 
@@ -287,125 +390,25 @@ pub(crate) enum End {
     Error(NbdError),
 }
 
-/// What the server's registry knows of a connection's use, for choosing one to close when
-/// every slot is taken or an idle timeout is set (see `server.rs`). Updated by the
-/// connection's threads, read by the accept loop.
-pub(crate) struct Activity {
-    epoch: Instant,
-    /// Milliseconds from `epoch` to the last request header read or reply sent.
-    last_ms: AtomicU64,
-    /// Requests whose header was read and whose reply is not written yet, plus
-    /// [`CLOSING`] once the server decided to close the connection. One word, so the
-    /// decision to close ([`Activity::try_close`]) and the start of a request exclude
-    /// each other.
-    state: AtomicU64,
-    /// Negotiation is over; before that the handshake timeout bounds the connection.
-    transmitting: AtomicBool,
-    /// A write, trim or zero was executed after the start of this connection's last
-    /// successful FLUSH (or there was no FLUSH).
-    unflushed: AtomicBool,
-}
-
-/// Bit of `Activity::state`: the server closed the connection's read side to free its
-/// slot (eviction) or because it was idle past the idle timeout.
-const CLOSING: u64 = 1 << 63;
-
-impl Activity {
-    pub(crate) fn new() -> Self {
-        Self {
-            epoch: Instant::now(),
-            last_ms: AtomicU64::new(0),
-            state: AtomicU64::new(0),
-            transmitting: AtomicBool::new(false),
-            unflushed: AtomicBool::new(false),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = self.epoch.elapsed().as_millis() as u64;
-        self.last_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    fn idle(&self) -> Duration {
-        let last = Duration::from_millis(self.last_ms.load(Ordering::Acquire));
-        self.epoch.elapsed().saturating_sub(last)
-    }
-
-    pub(crate) fn set_transmitting(&self) {
-        self.touch();
-        self.transmitting.store(true, Ordering::Release);
-    }
-
-    /// Still negotiating (bounded by the handshake timeout, never chosen to be closed).
-    pub(crate) fn is_negotiating(&self) -> bool {
-        !self.transmitting.load(Ordering::Acquire)
-    }
-
-    /// A request header was read: from now until [`Activity::end`] the connection is busy.
-    fn begin(&self) {
-        self.state.fetch_add(1, Ordering::AcqRel);
-        self.touch();
-    }
-
-    /// The request's reply was written (or it was answered with an error, or dropped).
-    fn end(&self) {
-        self.touch();
-        self.state.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// How long the connection has been idle, if it may be closed at all: past
-    /// negotiation, not already being closed, and with no request between header and
-    /// reply.
-    pub(crate) fn idle_for(&self) -> Option<Duration> {
-        if self.is_negotiating() || self.state.load(Ordering::Acquire) != 0 {
-            return None;
-        }
-        Some(self.idle())
-    }
-
-    /// Marks the connection as being closed by the server if it has been idle for at
-    /// least `min_idle` with no request in flight; returns how long it was idle. After
-    /// `Some`, the caller closes its read side. A request whose header was read before
-    /// this call makes it fail, so a request is never cut by the decision; one whose
-    /// header comes later arrived after the connection was chosen, like a request sent
-    /// at shutdown.
-    pub(crate) fn try_close(&self, min_idle: Duration) -> Option<Duration> {
-        let idle = self.idle_for().filter(|d| *d >= min_idle)?;
-        self.state
-            .compare_exchange(0, CLOSING, Ordering::AcqRel, Ordering::Acquire)
-            .ok()?;
-        // A whole request may have started and finished between the idle check and the
-        // exchange: it was answered, but the connection is not idle after all.
-        if self.idle() < min_idle {
-            self.state.fetch_and(!CLOSING, Ordering::AcqRel);
-            return None;
-        }
-        Some(idle)
-    }
-
-    /// The server ends this connection because the client missed a reply or payload
-    /// deadline: like a connection chosen by [`Activity::try_close`], it no longer holds a
-    /// slot, and its unflushed writes are flushed for it.
-    fn cut(&self) {
-        self.state.fetch_or(CLOSING, Ordering::AcqRel);
-    }
-
-    /// The server, not the client, ended this connection: it chose to close it
-    /// ([`Activity::try_close`] succeeded) or the client missed a deadline.
-    pub(crate) fn closed_by_server(&self) -> bool {
-        self.state.load(Ordering::Acquire) & CLOSING != 0
-    }
-
-    /// Whether the connection executed a write, trim or zero that no FLUSH of its own
-    /// has covered for certain.
-    pub(crate) fn has_unflushed_writes(&self) -> bool {
-        self.unflushed.load(Ordering::Acquire)
+/// Counting by request kind, which only this module knows.
+impl Traffic {
+    /// Counts a request that succeeded.
+    fn count(&self, op: Op, length: u32) {
+        let (counter, n) = match op {
+            Op::Read => (&self.bytes_read, length.into()),
+            Op::Write { .. } => (&self.bytes_written, length.into()),
+            Op::BlockStatus { .. } => (&self.block_status, 1),
+            _ => return,
+        };
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 }
 
 /// Options fixed for the whole transmission phase of one connection.
 pub(crate) struct ConnParams {
     pub framing: Framing,
+    /// Context id of `base:allocation`, when the client selected it.
+    pub block_status: Option<u32>,
     pub read_only: bool,
     pub size: u64,
     /// How long a reader polls the socket before it blocks (0: never polls).
@@ -516,12 +519,18 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
         if counted {
             EXECUTING.fetch_add(1, Ordering::Relaxed);
         }
-        let ok = execute(&*sh.target, sh.params.framing, &job, &sh.replier);
+        let ok = execute(
+            &*sh.target,
+            &sh.params,
+            &job,
+            &sh.replier,
+            &sh.activity.traffic,
+        );
         if counted {
             EXECUTING.fetch_sub(1, Ordering::Relaxed);
         }
         match job.op {
-            Op::Read => {}
+            Op::Read | Op::BlockStatus { .. } => {}
             Op::Flush if ok => {}
             // A failed write may still have changed part of its range, so it counts too.
             _ => sh.activity.unflushed.store(true, Ordering::Release),
@@ -642,7 +651,7 @@ fn request<T: Target>(
     if h.cmd == CMD_DISC {
         return Err(End::Clean);
     }
-    let is_read = h.cmd == CMD_READ;
+    let is_read = structured_cmd(h.cmd);
     if h.cmd == CMD_WRITE && h.length > MAX_PAYLOAD_BYTES {
         // The payload cannot be skipped without reading it: refuse and close.
         sh.replier
@@ -652,7 +661,7 @@ fn request<T: Target>(
             max: MAX_PAYLOAD_BYTES.into(),
         }));
     }
-    let verdict = validate(&h, p.size, p.read_only, framing);
+    let verdict = validate(&h, p);
     let charged: u64 = match (h.cmd, &verdict) {
         (CMD_WRITE, _) | (CMD_READ, Ok(_)) => h.length.into(),
         _ => 0,
@@ -708,6 +717,75 @@ fn request<T: Target>(
 mod tests {
     use super::*;
 
+    fn check(h: &RequestHeader, size: u64, read_only: bool, framing: Framing) -> Result<Op, u32> {
+        let p = ConnParams {
+            framing,
+            block_status: (framing == Framing::Structured).then_some(1),
+            read_only,
+            size,
+            poll_before_block: Duration::ZERO,
+            reply_timeout: Duration::from_secs(1),
+            payload_timeout: Duration::from_secs(1),
+        };
+        validate(h, &p)
+    }
+
+    #[test]
+    fn block_status_validation() {
+        let st = Framing::Structured;
+        let size = 1 << 20;
+        assert_eq!(
+            check(
+                &hdr(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 4096),
+                size,
+                true,
+                st
+            ),
+            Ok(Op::BlockStatus { req_one: true })
+        );
+        // Not negotiated (no meta context), past the end, empty, unknown flag.
+        let s = Framing::Simple;
+        assert_eq!(
+            check(&hdr(CMD_BLOCK_STATUS, 0, 0, 1), size, false, s),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            check(&hdr(CMD_BLOCK_STATUS, 0, size, 1), size, false, st),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            check(&hdr(CMD_BLOCK_STATUS, 0, 0, 0), size, false, st),
+            Err(EINVAL)
+        );
+        assert_eq!(
+            check(
+                &hdr(CMD_BLOCK_STATUS, CMD_FLAG_NO_HOLE, 0, 1),
+                size,
+                false,
+                st
+            ),
+            Err(EINVAL)
+        );
+    }
+
+    #[test]
+    fn descriptors_carry_the_allocation_flags() {
+        let e = |len, allocation| Extent { len, allocation };
+        assert_eq!(
+            descriptors(&[
+                e(4096, Allocation::Hole),
+                e(512, Allocation::Zero),
+                e(0, Allocation::Data),
+                e(8192, Allocation::Data)
+            ]),
+            vec![
+                (4096, STATE_HOLE | STATE_ZERO),
+                (512, STATE_ZERO),
+                (8192, 0)
+            ]
+        );
+    }
+
     fn hdr(cmd: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
         decode_request(&encode_request(flags, cmd, 1, offset, length))
     }
@@ -716,24 +794,18 @@ mod tests {
     fn validation() {
         let s = Framing::Simple;
         let size = 1 << 20;
+        assert_eq!(check(&hdr(CMD_READ, 0, 0, 1), size, false, s), Ok(Op::Read));
         assert_eq!(
-            validate(&hdr(CMD_READ, 0, 0, 1), size, false, s),
-            Ok(Op::Read)
-        );
-        assert_eq!(
-            validate(&hdr(CMD_READ, 0, size - 1, 2), size, false, s),
+            check(&hdr(CMD_READ, 0, size - 1, 2), size, false, s),
             Err(EINVAL)
         );
         assert_eq!(
-            validate(&hdr(CMD_READ, 0, u64::MAX, 2), size, false, s),
+            check(&hdr(CMD_READ, 0, u64::MAX, 2), size, false, s),
             Err(EINVAL)
         );
+        assert_eq!(check(&hdr(CMD_READ, 0, 0, 0), size, false, s), Err(EINVAL));
         assert_eq!(
-            validate(&hdr(CMD_READ, 0, 0, 0), size, false, s),
-            Err(EINVAL)
-        );
-        assert_eq!(
-            validate(
+            check(
                 &hdr(CMD_READ, 0, 0, MAX_PAYLOAD_BYTES + 1),
                 u64::MAX,
                 false,
@@ -742,24 +814,21 @@ mod tests {
             Err(EINVAL)
         );
         assert_eq!(
-            validate(&hdr(CMD_WRITE, CMD_FLAG_FUA, 10, 10), size, false, s),
+            check(&hdr(CMD_WRITE, CMD_FLAG_FUA, 10, 10), size, false, s),
             Ok(Op::Write { fua: true })
         );
         assert_eq!(
-            validate(&hdr(CMD_WRITE, 0, size, 1), size, false, s),
+            check(&hdr(CMD_WRITE, 0, size, 1), size, false, s),
             Err(ENOSPC)
         );
+        assert_eq!(check(&hdr(CMD_WRITE, 0, 0, 1), size, true, s), Err(EPERM));
+        assert_eq!(check(&hdr(CMD_TRIM, 0, 0, 1), size, true, s), Err(EPERM));
         assert_eq!(
-            validate(&hdr(CMD_WRITE, 0, 0, 1), size, true, s),
-            Err(EPERM)
-        );
-        assert_eq!(validate(&hdr(CMD_TRIM, 0, 0, 1), size, true, s), Err(EPERM));
-        assert_eq!(
-            validate(&hdr(CMD_FLUSH, 0, 0, 0), size, true, s),
+            check(&hdr(CMD_FLUSH, 0, 0, 0), size, true, s),
             Ok(Op::Flush)
         );
         assert_eq!(
-            validate(
+            check(
                 &hdr(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8),
                 size,
                 false,
@@ -771,15 +840,15 @@ mod tests {
             })
         );
         assert_eq!(
-            validate(&hdr(CMD_WRITE, CMD_FLAG_NO_HOLE, 0, 8), size, false, s),
+            check(&hdr(CMD_WRITE, CMD_FLAG_NO_HOLE, 0, 8), size, false, s),
             Err(EINVAL)
         );
         assert_eq!(
-            validate(&hdr(CMD_READ, CMD_FLAG_DF, 0, 8), size, false, s),
+            check(&hdr(CMD_READ, CMD_FLAG_DF, 0, 8), size, false, s),
             Err(EINVAL)
         );
         assert_eq!(
-            validate(
+            check(
                 &hdr(CMD_READ, CMD_FLAG_DF, 0, 8),
                 size,
                 false,
@@ -787,8 +856,8 @@ mod tests {
             ),
             Ok(Op::Read)
         );
-        assert_eq!(validate(&hdr(5, 0, 0, 8), size, false, s), Err(EINVAL));
-        assert_eq!(validate(&hdr(0x1234, 0, 0, 8), size, false, s), Err(EINVAL));
+        assert_eq!(check(&hdr(5, 0, 0, 8), size, false, s), Err(EINVAL));
+        assert_eq!(check(&hdr(0x1234, 0, 0, 8), size, false, s), Err(EINVAL));
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - reads of Loaded ranges may be sent straight from the RAM tier (a borrowed view, no
 //!   copy); the view waits for a slow client for at most `BORROWED_WAIT_MAX`, then the
 //!   rest is copied out and the view ends (see `reply.rs`);
+//! - block status comes from the engine (`HybridObject::extents`): backing holes and RAM
+//!   pages known to be zero, never a read of data;
 //! - WRITE_ZEROES with NO_HOLE keeps the range allocated (`write_zeroes`: the backing
 //!   zeroes it in place), without a buffer of the client's length.
 
@@ -83,6 +85,16 @@ impl<D: Durable> Target for EngineTarget<D> {
 
     fn flush(&self) -> Result<(), NbdError> {
         Ok(self.obj.flush()?)
+    }
+
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+    ) -> Result<Vec<crate::target::Extent>, NbdError> {
+        // Holes of the backing and zeros the RAM tier knows of; nothing is read.
+        Ok(self.obj.extents(offset, len, max_extents)?)
     }
 
     fn read_borrowed(

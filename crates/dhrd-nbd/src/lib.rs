@@ -24,6 +24,7 @@
 //! - no buffer is allocated from a client-supplied length before that length is checked
 //!   against [`limits::MAX_PAYLOAD_BYTES`] and the per-connection in-flight budget.
 
+mod activity;
 pub mod client;
 mod conn;
 mod engine;
@@ -37,7 +38,7 @@ pub mod target;
 
 pub use engine::EngineTarget;
 pub use error::NbdError;
-pub use server::{ListenAddr, Server, ServerConfig, ShutdownHandle};
+pub use server::{ListenAddr, Server, ServerConfig, ServerStats, ShutdownHandle};
 pub use target::Target;
 
 /// Every bound the server enforces, in one place.
@@ -104,6 +105,9 @@ pub mod limits {
     /// engine on a 2-vCPU VM: 18-24k IOPS without polling, 28-36k with 50 us; 8 clients
     /// and writes unchanged or better (polling stops while others execute requests).
     pub const POLL_BEFORE_BLOCK: Duration = Duration::from_micros(50);
+    /// Most extents in one block status reply (32 KiB of descriptors). The protocol lets a
+    /// reply cover less than asked; clients ask again from where it ended.
+    pub const MAX_BLOCK_STATUS_EXTENTS: usize = 4096;
     /// Buffered reader size for request headers and write payloads.
     pub const READ_BUFFER_BYTES: usize = 256 << 10;
     /// How long a graceful shutdown waits for connections to finish in-flight requests.

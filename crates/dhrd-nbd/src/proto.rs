@@ -49,10 +49,12 @@ pub const OPT_SET_META_CONTEXT: u32 = 10;
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 const REP_ERR_BIT: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR_BIT | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR_BIT | 2;
 pub const REP_ERR_INVALID: u32 = REP_ERR_BIT | 3;
+pub const REP_ERR_TLS_REQD: u32 = REP_ERR_BIT | 5;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR_BIT | 6;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR_BIT | 9;
 
@@ -95,18 +97,29 @@ pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
 
 // Command flags.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 
 // Structured reply chunk flags and types.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 /// Payload of an NBD_REPLY_TYPE_ERROR chunk without a message: u32 error + u16 length 0.
 pub const REPLY_ERROR_PAYLOAD_BYTES: usize = 6;
+
+// The `base:allocation` meta context.
+pub const META_BASE_ALLOCATION: &str = "base:allocation";
+/// Flags of one `base:allocation` extent.
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
+/// Bytes of one block status descriptor: u32 length, u32 flags.
+pub const BLOCK_STATUS_DESCRIPTOR_BYTES: usize = 8;
 
 // Error values on the wire (the protocol fixes these numbers; they equal Linux errnos).
 pub const EPERM: u32 = 1;
@@ -287,6 +300,45 @@ pub fn decode_info_request(p: &[u8]) -> Option<InfoRequest> {
     Some(InfoRequest { name, requests })
 }
 
+/// Parsed payload of NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaContextRequest {
+    pub name: Vec<u8>,
+    pub queries: Vec<Vec<u8>>,
+}
+
+/// Parses the payload of the meta context options: u32 export name length, name, u32
+/// query count, then each query as u32 length and bytes. `None` when the lengths do not
+/// add up to the payload exactly (the server then replies NBD_REP_ERR_INVALID). The count
+/// is not trusted for allocation: each query must fit in what is left of the payload.
+pub fn decode_meta_context_request(p: &[u8]) -> Option<MetaContextRequest> {
+    let name_len = be_u32(p, 0) as usize;
+    let name_end = 4usize.checked_add(name_len)?;
+    let name = p.get(4..name_end)?.to_vec();
+    let count_end = name_end.checked_add(4)?;
+    p.get(name_end..count_end)?;
+    let count = be_u32(p, name_end);
+    let mut at = count_end;
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        p.get(at..at.checked_add(4)?)?;
+        let len = be_u32(p, at) as usize;
+        let start = at + 4;
+        let end = start.checked_add(len)?;
+        queries.push(p.get(start..end)?.to_vec());
+        at = end;
+    }
+    (at == p.len()).then_some(MetaContextRequest { name, queries })
+}
+
+/// Payload of NBD_REP_META_CONTEXT: u32 context id, then the context's name.
+pub fn encode_rep_meta_context(id: u32, name: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + name.len());
+    b.extend_from_slice(&id.to_be_bytes());
+    b.extend_from_slice(name.as_bytes());
+    b
+}
+
 // ---- transmission codec -------------------------------------------------------------
 
 /// One request header as read from the wire (not yet validated).
@@ -386,6 +438,26 @@ pub fn encode_reply_header(
             }
         }
     }
+}
+
+/// A whole NBD_REPLY_TYPE_BLOCK_STATUS reply (one chunk, flag DONE) for one meta context:
+/// `extents` as (length, flags) descriptors. The caller keeps lengths non-zero and their
+/// count small enough for a reply (see `limits::MAX_BLOCK_STATUS_EXTENTS`).
+pub fn encode_block_status_reply(handle: u64, context_id: u32, extents: &[(u32, u32)]) -> Vec<u8> {
+    let payload = 4 + extents.len() * BLOCK_STATUS_DESCRIPTOR_BYTES;
+    let mut b = vec![0u8; STRUCTURED_HEADER_BYTES];
+    put(&mut b, 0, &STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    put(&mut b, 4, &REPLY_FLAG_DONE.to_be_bytes());
+    put(&mut b, 6, &REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
+    put(&mut b, 8, &handle.to_be_bytes());
+    put(&mut b, 16, &(payload as u32).to_be_bytes());
+    b.reserve(payload);
+    b.extend_from_slice(&context_id.to_be_bytes());
+    for &(len, flags) in extents {
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(&flags.to_be_bytes());
+    }
+    b
 }
 
 /// A decoded reply header as a client sees it (tests and the benchmark client).
@@ -534,6 +606,56 @@ mod tests {
             reply_header_len(Framing::Structured, false, 0),
             SIMPLE_REPLY_HEADER_BYTES
         );
+    }
+
+    #[test]
+    fn meta_context_requests() {
+        let mut p = Vec::new();
+        p.extend_from_slice(&4u32.to_be_bytes());
+        p.extend_from_slice(b"disk");
+        p.extend_from_slice(&2u32.to_be_bytes());
+        for q in [&b"base:allocation"[..], b"qemu:dirty-bitmap:x"] {
+            p.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            p.extend_from_slice(q);
+        }
+        let r = decode_meta_context_request(&p);
+        assert_eq!(
+            r,
+            Some(MetaContextRequest {
+                name: b"disk".to_vec(),
+                queries: vec![b"base:allocation".to_vec(), b"qemu:dirty-bitmap:x".to_vec()]
+            })
+        );
+        assert_eq!(decode_meta_context_request(&p[..p.len() - 1]), None);
+        let mut long = p.clone();
+        long.push(0);
+        assert_eq!(decode_meta_context_request(&long), None);
+        // A huge count with no queries behind it is refused without allocating for it.
+        let mut huge = p[..8].to_vec();
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(decode_meta_context_request(&huge), None);
+        assert_eq!(decode_meta_context_request(&[0, 0, 0]), None);
+        assert_eq!(
+            decode_meta_context_request(&[0; 8]),
+            Some(MetaContextRequest {
+                name: vec![],
+                queries: vec![]
+            })
+        );
+    }
+
+    #[test]
+    fn block_status_reply() {
+        let b = encode_block_status_reply(7, 1, &[(4096, STATE_HOLE | STATE_ZERO), (512, 0)]);
+        assert_eq!(be_u32(&b, 0), STRUCTURED_REPLY_MAGIC);
+        assert_eq!(be_u16(&b, 4), REPLY_FLAG_DONE);
+        assert_eq!(be_u16(&b, 6), REPLY_TYPE_BLOCK_STATUS);
+        assert_eq!(be_u64(&b, 8), 7);
+        assert_eq!(be_u32(&b, 16), 4 + 16);
+        assert_eq!(b.len(), STRUCTURED_HEADER_BYTES + 20);
+        assert_eq!(be_u32(&b, 20), 1);
+        assert_eq!((be_u32(&b, 24), be_u32(&b, 28)), (4096, 3));
+        assert_eq!((be_u32(&b, 32), be_u32(&b, 36)), (512, 0));
     }
 
     #[test]

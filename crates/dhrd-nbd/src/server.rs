@@ -33,7 +33,8 @@
 //! - shutdown stops accepting first, then closes the read side of every connection, so
 //!   requests already received are executed and answered, and no new one is read.
 
-use crate::conn::{self, Activity, ConnParams, End};
+use crate::activity::{Activity, Traffic};
+use crate::conn::{self, ConnParams, End};
 use crate::handshake::{self, ExportView, Outcome};
 use crate::limits::{
     HANDSHAKE_TIMEOUT, IDLE_EVICT_AFTER, MAX_CONNECTIONS, PAYLOAD_TIMEOUT, POLL_BEFORE_BLOCK,
@@ -286,6 +287,8 @@ impl Drop for Registration {
         let mut conns = self.shared.conns.lock();
         if let Some(e) = conns.remove(&self.id) {
             e.stream.shutdown(Shutdown::Both);
+            // Under the registry's lock, so a statistics reader counts it once.
+            self.shared.closed.add(&e.activity.traffic);
         }
         self.shared.drained.notify_all();
     }
@@ -299,7 +302,54 @@ struct Entry {
     activity: Arc<Activity>,
 }
 
+/// Traffic of the connections that have ended (live ones count their own).
+#[derive(Default)]
+struct Totals {
+    requests: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    block_status: AtomicU64,
+}
+
+impl Totals {
+    fn add(&self, t: &Traffic) {
+        let r = Ordering::Relaxed;
+        self.requests.fetch_add(t.requests.load(r), r);
+        self.bytes_read.fetch_add(t.bytes_read.load(r), r);
+        self.bytes_written.fetch_add(t.bytes_written.load(r), r);
+        self.block_status.fetch_add(t.block_status.load(r), r);
+    }
+}
+
+/// What the server has done since it started, for status and tests: whether a refused
+/// client got anywhere is read here.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections that reached the transmission phase.
+    pub negotiated: u64,
+    /// Request headers read in the transmission phase.
+    pub requests: u64,
+    /// Bytes sent by successful reads.
+    pub bytes_read: u64,
+    /// Bytes written by successful writes.
+    pub bytes_written: u64,
+    /// Block status requests answered.
+    pub block_status: u64,
+    /// TLS handshakes that succeeded.
+    pub tls_sessions: u64,
+    /// TLS handshakes that failed: a wrong key or certificate, an untrusted client, or
+    /// anything else that is not TLS after a STARTTLS.
+    pub tls_failed: u64,
+    /// Options refused with NBD_REP_ERR_TLS_REQD (a client without TLS under `require`).
+    pub tls_required: u64,
+}
+
 struct Shared {
+    closed: Totals,
+    negotiated: AtomicU64,
+    tls_sessions: AtomicU64,
+    tls_failed: AtomicU64,
+    tls_required: AtomicU64,
     /// Connections closed to give their slot to a new client.
     evicted: AtomicU64,
     /// Connections closed by the idle timeout.
@@ -344,6 +394,26 @@ impl ShutdownHandle {
     /// New clients refused so far because no slot could be freed.
     pub fn refused_connections(&self) -> u64 {
         self.0.refused.load(Ordering::Relaxed)
+    }
+
+    /// Requests, bytes and TLS outcomes so far, over all connections.
+    pub fn stats(&self) -> ServerStats {
+        let r = Ordering::Relaxed;
+        let sh = &self.0;
+        let conns = sh.conns.lock();
+        let live = |f: fn(&Traffic) -> &AtomicU64| -> u64 {
+            conns.values().map(|e| f(&e.activity.traffic).load(r)).sum()
+        };
+        ServerStats {
+            negotiated: sh.negotiated.load(r),
+            requests: sh.closed.requests.load(r) + live(|t| &t.requests),
+            bytes_read: sh.closed.bytes_read.load(r) + live(|t| &t.bytes_read),
+            bytes_written: sh.closed.bytes_written.load(r) + live(|t| &t.bytes_written),
+            block_status: sh.closed.block_status.load(r) + live(|t| &t.block_status),
+            tls_sessions: sh.tls_sessions.load(r),
+            tls_failed: sh.tls_failed.load(r),
+            tls_required: sh.tls_required.load(r),
+        }
     }
 }
 
@@ -398,6 +468,11 @@ impl<T: Target> Server<T> {
             cfg,
             listener,
             shared: Arc::new(Shared {
+                closed: Totals::default(),
+                negotiated: AtomicU64::new(0),
+                tls_sessions: AtomicU64::new(0),
+                tls_failed: AtomicU64::new(0),
+                tls_required: AtomicU64::new(0),
                 stop: AtomicBool::new(false),
                 waker: Waker::new()?,
                 conns: Mutex::new(HashMap::new()),
@@ -607,8 +682,8 @@ impl<T: Target> Server<T> {
             .spawn(move || {
                 // Deregisters even if the connection panics, so a drain never waits for
                 // a connection that no longer exists.
-                let _reg = Registration { shared, id };
-                let res = connection(stream, target, &view, &cfg, activity);
+                let reg = Registration { shared, id };
+                let res = connection(stream, target, &view, &cfg, activity, &reg.shared);
                 match &res {
                     Ok(()) if cfg.verbose => eprintln!("dhrd nbd: connection {id} closed"),
                     Ok(()) => {}
@@ -726,6 +801,7 @@ fn connection<T: Target>(
     view: &ExportView,
     cfg: &ServerConfig,
     activity: Arc<Activity>,
+    shared: &Shared,
 ) -> Result<(), NbdError> {
     let handshake_timeout = cfg.handshake_timeout;
     let deadline = Instant::now() + handshake_timeout;
@@ -744,9 +820,9 @@ fn connection<T: Target>(
         },
         view,
     )?;
-    let framing = match negotiated {
-        Outcome::Closed => return Ok(()),
-        Outcome::Transmission(f) => f,
+    let agreed = match negotiated {
+        Outcome::Closed | Outcome::StartTls => return Ok(()),
+        Outcome::Transmission(a) => a,
     };
     // Transmission: a client may idle between requests for as long as it likes, unless
     // all slots are taken and a new client needs one (`make_room`) or an idle timeout is
@@ -754,8 +830,10 @@ fn connection<T: Target>(
     // replies are sent without blocking, so the socket's write timeout plays no part.
     reader.get_ref().set_read_timeout(None)?;
     activity.set_transmitting();
+    shared.negotiated.fetch_add(1, Ordering::Relaxed);
     let params = ConnParams {
-        framing,
+        framing: agreed.framing,
+        block_status: agreed.block_status,
         read_only: view.tflags & TFLAG_READ_ONLY != 0,
         size: view.size,
         poll_before_block: cfg.poll_before_block,

@@ -10,6 +10,7 @@
 //! - implementations are shared by every connection and worker thread (`Send + Sync`).
 
 use crate::NbdError;
+pub use dhrd_io::{Allocation, Extent};
 
 /// A block device as the NBD server sees it.
 pub trait Target: Send + Sync + 'static {
@@ -26,6 +27,14 @@ pub trait Target: Send + Sync + 'static {
     fn zero(&self, offset: u64, len: u64, may_punch: bool, fua: bool) -> Result<(), NbdError>;
     /// Makes every completed write (from any connection) durable.
     fn flush(&self) -> Result<(), NbdError>;
+    /// How `[offset, offset + len)` is allocated (NBD block status, `base:allocation`):
+    /// consecutive extents from `offset`, at least one and at most `max_extents`, none
+    /// past the range. An extent may be reported as zeros only if reads of it return
+    /// zeros. The default, all data, is always true.
+    fn extents(&self, offset: u64, len: u64, max_extents: usize) -> Result<Vec<Extent>, NbdError> {
+        let _ = (offset, max_extents);
+        Ok(vec![Extent::data(len)])
+    }
     /// Hands the bytes of `[offset, offset + len)` to `send` without copying them, when
     /// the target holds them in memory. Returns `Ok(false)`, without calling `send`, when
     /// it cannot; the caller then uses [`Target::read_at`]. The memory may stay pinned
@@ -62,6 +71,9 @@ impl<T: Target> Target for std::sync::Arc<T> {
     }
     fn flush(&self) -> Result<(), NbdError> {
         (**self).flush()
+    }
+    fn extents(&self, offset: u64, len: u64, max_extents: usize) -> Result<Vec<Extent>, NbdError> {
+        (**self).extents(offset, len, max_extents)
     }
     fn read_borrowed(
         &self,

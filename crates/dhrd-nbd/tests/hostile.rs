@@ -58,8 +58,9 @@ fn unknown_option_gets_err_unsup_and_negotiation_continues() {
     c.greet();
     c.option(0x7777, b"junk");
     assert_eq!(c.option_reply().1, REP_ERR_UNSUP);
+    // TLS is not configured: STARTTLS is refused by policy, and negotiation goes on.
     c.option(OPT_STARTTLS, &[]);
-    assert_eq!(c.option_reply().1, REP_ERR_UNSUP);
+    assert_eq!(c.option_reply().1, REP_ERR_POLICY);
     c.option(OPT_LIST, &[]);
     let (_, t, p) = c.option_reply();
     assert_eq!(t, REP_SERVER);

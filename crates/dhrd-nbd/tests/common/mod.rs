@@ -224,6 +224,38 @@ pub fn engine_export_of(
     EngineExport { srv, backing, obj }
 }
 
+/// An engine export over a sparse backing of `size` bytes holding `pattern` bytes at each
+/// `(offset, len)` of `data` and holes elsewhere; loaded into RAM before it is served
+/// when `loaded`.
+pub fn engine_export_sparse(size: u64, data: &[(u64, u64)], loaded: bool) -> EngineExport {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let backing = dir.path().join("backing.img");
+    let f = std::fs::File::create(&backing).unwrap_or_else(|e| panic!("backing: {e}"));
+    f.set_len(size).unwrap_or_else(|e| panic!("backing: {e}"));
+    for (i, &(off, len)) in data.iter().enumerate() {
+        f.write_all_at(&pattern(len as usize, i as u64 + 1), off)
+            .unwrap_or_else(|e| panic!("backing: {e}"));
+    }
+    drop(f);
+    let fb = dhrd_io::FileBacking::open(&backing, &dhrd_io::FileOptions::default())
+        .unwrap_or_else(|e| panic!("backing: {e}"));
+    let cfg = dhrd_engine::ObjectConfig {
+        fixed_len: true,
+        ..Default::default()
+    };
+    let obj = dhrd_engine::HybridObject::open(fb, cfg).unwrap_or_else(|e| panic!("open: {e}"));
+    if loaded {
+        assert!(
+            obj.wait_loaded(Some(Duration::from_secs(60))),
+            "load did not finish"
+        );
+    }
+    let target = dhrd_nbd::EngineTarget::new(obj.clone(), false);
+    let srv = TestServer::start_in(dir, target, |_| {});
+    EngineExport { srv, backing, obj }
+}
+
 /// An in-memory target with error injection, to test the protocol layer on its own.
 pub struct MemTarget {
     pub data: Mutex<Vec<u8>>,
