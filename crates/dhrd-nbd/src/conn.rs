@@ -562,6 +562,7 @@ const POLL_WHILE_EXECUTING_MAX: usize = 1;
 fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) {
     if budget.is_zero()
         || !reader.buffer().is_empty()
+        || reader.get_ref().has_pending()
         || EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX
     {
         return;

@@ -22,6 +22,8 @@ pub enum NbdError {
     Errno(i32),
     #[error("configuration: {0}")]
     Config(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl NbdError {
@@ -33,6 +35,7 @@ impl NbdError {
             NbdError::Errno(n) => *n,
             NbdError::PayloadTooLarge { .. } => libc::EINVAL,
             NbdError::Protocol(_) | NbdError::BadMagic { .. } | NbdError::Config(_) => libc::EINVAL,
+            NbdError::Tls(_) => libc::EACCES,
         }
     }
 }

@@ -28,6 +28,8 @@ use crate::limits::{
 use crate::proto::*;
 use crate::NbdError;
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// What the server tells clients about its one export.
 #[derive(Debug, Clone)]
@@ -84,8 +86,10 @@ pub struct Negotiation {
     /// Export name of the last NBD_OPT_SET_META_CONTEXT that selected `base:allocation`.
     meta: Option<Vec<u8>>,
     options: usize,
-    /// Options answered NBD_REP_ERR_TLS_REQD (for the server's statistics).
+    /// Options answered NBD_REP_ERR_TLS_REQD.
     pub tls_refusals: u64,
+    /// Where the server counts them too, as they happen.
+    refusal_counter: Option<Arc<AtomicU64>>,
 }
 
 /// Whether a client-supplied export name selects our export. The empty name is the
@@ -171,6 +175,7 @@ impl Negotiation {
             meta: None,
             options: 0,
             tls_refusals: 0,
+            refusal_counter: None,
         }))
     }
 
@@ -180,6 +185,12 @@ impl Negotiation {
         self.tls = true;
         self.framing = Framing::Simple;
         self.meta = None;
+    }
+
+    /// Counts every option refused for want of TLS in `counter` too, when it is refused
+    /// (the server's statistics).
+    pub fn count_refusals_in(&mut self, counter: Arc<AtomicU64>) {
+        self.refusal_counter = Some(counter);
     }
 
     /// Whether the connection runs over TLS.
@@ -250,6 +261,9 @@ impl Negotiation {
                 ));
             }
             self.tls_refusals += 1;
+            if let Some(c) = &self.refusal_counter {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
             send_reply(w, option, REP_ERR_TLS_REQD, &[])?;
             return Ok(None);
         }

@@ -1,5 +1,6 @@
 //! NBD frontend of dhrd: exports one hybrid object of the engine as a network block
-//! device (fixed-newstyle NBD protocol) over a Unix socket or loopback TCP.
+//! device (fixed-newstyle NBD protocol) over a Unix socket or TCP, optionally with TLS
+//! (x509 certificates or pre-shared keys, client authentication).
 //!
 //! Layering (each module states its own invariants):
 //! - [`proto`]: wire constants and codec, no I/O;
@@ -10,6 +11,8 @@
 //! - `reply`: that writer lock, the reply deadline, and the bound on how long borrowed
 //!   RAM may wait for a client;
 //! - `socket`: the socket and its deadline-bounded reads and writes;
+//! - `tls`: TLS credentials, the handshake after NBD_OPT_STARTTLS, and the encrypted
+//!   stream a connection's threads share;
 //! - [`server`]: listening sockets, accepting, graceful shutdown;
 //! - [`client`]: a minimal blocking client for tests and tools;
 //! - [`target`]: the narrow interface the server calls, implemented for the engine's
@@ -35,11 +38,13 @@ mod reply;
 pub mod server;
 mod socket;
 pub mod target;
+mod tls;
 
 pub use engine::EngineTarget;
 pub use error::NbdError;
 pub use server::{ListenAddr, Server, ServerConfig, ServerStats, ShutdownHandle};
 pub use target::Target;
+pub use tls::{read_psk_file, TlsConfig, TlsCredentials};
 
 /// Every bound the server enforces, in one place.
 pub mod limits {

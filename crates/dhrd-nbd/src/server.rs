@@ -30,12 +30,17 @@
 //! - [`Server::run`] returns only after every connection thread has finished (or the
 //!   drain timeout passed), so the caller can flush and close the engine afterwards with
 //!   no request still executing;
+//! - with TLS configured, a client that asks for it (NBD_OPT_STARTTLS) is upgraded within
+//!   the negotiation deadline, and one that fails the handshake (wrong key, untrusted or
+//!   expired certificate) is closed before any option is answered over TLS; under
+//!   `require`, a client that does not upgrade never learns anything of the export
+//!   (`handshake.rs`). Handshakes, failures and refusals are counted ([`ServerStats`]);
 //! - shutdown stops accepting first, then closes the read side of every connection, so
 //!   requests already received are executed and answered, and no new one is read.
 
 use crate::activity::{Activity, Traffic};
 use crate::conn::{self, ConnParams, End};
-use crate::handshake::{self, ExportView, Outcome};
+use crate::handshake::{Agreed, ExportView, Negotiation, Outcome, TlsPolicy};
 use crate::limits::{
     HANDSHAKE_TIMEOUT, IDLE_EVICT_AFTER, MAX_CONNECTIONS, PAYLOAD_TIMEOUT, POLL_BEFORE_BLOCK,
     READ_BUFFER_BYTES, REPLY_TIMEOUT, SHUTDOWN_DRAIN_TIMEOUT, THREAD_STACK_BYTES,
@@ -43,6 +48,7 @@ use crate::limits::{
 use crate::proto::*;
 use crate::socket::Stream;
 use crate::target::Target;
+use crate::tls::{TlsConfig, TlsServer};
 use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -102,9 +108,38 @@ pub struct ServerConfig {
     /// Time a write payload may take to arrive after its request header, in total,
     /// before the connection is ended.
     pub payload_timeout: Duration,
+    /// TLS (NBD_OPT_STARTTLS); `None`: STARTTLS is refused by policy.
+    pub tls: Option<TlsConfig>,
 }
 
 impl ServerConfig {
+    /// What an operator should be told about who can reach the export, or `None` when
+    /// only local clients can, or remote ones must authenticate over TLS.
+    pub fn security_warning(&self) -> Option<String> {
+        let ListenAddr::Tcp(a) = &self.listen else {
+            return None;
+        };
+        if a.ip().is_loopback() {
+            return None;
+        }
+        match &self.tls {
+            None => Some(format!(
+                "{a} is reachable from other hosts without TLS: anyone who can reach it can \
+                 read and overwrite the export (use --tls require with --tls-psk or \
+                 --tls-certificates and --tls-verify-peer)"
+            )),
+            Some(t) if !t.require => Some(format!(
+                "{a} is reachable from other hosts and --tls on also serves clients without \
+                 TLS (use --tls require)"
+            )),
+            Some(t) if !t.authenticates_clients() => Some(format!(
+                "{a} is reachable from other hosts and any TLS client is served: clients are \
+                 not authenticated (add --tls-verify-peer, or use --tls-psk)"
+            )),
+            Some(_) => None,
+        }
+    }
+
     pub fn new(listen: ListenAddr) -> Self {
         Self {
             listen,
@@ -119,6 +154,7 @@ impl ServerConfig {
             poll_before_block: POLL_BEFORE_BLOCK,
             reply_timeout: REPLY_TIMEOUT,
             payload_timeout: PAYLOAD_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -237,7 +273,7 @@ fn bind(cfg: &ServerConfig) -> Result<Listener, NbdError> {
             if !a.ip().is_loopback() && !cfg.allow_remote {
                 return Err(NbdError::Config(format!(
                     "{a} is not a loopback address; pass --allow-remote to listen on it \
-                     (the NBD protocol has no authentication, and TLS is not implemented)"
+                     (with --tls require and client authentication, docs/nbd.md)"
                 )));
             }
             let l = TcpListener::bind(a)?;
@@ -349,7 +385,7 @@ struct Shared {
     negotiated: AtomicU64,
     tls_sessions: AtomicU64,
     tls_failed: AtomicU64,
-    tls_required: AtomicU64,
+    tls_required: Arc<AtomicU64>,
     /// Connections closed to give their slot to a new client.
     evicted: AtomicU64,
     /// Connections closed by the idle timeout.
@@ -432,6 +468,7 @@ pub struct ServeSummary {
 
 /// An NBD server exporting one target.
 pub struct Server<T: Target> {
+    tls: Option<Arc<TlsServer>>,
     target: Arc<T>,
     cfg: ServerConfig,
     listener: Listener,
@@ -462,8 +499,14 @@ impl<T: Target> Server<T> {
                 "the handshake, reply, payload and idle timeouts must be longer than zero".into(),
             ));
         }
+        // Credentials are loaded before the socket exists: bad ones fail the start.
+        let tls = match &cfg.tls {
+            Some(t) => Some(Arc::new(TlsServer::new(&t.credentials)?)),
+            None => None,
+        };
         let listener = bind(&cfg)?;
         Ok(Self {
+            tls,
             target: Arc::new(target),
             cfg,
             listener,
@@ -472,7 +515,7 @@ impl<T: Target> Server<T> {
                 negotiated: AtomicU64::new(0),
                 tls_sessions: AtomicU64::new(0),
                 tls_failed: AtomicU64::new(0),
-                tls_required: AtomicU64::new(0),
+                tls_required: Arc::new(AtomicU64::new(0)),
                 stop: AtomicBool::new(false),
                 waker: Waker::new()?,
                 conns: Mutex::new(HashMap::new()),
@@ -676,6 +719,7 @@ impl<T: Target> Server<T> {
             tflags: self.tflags(),
         };
         let cfg = self.cfg.clone();
+        let tls = self.tls.clone();
         let r = std::thread::Builder::new()
             .name(format!("dhrd-nbd-conn{id}"))
             .stack_size(THREAD_STACK_BYTES)
@@ -683,7 +727,15 @@ impl<T: Target> Server<T> {
                 // Deregisters even if the connection panics, so a drain never waits for
                 // a connection that no longer exists.
                 let reg = Registration { shared, id };
-                let res = connection(stream, target, &view, &cfg, activity, &reg.shared);
+                let res = connection(
+                    stream,
+                    target,
+                    &view,
+                    &cfg,
+                    activity,
+                    &reg.shared,
+                    tls.as_deref(),
+                );
                 match &res {
                     Ok(()) if cfg.verbose => eprintln!("dhrd nbd: connection {id} closed"),
                     Ok(()) => {}
@@ -802,33 +854,20 @@ fn connection<T: Target>(
     cfg: &ServerConfig,
     activity: Arc<Activity>,
     shared: &Shared,
+    tls: Option<&TlsServer>,
 ) -> Result<(), NbdError> {
-    let handshake_timeout = cfg.handshake_timeout;
-    let deadline = Instant::now() + handshake_timeout;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let negotiated = handshake::negotiate(
-        &mut HandshakeReader {
-            r: &mut reader,
-            deadline,
-            limit: handshake_timeout,
-        },
-        &mut HandshakeWriter {
-            w: &mut writer,
-            deadline,
-            limit: handshake_timeout,
-        },
-        view,
-    )?;
-    let agreed = match negotiated {
-        Outcome::Closed | Outcome::StartTls => return Ok(()),
-        Outcome::Transmission(a) => a,
+    let limit = cfg.handshake_timeout;
+    let deadline = Instant::now() + limit;
+    let (reader, writer, agreed) = match negotiate(stream, view, cfg, shared, tls, deadline)? {
+        Some(n) => n,
+        None => return Ok(()),
     };
     // Transmission: a client may idle between requests for as long as it likes, unless
     // all slots are taken and a new client needs one (`make_room`) or an idle timeout is
     // set (`close_idle`). Replies and payloads have their own deadlines (`ConnParams`);
     // replies are sent without blocking, so the socket's write timeout plays no part.
     reader.get_ref().set_read_timeout(None)?;
+    writer.set_write_timeout(None)?;
     activity.set_transmitting();
     shared.negotiated.fetch_add(1, Ordering::Relaxed);
     let params = ConnParams {
@@ -840,6 +879,7 @@ fn connection<T: Target>(
         reply_timeout: cfg.reply_timeout,
         payload_timeout: cfg.payload_timeout,
     };
+    let session = writer.tls().map(|s| s.try_clone());
     let end = conn::serve(
         reader,
         writer,
@@ -847,6 +887,10 @@ fn connection<T: Target>(
         params,
         Arc::clone(&activity),
     );
+    if let Some(s) = session {
+        // Every reply is out: tell a TLS client the stream ends here on purpose.
+        s.close_notify();
+    }
     if activity.closed_by_server() && activity.has_unflushed_writes() {
         // The server, not the client, ended this connection (to free its slot, at the
         // idle timeout, or at a missed reply or payload deadline), so the client cannot
@@ -861,5 +905,94 @@ fn connection<T: Target>(
     match end {
         End::Clean => Ok(()),
         End::Error(e) => Err(e),
+    }
+}
+
+/// The negotiation, with the TLS upgrade when the client asks for it; `None` when the
+/// client left. Returns the streams to serve (encrypted after a STARTTLS) and what was
+/// agreed.
+fn negotiate(
+    stream: Stream,
+    view: &ExportView,
+    cfg: &ServerConfig,
+    shared: &Shared,
+    tls: Option<&TlsServer>,
+    deadline: Instant,
+) -> Result<Option<(BufReader<Stream>, Stream, Agreed)>, NbdError> {
+    let limit = cfg.handshake_timeout;
+    let policy = match (&cfg.tls, tls) {
+        (Some(t), Some(_)) if t.require => TlsPolicy::Require,
+        (Some(_), Some(_)) => TlsPolicy::On,
+        _ => TlsPolicy::Off,
+    };
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    let greeted = Negotiation::greet(
+        &mut HandshakeReader {
+            r: &mut reader,
+            deadline,
+            limit,
+        },
+        &mut HandshakeWriter {
+            w: &mut writer,
+            deadline,
+            limit,
+        },
+        policy,
+    )?;
+    let Some(mut n) = greeted else {
+        return Ok(None);
+    };
+    n.count_refusals_in(Arc::clone(&shared.tls_required));
+    loop {
+        let outcome = n.haggle(
+            &mut HandshakeReader {
+                r: &mut reader,
+                deadline,
+                limit,
+            },
+            &mut HandshakeWriter {
+                w: &mut writer,
+                deadline,
+                limit,
+            },
+            view,
+        );
+        match outcome? {
+            Outcome::Closed => return Ok(None),
+            Outcome::Transmission(agreed) => return Ok(Some((reader, writer, agreed))),
+            Outcome::StartTls => {}
+        }
+        let Some(tls) = tls else {
+            // The negotiation acknowledges STARTTLS only under a TLS policy.
+            return Err(NbdError::Protocol(
+                "STARTTLS without TLS credentials".into(),
+            ));
+        };
+        if !reader.buffer().is_empty() {
+            // Bytes sent after STARTTLS and before the handshake were sent in plaintext:
+            // reading them as if they had come through TLS would let anyone on the path
+            // inject options (the STARTTLS injection attacks on other protocols).
+            shared.tls_failed.fetch_add(1, Ordering::Relaxed);
+            return Err(NbdError::Tls(
+                "plaintext data after NBD_OPT_STARTTLS, before the handshake".into(),
+            ));
+        }
+        drop(writer);
+        match tls.accept(reader.into_inner(), deadline) {
+            Ok((s, about)) => {
+                shared.tls_sessions.fetch_add(1, Ordering::Relaxed);
+                if cfg.verbose {
+                    eprintln!("dhrd nbd: TLS session: {about}");
+                }
+                writer = s.try_clone()?;
+                reader = BufReader::with_capacity(READ_BUFFER_BYTES, s);
+                n.tls_started();
+            }
+            Err(e) => {
+                shared.tls_failed.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
     }
 }

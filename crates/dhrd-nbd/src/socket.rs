@@ -9,21 +9,70 @@
 //!   one reply for ever;
 //! - a write payload is read by a deadline for the whole payload ([`read_by`]), for the
 //!   same reason;
-//! - sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished client is an error result.
+//! - sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished client is an error result;
+//! - a TLS stream (`tls.rs`) behaves as a socket here: the same deadlines bound its waits,
+//!   and its waits never hold the session lock.
 //!
 //! Crash semantics: none; this only moves bytes between the socket and memory.
 
+use crate::tls::TlsStream;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-/// A connected socket of either family.
+/// A connected socket of either family, or a TLS session over one.
 #[derive(Debug)]
 pub(crate) enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Tls(TlsStream),
+}
+
+/// Waits until `events` are ready on `fd`, or `deadline` passes (TimedOut); with no
+/// deadline, as long as it takes.
+pub(crate) fn poll_fd(
+    fd: RawFd,
+    events: libc::c_short,
+    deadline: Option<Instant>,
+) -> io::Result<()> {
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000))
+                    .unwrap_or(libc::c_int::MAX)
+            }
+        };
+        let mut pfd = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        match rc {
+            // Ready, or hung up / in error: the next call on the socket reports which.
+            1.. => return Ok(()),
+            0 => {}
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// A deadline `t` from now, as a TLS stream keeps it.
+fn deadline_in(t: Option<Duration>) -> Option<Instant> {
+    t.map(|t| Instant::now() + t)
 }
 
 impl Stream {
@@ -31,6 +80,7 @@ impl Stream {
         Ok(match self {
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Tls(s) => Stream::Tls(s.try_clone()),
         })
     }
 
@@ -39,6 +89,16 @@ impl Stream {
         let _ = match self {
             Stream::Unix(s) => s.shutdown(how),
             Stream::Tcp(s) => s.shutdown(how),
+            Stream::Tls(s) => {
+                let how = match how {
+                    Shutdown::Read => libc::SHUT_RD,
+                    Shutdown::Write => libc::SHUT_WR,
+                    Shutdown::Both => libc::SHUT_RDWR,
+                };
+                // SAFETY: shutdown(2) on the session's open socket.
+                unsafe { libc::shutdown(s.raw_fd(), how) };
+                Ok(())
+            }
         };
     }
 
@@ -46,13 +106,31 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.as_raw_fd(),
             Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Tls(s) => s.raw_fd(),
         }
+    }
+
+    /// The TLS session, if this stream is one.
+    pub(crate) fn tls(&self) -> Option<&TlsStream> {
+        match self {
+            Stream::Tls(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Bytes already received and decrypted that no read has taken (TLS only).
+    pub(crate) fn has_pending(&self) -> bool {
+        self.tls().is_some_and(TlsStream::has_pending)
     }
 
     pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Unix(s) => s.set_read_timeout(t),
             Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Tls(s) => {
+                s.set_read_deadline(deadline_in(t));
+                Ok(())
+            }
         }
     }
 
@@ -60,37 +138,16 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.set_write_timeout(t),
             Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Tls(s) => {
+                s.set_write_deadline(deadline_in(t));
+                Ok(())
+            }
         }
     }
 
     /// Waits until `events` are ready on the socket, or `deadline` passes (TimedOut).
     fn wait_for(&self, events: libc::c_short, deadline: Instant) -> io::Result<()> {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::ErrorKind::TimedOut.into());
-            }
-            let ms = libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000))
-                .unwrap_or(libc::c_int::MAX);
-            let mut pfd = libc::pollfd {
-                fd: self.raw_fd(),
-                events,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd for the duration of the call.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            match rc {
-                // Ready, or hung up / in error: the next call on the socket reports which.
-                1.. => return Ok(()),
-                0 => {}
-                _ => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() != io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
-            }
-        }
+        poll_fd(self.raw_fd(), events, Some(deadline))
     }
 }
 
@@ -105,6 +162,9 @@ pub(crate) trait ReplySink {
 
 impl ReplySink for Stream {
     fn send_now(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
+        if let Stream::Tls(s) = self {
+            return s.send_now(parts);
+        }
         // SAFETY: msghdr is plain old data; all-zero is a valid empty message.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         // IoSlice is ABI-compatible with iovec on Unix; sendmsg only reads through it.
@@ -183,20 +243,34 @@ pub(crate) fn read_by(
     buf: &mut [u8],
     deadline: Instant,
 ) -> io::Result<()> {
+    // A TLS read waits inside (a record may arrive in pieces), bounded by this deadline.
+    let tls = r
+        .get_ref()
+        .tls()
+        .map(|s| s.set_read_deadline(Some(deadline)))
+        .is_some();
     let mut done = 0;
-    while done < buf.len() {
-        if r.buffer().is_empty() {
+    let res = loop {
+        if done == buf.len() {
+            break Ok(());
+        }
+        if r.buffer().is_empty() && !tls {
             // Readable (or at its end) now, so the read below does not block.
-            r.get_ref().wait_for(libc::POLLIN, deadline)?;
+            if let Err(e) = r.get_ref().wait_for(libc::POLLIN, deadline) {
+                break Err(e);
+            }
         }
         match r.read(&mut buf[done..]) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(0) => break Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => break Err(e),
         }
+    };
+    if let Some(s) = r.get_ref().tls() {
+        s.set_read_deadline(None);
     }
-    Ok(())
+    res
 }
 
 impl Read for Stream {
@@ -204,6 +278,7 @@ impl Read for Stream {
         match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -214,12 +289,17 @@ impl Write for Stream {
         match self {
             Stream::Unix(s) => s.write(buf),
             Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Stream::Unix(s) => s.write_vectored(bufs),
             Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Tls(s) => match bufs.iter().find(|b| !b.is_empty()) {
+                Some(b) => s.write(b),
+                None => Ok(0),
+            },
         }
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -5,6 +5,8 @@
 //! (CI installs them), never a silent skip.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use dhrd_nbd::proto::*;
 use dhrd_nbd::{ListenAddr, NbdError, Server, ServerConfig, ShutdownHandle, Target};
 use parking_lot::Mutex;
@@ -25,6 +27,8 @@ fn package_of(tool: &str) -> &'static str {
         "nbdfuse" => "nbdfuse",
         "nbdkit" => "nbdkit",
         "mkfs.ext4" => "e2fsprogs",
+        "certtool" | "psktool" => "gnutls-bin",
+        "fio" => "fio",
         _ => "?",
     }
 }
@@ -87,6 +91,8 @@ pub fn nbd_uri(sock: &Path) -> String {
 pub struct TestServer {
     pub dir: tempfile::TempDir,
     pub sock: PathBuf,
+    /// Where it listens (the Unix socket, or a TCP address when the test chose one).
+    pub addr: ListenAddr,
     handle: ShutdownHandle,
     thread: Option<JoinHandle<Result<dhrd_nbd::server::ServeSummary, NbdError>>>,
 }
@@ -110,11 +116,13 @@ impl TestServer {
         let mut cfg = ServerConfig::new(ListenAddr::Unix(sock.clone()));
         tweak(&mut cfg);
         let server = Server::bind(target, cfg).unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = server.local_addr();
         let handle = server.shutdown_handle();
         let thread = std::thread::spawn(move || server.run());
         Self {
             dir,
             sock,
+            addr,
             handle,
             thread: Some(thread),
         }
@@ -228,6 +236,16 @@ pub fn engine_export_of(
 /// `(offset, len)` of `data` and holes elsewhere; loaded into RAM before it is served
 /// when `loaded`.
 pub fn engine_export_sparse(size: u64, data: &[(u64, u64)], loaded: bool) -> EngineExport {
+    engine_export_cfg(size, data, loaded, |_| {})
+}
+
+/// [`engine_export_sparse`] with the server's configuration tweaked (TLS, listen address).
+pub fn engine_export_cfg(
+    size: u64,
+    data: &[(u64, u64)],
+    loaded: bool,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> EngineExport {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let backing = dir.path().join("backing.img");
@@ -252,7 +270,7 @@ pub fn engine_export_sparse(size: u64, data: &[(u64, u64)], loaded: bool) -> Eng
         );
     }
     let target = dhrd_nbd::EngineTarget::new(obj.clone(), false);
-    let srv = TestServer::start_in(dir, target, |_| {});
+    let srv = TestServer::start_in(dir, target, tweak);
     EngineExport { srv, backing, obj }
 }
 
