@@ -14,7 +14,7 @@
 //! - `tls`: TLS credentials, the handshake after NBD_OPT_STARTTLS, and the encrypted
 //!   stream a connection's threads share;
 //! - [`server`]: listening sockets, accepting, graceful shutdown;
-//! - [`client`]: a minimal blocking client for tests and tools;
+//! - [`client`]: a minimal blocking client (with TLS) for tests and tools;
 //! - [`target`]: the narrow interface the server calls, implemented for the engine's
 //!   `HybridObject<D>` for every `D: dhrd_io::Durable`.
 //!

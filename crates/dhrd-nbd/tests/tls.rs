@@ -445,3 +445,65 @@ fn fio_nbd_engine_over_tls() {
     );
     assert_eq!(e.srv.handle().stats().tls_failed, 1);
 }
+
+#[test]
+fn the_crate_client_speaks_tls_and_never_falls_back_to_plaintext() {
+    use dhrd_nbd::client::{Client, ClientAddr, ClientOptions, ClientTls};
+    let (_d, p) = pki();
+    let key = (0..p.psk_key.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&p.psk_key[i..i + 2], 16).unwrap_or(0))
+        .collect::<Vec<u8>>();
+    let e = engine_export_cfg(4 * MIB, &[], true, |c| {
+        psk(&p)(c);
+        tcp(c);
+    });
+    let ListenAddr::Tcp(addr) = e.srv.addr.clone() else {
+        panic!("not TCP")
+    };
+    let opts = |identity: &str, key: Vec<u8>| ClientOptions {
+        addr: ClientAddr::Tcp(addr),
+        tls: Some(ClientTls::Psk {
+            identity: identity.into(),
+            key,
+        }),
+    };
+    let mut c = Client::connect_with(&opts("alice", key.clone())).unwrap_or_else(|e| panic!("{e}"));
+    c.write(4096, &[3u8; 8192], true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.read(4096, 8192).ok(), Some(vec![3u8; 8192]));
+    drop(c);
+    let mut wrong = key.clone();
+    wrong[0] ^= 1;
+    assert!(Client::connect_with(&opts("alice", wrong)).is_err());
+    assert!(Client::connect_with(&opts("bob", key)).is_err());
+    // Against a server without TLS the client stops at the refused STARTTLS.
+    let plain = engine_export_sparse(MIB, &[], false);
+    let o = ClientOptions {
+        addr: ClientAddr::Unix(plain.srv.sock.clone()),
+        tls: Some(ClientTls::X509 {
+            ca_file: p.client.join("ca-cert.pem"),
+            cert_and_key: None,
+        }),
+    };
+    let err = Client::connect_with(&o).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("STARTTLS refused")),
+        "{err:?}"
+    );
+    // x509 with a client certificate, over a Unix socket.
+    let e = engine_export_cfg(MIB, &[], false, x509(&p, true, true));
+    let o = ClientOptions {
+        addr: ClientAddr::Unix(e.srv.sock.clone()),
+        tls: Some(ClientTls::X509 {
+            ca_file: p.client.join("ca-cert.pem"),
+            cert_and_key: Some((
+                p.client.join("client-cert.pem"),
+                p.client.join("client-key.pem"),
+            )),
+        }),
+    };
+    let mut c = Client::connect_with(&o).unwrap_or_else(|e| panic!("{e}"));
+    c.flush().unwrap_or_else(|e| panic!("{e}"));
+}
