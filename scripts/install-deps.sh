@@ -14,7 +14,10 @@ if ! cargo deb --version 2>/dev/null | grep -qx "cargo-deb $CARGO_DEB_VERSION"; 
     cargo install --locked --force cargo-deb --version "$CARGO_DEB_VERSION"
 fi
 
+# libssl-dev: the NBD server's TLS (OpenSSL); gnutls-bin (certtool, psktool) and openssl:
+# the TLS tests' certificates and keys.
 packages=(fuse3 libfuse3-dev fio nbdkit libnbd-bin python3-libnbd nbdfuse qemu-utils sqlite3
+          libssl-dev gnutls-bin openssl
           e2fsprogs util-linux pkg-config python3-matplotlib vmtouch postmark postgresql
           ceph-mon ceph-osd ceph-mgr ceph-common librbd1 systemd man-db binutils dpkg-dev)
 missing=()

@@ -7,6 +7,7 @@ mod load;
 mod metrics;
 mod mount;
 mod nbd;
+mod nbd_tls;
 mod nvm;
 mod timing;
 

@@ -71,9 +71,13 @@ pub struct NbdArgs {
     /// Listen on TCP ADDR:PORT; only loopback addresses unless --allow-remote.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Allow a non-loopback --listen address (NBD has no authentication; no TLS yet).
+    /// Allow a non-loopback --listen address. Without --tls require and client
+    /// authentication anyone who reaches it can read and overwrite the export (warned
+    /// about at start and in the status file).
     #[arg(long)]
     pub allow_remote: bool,
+    #[command(flatten)]
+    pub tls: crate::nbd_tls::TlsArgs,
     /// Export name (clients asking for the default export "" get it too).
     #[arg(long, default_value = "")]
     pub name: String,
@@ -395,6 +399,11 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     scfg.idle_evict_after = Duration::from_secs(a.idle_evict_secs);
     scfg.idle_timeout = a.idle_timeout_secs.map(Duration::from_secs);
     scfg.poll_before_block = Duration::from_micros(a.poll_us);
+    scfg.tls = a.tls.config()?;
+    let security = Arc::new(crate::nbd_tls::Security::of(&scfg));
+    if let Some(w) = &security.warning {
+        eprintln!("dhrd nbd: warning: {w}");
+    }
     let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
     if let Some(path) = &a.status_file {
         let (wb, t) = (writeback.clone(), tier.clone());
@@ -429,7 +438,13 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             }
             v
         });
-        spawn_status_writer(path.clone(), obj.clone(), server.shutdown_handle(), layers)?;
+        spawn_status_writer(
+            path.clone(),
+            obj.clone(),
+            server.shutdown_handle(),
+            Arc::clone(&security),
+            layers,
+        )?;
     }
     spawn_signal_thread(sigset, server.shutdown_handle())?;
     {
@@ -438,8 +453,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         // the numbers were measured on.
         writeln!(
             out,
-            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}{}{}) as export {:?} on {}",
+            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}{}{}{}) as export {:?} on {}",
             target.size(),
+            security.describe(),
             if a.read_only { ", read-only" } else { "" },
             a.mem
                 .filter(|m| *m < target.size())
@@ -787,6 +803,7 @@ fn spawn_status_writer<D: Durable + 'static>(
     path: PathBuf,
     obj: HybridObject<D>,
     h: ShutdownHandle,
+    security: Arc<crate::nbd_tls::Security>,
     layers: LayerStatus,
 ) -> anyhow::Result<()> {
     let mut prom = path.as_os_str().to_owned();
@@ -797,6 +814,9 @@ fn spawn_status_writer<D: Durable + 'static>(
         let mut doc = status_json(&obj, &h);
         if let Some(m) = doc.as_object_mut() {
             m.extend(layers());
+            for (k, v) in security.status(&h.stats()) {
+                m.insert(k.into(), v);
+            }
         }
         replace_file(&path, &format!("{doc}\n"))?;
         let text = crate::metrics::prometheus_text("dhrd_nbd", &[], &doc);

@@ -97,8 +97,8 @@ fn nbd_refuses_non_loopback_without_allow_remote() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-remote"));
 }
 
-fn verify_blocks(sock: &Path, backing: &Path, blocks: &[u64], gen: u64, what: &str) {
-    let mut c = Client::connect(sock).unwrap_or_else(|e| panic!("reconnect: {e}"));
+fn verify_blocks(d: &Dhrd, backing: &Path, blocks: &[u64], gen: u64, what: &str) {
+    let mut c = d.connect();
     for &i in blocks {
         let got = c
             .read(i * BLOCK as u64, BLOCK as u32)
@@ -130,7 +130,162 @@ fn nbd_sigkill_during_writes_keeps_every_acknowledged_write() {
         let (acked, _) = write_until_killed(&mut d, &order, 7, fua, 16, 300);
         drop(d);
         let d = Dhrd::start(dir.path(), &backing, &["--durability", mode]);
-        verify_blocks(&d.sock, &backing, &acked, 7, mode);
+        verify_blocks(&d, &backing, &acked, 7, mode);
+    }
+}
+
+#[test]
+fn nbd_sigkill_over_tls_keeps_every_acknowledged_write() {
+    // The same as above with every client on TLS-PSK under --tls require: the encrypted
+    // path acknowledges a write only once it is as durable as the mode promises.
+    for (mode, fua) in [("sync", false), ("fsync", true)] {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let backing = dir.path().join("b.img");
+        let (keys, tls) = psk_for_tests(dir.path());
+        let keys = keys.to_string_lossy().into_owned();
+        let flags = ["--durability", mode, "--tls", "require", "--tls-psk", &keys];
+        let mut args = vec!["--size", "64M"];
+        args.extend(flags);
+        let mut d = Dhrd::start_tls(dir.path(), &backing, &args, Some(tls.clone()));
+        assert!(d.ready_line.contains("TLS require"), "{}", d.ready_line);
+        let order: Vec<u64> = (0..1024).collect();
+        let (acked, _) = write_until_killed(&mut d, &order, 7, fua, 16, 300);
+        drop(d);
+        let d = Dhrd::start_tls(dir.path(), &backing, &flags, Some(tls));
+        verify_blocks(&d, &backing, &acked, 7, mode);
+        // A plaintext client gets nothing from the restarted server.
+        assert!(
+            Client::connect(&d.sock).is_err(),
+            "plaintext served under require"
+        );
+    }
+}
+
+#[test]
+fn nbd_tls_flags_are_checked_at_start() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (keys, _) = psk_for_tests(dir.path());
+    let keys = keys.to_string_lossy().into_owned();
+    let bad_keys = dir.path().join("bad.psk");
+    std::fs::write(&bad_keys, "alice:00ff\nbob:nothex\n").unwrap_or_else(|e| panic!("{e}"));
+    let bad_keys = bad_keys.to_string_lossy().into_owned();
+    let no_certs = dir.path().to_string_lossy().into_owned();
+    for (args, want) in [
+        (vec!["--tls", "require"], "needs --tls-certificates"),
+        (vec!["--tls-psk", &keys], "--tls is off"),
+        (
+            vec![
+                "--tls",
+                "on",
+                "--tls-psk",
+                &keys,
+                "--tls-certificates",
+                &no_certs,
+            ],
+            "cannot be used with",
+        ),
+        (
+            vec!["--tls", "on", "--tls-verify-peer", "--tls-psk", &keys],
+            "--tls-certificates",
+        ),
+        (vec!["--tls", "require", "--tls-psk", &bad_keys], "line 2"),
+        (
+            vec!["--tls", "require", "--tls-certificates", &no_certs],
+            "server-cert.pem is missing",
+        ),
+        (vec!["--tls", "maybe", "--tls-psk", &keys], "invalid value"),
+    ] {
+        let errf = dir.path().join("flags.stderr");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+            .args(["nbd", "--size", "1M", "--socket"])
+            .arg(dir.path().join("s.sock"))
+            .arg("--backing")
+            .arg(dir.path().join("b.img"))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&errf).unwrap_or_else(|e| panic!("{e}")))
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A configuration that is accepted would serve for ever: give it a while.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let status = loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&errf).unwrap_or_default();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{args:?} started: {err}"
+        );
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// Starts `dhrd nbd` on a TCP address; returns it with its stderr file once it serves.
+fn start_tcp(dir: &Path, extra: &[&str]) -> (Child, PathBuf) {
+    let errf = dir.join("tcp.stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+        .args([
+            "nbd",
+            "--size",
+            "1M",
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-remote",
+        ])
+        .arg("--backing")
+        .arg(dir.join("b.img"))
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&errf).unwrap_or_else(|e| panic!("{e}")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut line = String::new();
+    let out = child.stdout.take().unwrap_or_else(|| unreachable!());
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(line.contains("dhrd nbd: serving"), "{line}");
+    (child, errf)
+}
+
+#[test]
+fn nbd_allow_remote_without_tls_warns_at_start_and_in_status() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (keys, _) = psk_for_tests(dir.path());
+    let keys = keys.to_string_lossy().into_owned();
+    let status = dir.path().join("status.json");
+    let status_arg = status.to_string_lossy().into_owned();
+    for (extra, warned) in [
+        (vec![], true),
+        (vec!["--tls", "on", "--tls-psk", &keys], true),
+        (vec!["--tls", "require", "--tls-psk", &keys], false),
+    ] {
+        let _ = std::fs::remove_file(&status);
+        let mut args = extra.clone();
+        args.extend(["--status-file", &status_arg]);
+        let (mut child, errf) = start_tcp(dir.path(), &args);
+        let doc: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&status).unwrap_or_else(|e| panic!("{e}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = child.wait();
+        let err = std::fs::read_to_string(&errf).unwrap_or_default();
+        assert_eq!(err.contains("warning: 0.0.0.0"), warned, "{extra:?}: {err}");
+        assert_eq!(
+            doc["tls"]["warning"].is_string(),
+            warned,
+            "{extra:?}: {doc}"
+        );
+        assert_eq!(doc["nbd"]["requests"], 0, "{doc}");
     }
 }
 
@@ -185,7 +340,7 @@ fn nbd_sigkill_during_initial_load_keeps_data_and_acknowledged_writes() {
     );
     drop(d);
     let d = Dhrd::start(dir.path(), &backing, &[]);
-    verify_blocks(&d.sock, &backing, &acked, 5, "after kill during load");
+    verify_blocks(&d, &backing, &acked, 5, "after kill during load");
     // Every block never written still holds its original bytes.
     let touched: std::collections::HashSet<u64> =
         acked.iter().chain(unsure.iter()).copied().collect();
@@ -193,7 +348,7 @@ fn nbd_sigkill_during_initial_load_keeps_data_and_acknowledged_writes() {
         .filter(|i| !touched.contains(i) && !order.contains(i))
         .step_by(7)
         .collect();
-    verify_blocks(&d.sock, &backing, &never, 0, "untouched");
+    verify_blocks(&d, &backing, &never, 0, "untouched");
 }
 
 /// Runs a command; `Err(stderr)` if it fails.

@@ -2,7 +2,7 @@
 //! ready line, SIGKILL or SIGTERM, and a writer that is cut off by a SIGKILL.
 #![allow(dead_code)]
 
-use dhrd_nbd::client::Client;
+use dhrd_nbd::client::{Client, ClientAddr, ClientOptions, ClientTls};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -60,10 +60,34 @@ pub struct Dhrd {
     pub stderr: PathBuf,
     /// The line printed when the socket listens (what it serves, and how).
     pub ready_line: String,
+    /// How clients connect: with these TLS credentials, or in plaintext.
+    pub tls: Option<ClientTls>,
+}
+
+/// A PSK file for identity `alice` in `dir`, in psktool's format, and the client's
+/// credentials for it.
+pub fn psk_for_tests(dir: &Path) -> (PathBuf, ClientTls) {
+    let key: Vec<u8> = (0..32u8)
+        .map(|i| i.wrapping_mul(37).wrapping_add(11))
+        .collect();
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let file = dir.join("keys.psk");
+    std::fs::write(&file, format!("alice:{hex}\n")).unwrap_or_else(|e| panic!("{e}"));
+    let tls = ClientTls::Psk {
+        identity: "alice".into(),
+        key,
+    };
+    (file, tls)
 }
 
 impl Dhrd {
     pub fn start(dir: &Path, backing: &Path, extra: &[&str]) -> Self {
+        Self::start_tls(dir, backing, extra, None)
+    }
+
+    /// Starts it with `extra` (which should hold the server's TLS flags when `tls` is
+    /// given); clients of [`Dhrd::connect`] use `tls`.
+    pub fn start_tls(dir: &Path, backing: &Path, extra: &[&str], tls: Option<ClientTls>) -> Self {
         let sock = dir.join("nbd.sock");
         let stderr = dir.join(format!(
             "dhrd-{}.stderr",
@@ -96,6 +120,7 @@ impl Dhrd {
             sock,
             stderr,
             ready_line: String::new(),
+            tls,
         };
         match rx.recv_timeout(READY_TIMEOUT) {
             Ok(l) if l.contains("dhrd nbd: serving") => {
@@ -107,6 +132,15 @@ impl Dhrd {
                 me.stderr_text()
             ),
         }
+    }
+
+    /// A client of this server, over TLS if it was started with TLS.
+    pub fn connect(&self) -> Client {
+        let o = ClientOptions {
+            addr: ClientAddr::Unix(self.sock.clone()),
+            tls: self.tls.clone(),
+        };
+        Client::connect_with(&o).unwrap_or_else(|e| panic!("connect: {e}"))
     }
 
     pub fn stderr_text(&self) -> String {
@@ -152,7 +186,7 @@ pub fn write_until_killed(
     depth: usize,
     kill_after: usize,
 ) -> (Vec<u64>, Vec<u64>) {
-    let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
+    let mut c = d.connect();
     let mut handle_to_block = std::collections::HashMap::new();
     let mut acked = Vec::new();
     let mut next = 0usize;
