@@ -5,8 +5,9 @@
 #      (one dhrd export with --tls on, so both kinds of client read the same bytes);
 #   2. 1 MiB sequential read through TLS: dhrd against nbdkit's memory plugin, both with
 #      --tls require and the same certificates;
-#   3. nbdcopy of a sparse export (90% holes by default) to null: the bytes the server
-#      read out (dhrd's status file, nbd.bytes_read) as a share of the export.
+#   3. nbdcopy (to null:) and qemu-img convert (to a sparse file) of a sparse export (90%
+#      holes by default) through TLS: the bytes the server read out for each (dhrd's
+#      status file, nbd.bytes_read) as a share of the export.
 #
 # Client for 1 and 2: fio's nbd engine (libnbd over GnuTLS, the ecosystem's client). fio
 # cannot name a certificate directory in its URI, so it finds the CA in libnbd's default
@@ -34,7 +35,7 @@ DATA_PERCENT=${DATA_PERCENT:-10}
 SECS=${SECS:-10}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
-for t in nbdkit nbdcopy fio certtool python3; do
+for t in nbdkit nbdcopy fio certtool python3 qemu-img; do
   command -v "$t" >/dev/null || { echo "missing tool: $t (bash scripts/install-deps.sh)" >&2; exit 1; }
 done
 
@@ -157,18 +158,35 @@ PY
 DATA_BYTES=$(python3 -c "import os; s=os.stat('$WORK/sparse.img'); print(s.st_blocks * 512)")
 dhrd sparse "$WORK/sparse.img" --tls on --tls-certificates "$PKI"
 wait_loaded sparse
-HOME=$WORK/home nbdcopy "nbds+unix:///?socket=$WORK/sparse.sock" null:
-sleep 1.2 # the status file is rewritten every second
-python3 - "$WORK/sparse.status" "$(numfmt --from=iec "$SPARSE_SIZE")" "$DATA_BYTES" >> "$RESULTS" <<'PY'
+# sparse_row LABEL: appends what the server read since the last row (status file).
+LAST_READ=0
+LAST_BS=0
+sparse_row() {
+  sleep 1.2 # the status file is rewritten every second
+  python3 - "$1" "$WORK/sparse.status" "$(numfmt --from=iec "$SPARSE_SIZE")" "$DATA_BYTES" \
+    "$LAST_READ" "$LAST_BS" >> "$RESULTS" <<'PY'
 import json, sys
-st = json.load(open(sys.argv[1]))
-size, data = int(sys.argv[2]), int(sys.argv[3])
-read = st["nbd"]["bytes_read"]
-print(json.dumps({"test": "nbdcopy sparse tls", "export_bytes": size, "data_bytes": data,
+label, path = sys.argv[1], sys.argv[2]
+size, data, last_read, last_bs = map(int, sys.argv[3:])
+st = json.load(open(path))["nbd"]
+read = st["bytes_read"] - last_read
+print(json.dumps({"test": label, "export_bytes": size, "data_bytes": data,
                   "bytes_read": read, "read_share": round(read / size, 4),
-                  "block_status_requests": st["nbd"]["block_status"]}))
+                  "block_status_requests": st["block_status"] - last_bs,
+                  "total_read": st["bytes_read"], "total_bs": st["block_status"]}))
 PY
-tail -1 "$RESULTS"
+  tail -1 "$RESULTS"
+  LAST_READ=$(tail -1 "$RESULTS" | python3 -c "import json,sys; print(json.load(sys.stdin)['total_read'])")
+  LAST_BS=$(tail -1 "$RESULTS" | python3 -c "import json,sys; print(json.load(sys.stdin)['total_bs'])")
+}
+HOME=$WORK/home nbdcopy "nbds+unix:///?socket=$WORK/sparse.sock" null:
+sparse_row "nbdcopy sparse tls"
+qemu-img convert -O raw --object "tls-creds-x509,id=tls0,endpoint=client,dir=$WORK/home/.pki/libnbd" \
+  --image-opts "driver=nbd,server.type=unix,server.path=$WORK/sparse.sock,tls-creds=tls0,tls-hostname=localhost" \
+  "$WORK/sparse-copy.img"
+rm -f "$WORK/sparse-copy.img"
+sparse_row "qemu-img convert sparse tls"
+
 
 python3 - "$RESULTS" "$OUT" <<'PY'
 import json, sys
@@ -184,7 +202,7 @@ for qd in (1, 8):
 t, n = find("dhrd tls", "read", 4), find("nbdkit memory tls", "read", 4)
 if t and n and n["mib_s"]:
     ratios["seqread_1m_tls_vs_nbdkit_memory_tls"] = round(t["mib_s"] / n["mib_s"], 3)
-sparse = next((r for r in rows if r["test"] == "nbdcopy sparse tls"), None)
+sparse = [r for r in rows if "read_share" in r]
 json.dump({"rows": rows, "ratios": ratios}, open(f"{out}/results.json", "w"), indent=1)
 lines = ["| test | workload | IOPS | MiB/s | p99 us |", "|---|---|---|---|---|"]
 for r in rows:
@@ -195,10 +213,10 @@ targets = {"randread_4k_qd1_tls_vs_plain": ">= 0.8", "randread_4k_qd8_tls_vs_pla
            "seqread_1m_tls_vs_nbdkit_memory_tls": ">= 1.0"}
 lines += ["| ratio | value | target |", "|---|---|---|"]
 lines += [f"| {k} | {v} | {targets.get(k, '')} |" for k, v in ratios.items()]
-if sparse:
-    lines += ["", f"nbdcopy of a {sparse['export_bytes']}-byte export with {sparse['data_bytes']} bytes of data: "
-              f"{sparse['bytes_read']} bytes read ({sparse['read_share']:.1%} of the export; target <= 15%), "
-              f"{sparse['block_status_requests']} block status requests."]
+for s in sparse:
+    lines += ["", f"{s['test']}: a {s['export_bytes']}-byte export with {s['data_bytes']} bytes of data: "
+              f"{s['bytes_read']} bytes read ({s['read_share']:.1%} of the export; target <= 15%), "
+              f"{s['block_status_requests']} block status requests."]
 open(f"{out}/table.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
