@@ -300,6 +300,10 @@ struct Inner<D: Durable> {
     /// Bytes written in `sync` mode since the backing's cache was last dropped.
     written_since_drop: AtomicU64,
     flusher_stop: Arc<(Mutex<bool>, Condvar)>,
+    /// Background jobs (a load, a reclaim, a periodic flush) running on the object now;
+    /// `close` waits until none is, so the backing is let go of (its file closed, its
+    /// single-writer lock released) when the last handle is dropped, not some time later.
+    background: BackgroundJobs,
     /// Cache-mode bookkeeping of the Loaded chunks (lock order: after the chunk mutexes).
     residency: Mutex<Residency>,
     ahead: Mutex<Ahead>,
@@ -420,6 +424,7 @@ impl<D: Durable> HybridObject<D> {
             kick_pending: AtomicBool::new(false),
             written_since_drop: AtomicU64::new(0),
             flusher_stop: Arc::new((Mutex::new(false), Condvar::new())),
+            background: BackgroundJobs::default(),
             residency: Mutex::new(Residency::new(
                 cfg.cache.policy,
                 cfg.cache.admission,
@@ -584,7 +589,9 @@ impl<D: Durable> HybridObject<D> {
         ((c.0 as usize) < l.slots.len()).then(|| l.state(c))
     }
 
-    /// Flushes (non-`sync` modes), stops the periodic flusher and further loading.
+    /// Flushes (non-`sync` modes), stops the periodic flusher and further loading, and
+    /// returns once no background job runs on the object any more: once its handles are
+    /// dropped, nothing holds the backing.
     pub fn close(&self) -> Result<()> {
         let r = if self.inner.cfg.read_only {
             Ok(())
@@ -595,6 +602,7 @@ impl<D: Durable> HybridObject<D> {
         let (m, cv) = &*self.inner.flusher_stop;
         *m.lock() = true;
         cv.notify_all();
+        self.inner.background.wait_idle();
         r
     }
 
@@ -607,6 +615,7 @@ impl<D: Durable> HybridObject<D> {
         let (m, cv) = &*self.inner.flusher_stop;
         *m.lock() = true;
         cv.notify_all();
+        self.inner.background.wait_idle();
     }
 
     /// Checks the mirror invariants against the backing: every Loaded chunk equals the
@@ -975,6 +984,47 @@ impl<D: Durable> Drop for Inner<D> {
     }
 }
 
+/// Counts the background jobs running on an object (see `Inner::background`).
+#[derive(Default)]
+struct BackgroundJobs {
+    running: Mutex<u32>,
+    idle: Condvar,
+}
+
+/// One background job; ends on drop.
+struct BackgroundJob<'a>(&'a BackgroundJobs);
+
+impl BackgroundJobs {
+    /// Starts a job unless the object is closed. `closed` is read under the count's lock,
+    /// and `close` sets it before it waits, so no job starts after `wait_idle` returned.
+    fn begin<'a>(&'a self, closed: &AtomicBool) -> Option<BackgroundJob<'a>> {
+        let mut n = self.running.lock();
+        if closed.load(Ordering::Acquire) {
+            return None;
+        }
+        *n += 1;
+        Some(BackgroundJob(self))
+    }
+
+    fn wait_idle(&self) {
+        let mut n = self.running.lock();
+        while *n > 0 {
+            self.idle.wait(&mut n);
+        }
+    }
+}
+
+impl Drop for BackgroundJob<'_> {
+    fn drop(&mut self) {
+        let mut n = self.0.running.lock();
+        assert!(*n > 0, "a background job ended twice");
+        *n -= 1;
+        if *n == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
 fn spawn_flusher<D: Durable>(inner: &Arc<Inner<D>>, period: Duration) -> io::Result<()> {
     let weak = Arc::downgrade(inner);
     let stop = inner.flusher_stop.clone();
@@ -992,6 +1042,9 @@ fn spawn_flusher<D: Durable>(inner: &Arc<Inner<D>>, period: Duration) -> io::Res
                 }
             }
             let Some(inner) = weak.upgrade() else { return };
+            let Some(_job) = inner.background.begin(&inner.closed) else {
+                return;
+            };
             // A failure is recorded as the object's sticky cause and shown by status.
             let _ = inner.flush();
         })?;

@@ -34,9 +34,9 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
-/// How long an open waits for a lock another open of this same process holds: an object
-/// closed a moment ago lets go of its backing only once its background threads (loader,
-/// flusher) have finished their current step. A lock held by another process is not
+/// How long an open waits for a lock another open of this same process holds: an object's
+/// `close` waits for its background jobs, but a loader thread may still hold the object
+/// for the few instructions after its job ends. A lock held by another process is not
 /// waited for.
 pub(crate) const SAME_PROCESS_RELEASE_WAIT: Duration = Duration::from_secs(1);
 

@@ -324,10 +324,15 @@ impl<D: Durable> LoadTarget for Inner<D> {
         self.next_job_inner(now, true)
     }
     fn reclaim(&self) {
-        Inner::reclaim(self);
+        if let Some(_job) = self.background.begin(&self.closed) {
+            Inner::reclaim(self);
+        }
     }
     fn load(&self, c: ChunkIndex, kind: LoadKind) -> LoadResult {
-        self.load_chunk(c, kind)
+        match self.background.begin(&self.closed) {
+            Some(_job) => self.load_chunk(c, kind),
+            None => LoadResult::Skipped,
+        }
     }
     fn chunk_bytes(&self) -> u64 {
         self.geo.chunk_bytes()
