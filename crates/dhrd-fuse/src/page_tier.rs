@@ -69,7 +69,7 @@ use std::sync::Arc;
 pub const LINGER_MAX: usize = 1024;
 
 /// The xattr marking a sync flag dhrd set (and may therefore clear).
-pub const SYNC_MARK_XATTR: &str = "trusted.dhrd.sync";
+pub use dhrd_pagecache::SYNC_MARK_XATTR;
 /// Xattr names of the daemon's own, never shown through the mount.
 pub const PRIVATE_XATTR_PREFIX: &str = "trusted.dhrd.";
 

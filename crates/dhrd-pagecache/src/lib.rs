@@ -19,6 +19,6 @@ pub mod resident;
 pub mod sys;
 
 pub use sys::{
-    cachestat, file_size, inode_flags, link_count, probe_sync_flag, set_sync_flag, sync_flag,
-    CacheStat, CacheStatSource, FS_SYNC_FL,
+    cachestat, file_size, inode_flags, link_count, probe_sync_flag, set_inode_flags, set_sync_flag,
+    sync_flag, CacheStat, CacheStatSource, FS_DIRSYNC_FL, FS_SYNC_FL, SYNC_MARK_XATTR,
 };

@@ -12,8 +12,9 @@
 //! kernel from the backing file's page cache need no daemon and keep one copy of the data;
 //! plain `pread` of 1 MiB into a scratch buffer by 4 threads warmed 4 GiB in 1.6 s against
 //! 2.2-3.1 s for `vmtouch -t`; `mlock` of a mapping of cached pages pins them without
-//! reading again. A mapping per pinned file costs one entry of the process's map count, so
-//! at most `mappings_max` files are pinned; the rest stay warm but evictable (reported).
+//! reading again. A mapping per pinned file costs one entry of the process's map count:
+//! as root the limit is raised when the pins reach it (`mapcount.rs`, which says why);
+//! past it, files stay warm but evictable (reported).
 //!
 //! Invariants:
 //! - Every byte counted as pinned is reserved in the [`RamBudget`]; a file's reservation
@@ -99,8 +100,8 @@ pub struct ResidentConfig {
     pub pin: bool,
     /// Cap on the warm-up's read rate (bytes/s).
     pub rate_bytes_per_s: Option<u64>,
-    /// Most files pinned at once (one mapping each); None: from `vm.max_map_count`.
-    pub mappings_max: Option<usize>,
+    /// Most files pinned at once (one mapping each): see [`PinLimit`].
+    pub pin_limit: PinLimit,
     /// Most demanded files queued, and most refreshed files waiting (see
     /// [`DEMAND_QUEUE_MAX`]).
     pub demand_queue_max: usize,
@@ -118,7 +119,7 @@ impl Default for ResidentConfig {
             threads: RESIDENT_THREADS_DEFAULT,
             pin: true,
             rate_bytes_per_s: None,
-            mappings_max: None,
+            pin_limit: PinLimit::default(),
             demand_queue_max: DEMAND_QUEUE_MAX,
             refresh_delay: REFRESH_DELAY,
             reaper: None,
@@ -208,7 +209,7 @@ struct Inner {
     cfg: ResidentConfig,
     budget: Arc<RamBudget>,
     opener: Arc<dyn Opener>,
-    mappings_max: usize,
+    maps: MapCount,
     q: Mutex<Queues>,
     /// Idle workers wait here for work. A queued job wakes one of them (several woken
     /// for one job cost more than an empty file's whole warm-up on two CPUs); a file cut
@@ -242,14 +243,6 @@ pub struct Resident {
     inner: Arc<Inner>,
 }
 
-/// `vm.max_map_count` of this machine.
-fn max_map_count() -> usize {
-    std::fs::read_to_string("/proc/sys/vm/max_map_count")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(MAX_MAP_COUNT_DEFAULT)
-}
-
 fn page_floor(b: u64) -> u64 {
     b - b % PAGE_BYTES
 }
@@ -264,15 +257,13 @@ impl Resident {
         budget: Arc<RamBudget>,
         opener: Arc<dyn Opener>,
     ) -> io::Result<Self> {
-        let mappings_max = cfg
-            .mappings_max
-            .unwrap_or_else(|| max_map_count().saturating_sub(MAP_COUNT_RESERVE));
+        let maps = MapCount::new(cfg.pin_limit.clone());
         let threads = cfg.threads.clamp(1, RESIDENT_THREADS_MAX);
         let inner = Arc::new(Inner {
             cfg,
             budget,
             opener,
-            mappings_max,
+            maps,
             q: Mutex::new(Queues {
                 demand: VecDeque::new(),
                 walked: VecDeque::new(),
@@ -535,6 +526,8 @@ impl Resident {
             elapsed_s: inner.started.elapsed().as_secs_f64(),
             complete_after_s: completed_at.map(|t| (t - inner.started).as_secs_f64()),
             pin_error: inner.pin_error.lock().clone(),
+            pins_max: inner.maps.max() as u64,
+            map_count: inner.maps.note(),
         }
     }
 
@@ -866,8 +859,22 @@ fn finish_file(inner: &Inner, w: Warming) {
         return;
     }
     inner.files_warmed.fetch_add(1, Ordering::Relaxed);
+    if inner.cfg.pin && q.pins >= inner.maps.max() {
+        // The sysctl is written outside the queue lock.
+        let pins = q.pins;
+        drop(q);
+        let pins_possible = (inner.budget.limit_bytes() / PAGE_BYTES) as usize;
+        inner.maps.make_room(pins, pins_possible);
+        q = inner.q.lock();
+        if !matches!(q.entries.get(&w.key), Some(Entry::Busy)) || q.shutdown {
+            inner.files_warmed.fetch_sub(1, Ordering::Relaxed);
+            drop(q);
+            inner.budget.release(w.len);
+            return;
+        }
+    }
     let may_pin =
-        inner.cfg.pin && q.pins < inner.mappings_max && !inner.pin_stopped.load(Ordering::Relaxed);
+        inner.cfg.pin && q.pins < inner.maps.max() && !inner.pin_stopped.load(Ordering::Relaxed);
     if may_pin {
         q.pins += 1; // claimed before the unlock so concurrent pins respect the limit
     }
@@ -1007,8 +1014,11 @@ pub fn cached_bytes(file: &File) -> io::Result<u64> {
     Ok(st.cached_bytes())
 }
 
+mod mapcount;
 mod pin;
 mod stats;
+use mapcount::MapCount;
+pub use mapcount::{MapCountNote, PinLimit, MAX_MAP_COUNT_RAISE_MAX, MAX_MAP_COUNT_SYSCTL};
 use pin::{memlock_limit, Pin};
 pub use stats::ResidentStats;
 

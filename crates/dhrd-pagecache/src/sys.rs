@@ -23,6 +23,12 @@ use dhrd_io::PAGE_BYTES;
 
 /// `FS_SYNC_FL` from linux/fs.h: synchronous updates.
 pub const FS_SYNC_FL: libc::c_int = 0x0000_0008;
+/// `FS_DIRSYNC_FL` from linux/fs.h: directory changes are synchronous.
+pub const FS_DIRSYNC_FL: libc::c_int = 0x0001_0000;
+/// The xattr marking a sync flag dhrd set (and may therefore clear); an unmarked flag is
+/// an administrator's and stays. Every frontend that sets the flag uses it, so each knows
+/// the others' flags for its own.
+pub const SYNC_MARK_XATTR: &str = "trusted.dhrd.sync";
 /// The `cachestat` system call number (the same on every architecture that has it).
 const SYS_CACHESTAT: libc::c_long = 451;
 
@@ -229,12 +235,16 @@ pub fn sync_flag(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// are. Returns whether it changed anything. Needs the file's owner or CAP_FOWNER; file
 /// systems without the flag (tmpfs, ...) refuse with EOPNOTSUPP, ENOTTY or EINVAL.
 pub fn set_sync_flag(fd: BorrowedFd<'_>, on: bool) -> io::Result<bool> {
+    set_inode_flags(fd, FS_SYNC_FL, on)
+}
+
+/// Sets (`on`) or clears every flag of `mask` on the file behind `fd`, leaving its other
+/// flags as they are; returns whether it changed anything. Refused like `set_sync_flag`;
+/// a file system that accepts the call but drops a flag of `mask` is refused with
+/// EOPNOTSUPP.
+pub fn set_inode_flags(fd: BorrowedFd<'_>, mask: libc::c_int, on: bool) -> io::Result<bool> {
     let flags = inode_flags(fd)?;
-    let want = if on {
-        flags | FS_SYNC_FL
-    } else {
-        flags & !FS_SYNC_FL
-    };
+    let want = if on { flags | mask } else { flags & !mask };
     if want == flags {
         return Ok(false);
     }
@@ -244,7 +254,8 @@ pub fn set_sync_flag(fd: BorrowedFd<'_>, on: bool) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     // Some file systems accept the call and drop flags they do not keep.
-    if (inode_flags(fd)? & FS_SYNC_FL != 0) != on {
+    let now = inode_flags(fd)? & mask;
+    if now != (if on { mask } else { 0 }) {
         return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
     }
     Ok(true)

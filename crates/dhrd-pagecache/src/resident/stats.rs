@@ -34,6 +34,10 @@ pub struct ResidentStats {
     pub complete_after_s: Option<f64>,
     /// Why pinning stopped, if it did (first cause only).
     pub pin_error: Option<String>,
+    /// Most files pinned at once now (one mapping each), and what was done to
+    /// `vm.max_map_count` to allow them.
+    pub pins_max: u64,
+    pub map_count: super::MapCountNote,
 }
 
 impl ResidentStats {

@@ -327,3 +327,58 @@ fn a_demand_after_the_file_was_forgotten_holds_nothing() {
         "the deleted file holds budget or a pin: {st:?}"
     );
 }
+
+/// Pins stop at the mapping limit unless it may be raised; raised, every file is pinned,
+/// the sysctl grows by doubling and never past what the budget could use. A file stands
+/// in for /proc/sys/vm/max_map_count.
+#[test]
+fn the_mapping_limit_is_raised_when_the_pins_reach_it() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let files = d.path().join("files");
+    std::fs::create_dir(&files).expect("dir");
+    let sysctl = d.path().join("max_map_count");
+    let run = |raise: bool| {
+        // Room for 3 pins.
+        std::fs::write(&sysctl, format!("{}\n", MAP_COUNT_RESERVE + 3)).expect("sysctl");
+        let cfg = ResidentConfig {
+            pin_limit: PinLimit::Sysctl {
+                path: sysctl.clone(),
+                raise,
+            },
+            ..quick()
+        };
+        let r = resident(&files, 1 << 30, cfg);
+        for i in 0..8 {
+            let (f, len) = make(&files, &format!("m{i}"), 4096);
+            r.submit_walked(f, len);
+        }
+        r.walk_done();
+        assert!(r.wait_complete(Duration::from_secs(30)));
+        r.stats()
+    };
+    let s = run(false);
+    if s.pin_error.is_some() {
+        dhrd_testkit::skip(format!("mlock refused here: {:?}", s.pin_error));
+        return;
+    }
+    assert_eq!((s.files_pinned, s.files_unpinned), (3, 5), "{s:?}");
+    assert_eq!(s.map_count, MapCountNote::default());
+    let s = run(true);
+    assert_eq!((s.files_pinned, s.files_unpinned), (8, 0), "{s:?}");
+    let now: usize = std::fs::read_to_string(&sysctl)
+        .expect("sysctl")
+        .trim()
+        .parse()
+        .expect("number");
+    assert_eq!(
+        now,
+        2 * (MAP_COUNT_RESERVE + 3),
+        "one doubling is room for 8"
+    );
+    assert_eq!(
+        s.map_count.raised,
+        Some((MAP_COUNT_RESERVE + 3, now)),
+        "{s:?}"
+    );
+    assert_eq!(s.pins_max as usize, now - MAP_COUNT_RESERVE);
+}
