@@ -300,6 +300,15 @@ fn render_ram(s: &mut String, sh: &Shared, r: &ResidentStats) {
         },
         human(r.bytes_over_budget)
     );
+    if let Some((from, to)) = r.map_count.raised {
+        let _ = writeln!(
+            s,
+            "                 vm.max_map_count raised from {from} to {to} (a mapping per pinned file)"
+        );
+    }
+    if let Some(why) = &r.map_count.refused {
+        let _ = writeln!(s, "                 pins limited to {}: {why}", r.pins_max);
+    }
 }
 
 /// What `dhrd status --json` prints: the same facts as [`status_text`] under stable field
@@ -425,6 +434,8 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
         doc["ram"]["unpinned_bytes"] = json!(r.bytes_unpinned);
         doc["ram"]["unpinned_files"] = json!(r.files_unpinned);
         doc["ram"]["pin_error"] = json!(r.pin_error);
+        doc["ram"]["pins_max"] = json!(r.pins_max);
+        doc["ram"]["max_map_count_raised_from"] = json!(r.map_count.raised.map(|(f, _)| f));
         doc["page_cache"] = json!({
             "open_inodes": t.open_inodes(),
             "sync_flags_set": g(&ps.sync_flags_set),
