@@ -1,6 +1,7 @@
 //! `dhrd`: the command-line entry point. Each subcommand family lives in its own module and
 //! only parses arguments and calls into the library crates; no storage logic lives here.
 
+mod attach;
 mod boot;
 mod dist;
 mod load;
@@ -32,8 +33,13 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Flush and unmount a dhrd mount.
     Umount(mount::UmountArgs),
-    /// Show load progress, statistics and health of a running mount.
+    /// Show load progress, statistics and health of a running mount or attached directory.
     Status(mount::StatusArgs),
+    /// Hold a directory's files in RAM, durable, in place: applications keep using DIR,
+    /// the kernel serves it, the daemon warms, pins and keeps the durability mode.
+    Attach(attach::AttachArgs),
+    /// Stop holding an attached directory: undo what attach changed, make it durable.
+    Detach(attach::DetachArgs),
     /// Export one backing file or block device as an NBD block device.
     // Boxed: its many options would make every other command's value as large.
     Nbd(Box<nbd::NbdArgs>),
@@ -94,6 +100,8 @@ fn main() {
         Cmd::Mount(a) => mount::run_mount(a),
         Cmd::Umount(a) => mount::run_umount(a),
         Cmd::Status(a) => mount::run_status(a),
+        Cmd::Attach(a) => attach::run_attach(a),
+        Cmd::Detach(a) => attach::run_detach(a),
         Cmd::Nbd(a) => nbd::run(*a),
         Cmd::Load(a) => load::run(a),
     };

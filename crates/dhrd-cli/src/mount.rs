@@ -102,6 +102,7 @@ pub struct UmountArgs {
 
 #[derive(Args)]
 pub struct StatusArgs {
+    /// A dhrd mount point, or a directory held by `dhrd attach`.
     pub mountpoint: PathBuf,
     /// Print the status as one JSON object (stable field names, docs/fuse.md).
     #[arg(long, conflicts_with = "prometheus")]
@@ -255,6 +256,10 @@ pub fn run_umount(a: UmountArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
+    if let Some(out) = crate::attach::status(&a.mountpoint, a.json, a.prometheus)? {
+        print!("{out}");
+        return Ok(());
+    }
     if !(a.json || a.prometheus) {
         let out = dhrd_fuse::control_request(&a.mountpoint, "status")?;
         print!("{out}");

@@ -1,0 +1,422 @@
+//! What the daemon learns from the kernel while it holds a directory, through one
+//! fanotify group (`fanotify.rs`), and what it does about it:
+//!
+//! - a file opened during the warm-up goes to the front of the warm-up (`FAN_OPEN`, only
+//!   until the warm-up completes: after that every open would cost an event for nothing);
+//! - a file closed after writing may have grown or shrunk: the warm-up refreshes its pin
+//!   (`FAN_CLOSE_WRITE`);
+//! - a file that lost its last name gives back its pin and budget (`FAN_DELETE`): the pin's
+//!   mapping would otherwise keep the deleted file's space for good;
+//! - in a subdirectory (`Scope::Tree`), each directory carries an inode mark, so the
+//!   daemon hears of new directories (marked, and flagged when `sync` is by flags) and of
+//!   files and directories moved in (flagged, marked, warmed) or out (forgotten, unmarked);
+//!   with `sync` by flags, every created or linked-in file is checked for its flag.
+//!
+//! Where the directory is the root of its file system (`Scope::Filesystem`) one mark covers
+//! every inode and nothing can move in from outside.
+//!
+//! Why events are read in batches (`EVENT_BATCH_PAUSE`): the thread sleeps between
+//! batches instead of waiting in `poll`, so an application's call that queues an event
+//! does not also wake the daemon (a wake-up of a halted vCPU costs the caller an
+//! interrupt); events meanwhile wait in the kernel's queue. It bounds how late a repair
+//! comes after a rename in (docs/crash-model.md).
+//!
+//! Invariants: the daemon's own opens (warm-up, flag walks) are skipped by pid; the watch
+//! only reads files, sets flags and marks, and tells the warm-up; it never blocks an
+//! application (notification events only). Crash semantics: none; the group and its marks
+//! vanish with the process (flags stay, see `flags.rs`).
+
+use crate::fanotify::{Event, Group, MarkOn, EVENT_BUF_BYTES};
+use crate::flags::{self, FlagStats};
+use crate::handle::Handle;
+use crate::tree::{self, Kind};
+use dhrd_pagecache::resident::Resident;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Pause between batches of events (see the module header).
+pub const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(2);
+
+/// How events are watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The directory is the root of its file system: one filesystem mark.
+    Filesystem,
+    /// A subdirectory: an inode mark on every directory of the tree.
+    Tree,
+}
+
+/// Events every scope asks for.
+const BASE_MASK: u64 = libc::FAN_CLOSE_WRITE | libc::FAN_DELETE;
+/// What a directory mark adds: entry events of its children, and directories too.
+const TREE_MASK: u64 =
+    libc::FAN_CREATE | libc::FAN_RENAME | libc::FAN_ONDIR | libc::FAN_EVENT_ON_CHILD;
+
+/// Counters for status.
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    pub events: AtomicU64,
+    pub demanded: AtomicU64,
+    pub refreshed: AtomicU64,
+    pub forgotten: AtomicU64,
+    pub dirs_marked: AtomicU64,
+    /// Directories that could not be marked (`fs.fanotify.max_user_marks`): files moved
+    /// into them are not seen; files created there still inherit their flags.
+    pub mark_failures: AtomicU64,
+    pub moved_in: AtomicU64,
+    pub moved_out: AtomicU64,
+}
+
+/// What a handler needs of the attached directory.
+pub struct Ctx<'a> {
+    pub root: BorrowedFd<'a>,
+    /// The attached directory's canonical path.
+    pub dir: &'a Path,
+    pub resident: &'a Resident,
+    /// `Some` when `sync` is kept by inode flags: created and moved-in files get theirs.
+    pub flags: Option<&'a FlagStats>,
+}
+
+pub struct Watch {
+    group: Group,
+    pub scope: Scope,
+    /// Tree scope: the marked directories by key, with their handles (to change or remove
+    /// their marks).
+    dirs: Mutex<HashMap<u64, Handle>>,
+    open_events: AtomicBool,
+    pub stats: WatchStats,
+    me: i32,
+}
+
+impl Watch {
+    /// A watch with `FAN_OPEN` on (the warm-up runs first).
+    pub fn new(scope: Scope) -> io::Result<Self> {
+        Ok(Self {
+            group: Group::new()?,
+            scope,
+            dirs: Mutex::new(HashMap::new()),
+            open_events: AtomicBool::new(true),
+            stats: WatchStats::default(),
+            me: std::process::id() as i32,
+        })
+    }
+
+    fn mask(&self) -> u64 {
+        let open = if self.open_events.load(Ordering::Acquire) {
+            libc::FAN_OPEN
+        } else {
+            0
+        };
+        match self.scope {
+            Scope::Filesystem => BASE_MASK | open,
+            Scope::Tree => BASE_MASK | TREE_MASK | open,
+        }
+    }
+
+    /// Filesystem scope: marks the file system of `root`. Tree scope: nothing (each
+    /// directory is marked by `add_dir`).
+    pub fn start(&self, root: BorrowedFd<'_>) -> io::Result<()> {
+        match self.scope {
+            Scope::Filesystem => self.group.add(MarkOn::Filesystem, root, self.mask()),
+            Scope::Tree => Ok(()),
+        }
+    }
+
+    /// Tree scope: marks directory `fd` (already part of the tree).
+    pub fn add_dir(&self, fd: BorrowedFd<'_>) {
+        if self.scope != Scope::Tree {
+            return;
+        }
+        let Ok(h) = Handle::of(fd, None) else {
+            self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        match self.group.add(MarkOn::Inode, fd, self.mask()) {
+            Ok(()) => {
+                self.stats.dirs_marked.fetch_add(1, Ordering::Relaxed);
+                self.dirs.lock().insert(h.key(), h);
+            }
+            Err(_) => {
+                self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Directories marked now (tree scope).
+    pub fn dirs_marked(&self) -> usize {
+        self.dirs.lock().len()
+    }
+
+    /// The warm-up completed: no more `FAN_OPEN` events.
+    pub fn stop_open_events(&self, root: BorrowedFd<'_>) {
+        if !self.open_events.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        match self.scope {
+            Scope::Filesystem => {
+                let _ = self.group.remove(MarkOn::Filesystem, root, libc::FAN_OPEN);
+            }
+            Scope::Tree => {
+                let handles: Vec<Handle> = self.dirs.lock().values().cloned().collect();
+                for h in handles {
+                    if let Ok(fd) = h.open(root, libc::O_RDONLY | libc::O_DIRECTORY) {
+                        let _ = self.group.remove(MarkOn::Inode, fd.as_fd(), libc::FAN_OPEN);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads and handles events until `stop` is set; `wake` (an eventfd) interrupts the
+    /// wait.
+    pub fn run(&self, ctx: &Ctx<'_>, wake: BorrowedFd<'_>, stop: &AtomicBool) {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let mut buf = vec![0u8; EVENT_BUF_BYTES];
+        while !stop.load(Ordering::Acquire) {
+            let mut fds = [
+                PollFd::new(&self.group, PollFlags::IN),
+                PollFd::new(&wake, PollFlags::IN),
+            ];
+            if poll(&mut fds, None).is_err() {
+                std::thread::sleep(EVENT_BATCH_PAUSE);
+                continue;
+            }
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            loop {
+                let evs = match self.group.read(&mut buf) {
+                    Ok(evs) if !evs.is_empty() => evs,
+                    _ => break,
+                };
+                for ev in &evs {
+                    self.handle(ctx, ev);
+                }
+            }
+            std::thread::sleep(EVENT_BATCH_PAUSE);
+        }
+    }
+
+    fn handle(&self, ctx: &Ctx<'_>, ev: &Event) {
+        if ev.pid == self.me {
+            return;
+        }
+        self.stats.events.fetch_add(1, Ordering::Relaxed);
+        let Some(target) = &ev.target else {
+            return;
+        };
+        if ev.is(libc::FAN_DELETE) {
+            self.deleted(ctx, ev, target);
+            return;
+        }
+        if self.scope == Scope::Tree && ev.is(libc::FAN_RENAME) {
+            self.renamed(ctx, ev, target);
+        }
+        if self.scope == Scope::Tree && ev.is(libc::FAN_CREATE) {
+            if ev.on_dir() {
+                self.adopt_dir(ctx, target);
+            } else if let Some(f) = open_regular(ctx.root, target) {
+                // Made here (inherits the flags) or linked in from outside (may not).
+                self.give_flags(ctx, &f);
+            }
+        }
+        if ev.on_dir() {
+            return;
+        }
+        if ev.is(libc::FAN_OPEN) {
+            if let Some(f) = open_regular(ctx.root, target) {
+                ctx.resident.demand(target.key(), &f);
+                self.stats.demanded.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if ev.is(libc::FAN_CLOSE_WRITE) {
+            if let Some(f) = open_regular(ctx.root, target) {
+                ctx.resident.refresh(target.key(), &f);
+                self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A name went: forget a file that has no name left (our pin would keep it), unmark
+    /// a directory that is gone.
+    fn deleted(&self, ctx: &Ctx<'_>, ev: &Event, target: &Handle) {
+        if ev.on_dir() {
+            self.dirs.lock().remove(&target.key());
+            return;
+        }
+        let linked = target
+            .open(ctx.root, libc::O_PATH)
+            .ok()
+            .and_then(|fd| dhrd_pagecache::link_count(fd.as_fd()).ok())
+            .is_some_and(|n| n > 0);
+        if !linked {
+            ctx.resident.forget(target.key());
+            self.stats.forgotten.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Tree scope: a rename into, out of, or within the tree.
+    fn renamed(&self, ctx: &Ctx<'_>, ev: &Event, target: &Handle) {
+        let ours = |d: &Option<(Handle, std::ffi::OsString)>| {
+            d.as_ref()
+                .is_some_and(|(h, _)| self.dirs.lock().contains_key(&h.key()))
+        };
+        match (ours(&ev.old), ours(&ev.new)) {
+            (false, true) => {
+                self.stats.moved_in.fetch_add(1, Ordering::Relaxed);
+                if ev.on_dir() {
+                    self.adopt_dir(ctx, target);
+                } else if let Some(f) = open_regular(ctx.root, target) {
+                    self.give_flags(ctx, &f);
+                    ctx.resident.demand(target.key(), &f);
+                }
+            }
+            (true, false) => {
+                self.stats.moved_out.fetch_add(1, Ordering::Relaxed);
+                if ev.on_dir() {
+                    self.abandon_dir(ctx, target);
+                } else {
+                    ctx.resident.forget(target.key());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `sync` by flags: gives a file its flag if it lacks it (counted as a repair).
+    fn give_flags(&self, ctx: &Ctx<'_>, f: &File) {
+        if let Some(stats) = ctx.flags {
+            match flags::ensure(f.as_fd(), false) {
+                Ok(true) => {
+                    stats.repaired.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(false) => {}
+                Err(_) => {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// A directory made in, or moved into, the tree: flags (by flags), a mark on it and on
+    /// every directory below, and its files to the warm-up.
+    fn adopt_dir(&self, ctx: &Ctx<'_>, target: &Handle) {
+        let Ok(fd) = target.open(ctx.root, libc::O_RDONLY | libc::O_DIRECTORY) else {
+            return;
+        };
+        let Some(rel) = rel_path(ctx.dir, fd.as_fd()) else {
+            return;
+        };
+        let repaired_before = ctx.flags.map(|s| FlagStats::get(&s.set));
+        let resident = ctx.resident;
+        let walked = |dir: BorrowedFd<'_>, e: &tree::Entry<'_>| {
+            if e.kind == Kind::File {
+                if let Ok(h) = Handle::of(dir, Some(e.name)) {
+                    resident.submit_walked(
+                        dhrd_pagecache::resident::FileRef {
+                            key: h.key(),
+                            path: e.rel.clone(),
+                        },
+                        e.size,
+                    );
+                }
+            }
+        };
+        match ctx.flags {
+            Some(stats) => {
+                flags::set_tree(ctx.root, &rel, stats, &|| false, |d, _| self.add_dir(d));
+                // Files again for the warm-up (the flag walk does not hand them in).
+                tree::walk(
+                    ctx.root,
+                    &rel,
+                    (),
+                    &|| false,
+                    |_, _, _| {},
+                    |d, _, e| {
+                        walked(d, e);
+                        (e.kind == Kind::Dir).then_some(())
+                    },
+                );
+            }
+            None => {
+                tree::walk(
+                    ctx.root,
+                    &rel,
+                    (),
+                    &|| false,
+                    |d, _, _| self.add_dir(d),
+                    |d, _, e| {
+                        walked(d, e);
+                        (e.kind == Kind::Dir).then_some(())
+                    },
+                );
+            }
+        }
+        if let (Some(s), Some(before)) = (ctx.flags, repaired_before) {
+            let set = FlagStats::get(&s.set) - before;
+            s.repaired.fetch_add(set, Ordering::Relaxed);
+        }
+    }
+
+    /// A directory moved out of the tree: its marks go, its files are forgotten (their
+    /// flags stay: more durable, never less).
+    fn abandon_dir(&self, ctx: &Ctx<'_>, target: &Handle) {
+        let Ok(fd) = target.open(ctx.root, libc::O_RDONLY | libc::O_DIRECTORY) else {
+            return;
+        };
+        let all = self.mask();
+        tree::walk(
+            fd.as_fd(),
+            Path::new(""),
+            (),
+            &|| false,
+            |d, _, _| {
+                if let Ok(h) = Handle::of(d, None) {
+                    self.dirs.lock().remove(&h.key());
+                }
+                let _ = self.group.remove(MarkOn::Inode, d, all);
+            },
+            |d, _, e| match e.kind {
+                Kind::Dir => Some(()),
+                Kind::File => {
+                    if let Ok(h) = Handle::of(d, Some(e.name)) {
+                        ctx.resident.forget(h.key());
+                    }
+                    None
+                }
+                Kind::Other => None,
+            },
+        );
+    }
+}
+
+/// Opens the regular file a handle names, read-only; None for anything else (a FIFO or a
+/// device is never opened for reading: opening some devices does things).
+pub fn open_regular(root: BorrowedFd<'_>, h: &Handle) -> Option<File> {
+    let path_fd: OwnedFd = h.open(root, libc::O_PATH).ok()?;
+    let st = rustix::fs::fstat(&path_fd).ok()?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let fd = h
+        .open(root, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOATIME)
+        .or_else(|_| h.open(root, libc::O_RDONLY | libc::O_NONBLOCK))
+        .ok()?;
+    Some(File::from(fd))
+}
+
+/// The path of an open directory relative to the attached directory, if it is inside.
+fn rel_path(dir: &Path, fd: BorrowedFd<'_>) -> Option<PathBuf> {
+    let abs = std::fs::read_link(format!("/proc/self/fd/{}", {
+        use std::os::fd::AsRawFd;
+        fd.as_raw_fd()
+    }))
+    .ok()?;
+    abs.strip_prefix(dir).ok().map(Path::to_path_buf)
+}
