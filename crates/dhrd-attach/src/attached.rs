@@ -42,6 +42,16 @@ use std::time::{Duration, Instant};
 /// How often, with `sync` kept by inode flags, every flag is checked again: clearing a
 /// flag sends no event, so a flag someone cleared is found at the next audit.
 pub const FLAG_AUDIT_INTERVAL: Duration = Duration::from_secs(60);
+/// Test hook: the audit interval in milliseconds instead of `FLAG_AUDIT_INTERVAL`.
+pub const AUDIT_INTERVAL_ENV: &str = "DHRD_FAULT_AUDIT_INTERVAL_MS";
+
+/// The audit interval in force (the test hook, or `FLAG_AUDIT_INTERVAL`).
+pub fn audit_interval() -> Duration {
+    std::env::var(AUDIT_INTERVAL_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(FLAG_AUDIT_INTERVAL, Duration::from_millis)
+}
 
 /// What `dhrd attach` was asked for.
 #[derive(Debug, Clone)]

@@ -159,7 +159,8 @@ fn kind_of(m: &std::fs::Metadata) -> &'static str {
 /// The file system's kind against the mode.
 fn check_fs(dir: &Path, m: &MountEntry, durability: Durability) -> Result<()> {
     let fs = m.fstype.as_str();
-    if fs == "fuse.dhrd" {
+    // A dhrd mount names its backing as its source (fstype "fuse" or "fuse.dhrd").
+    if fs.starts_with("fuse") && m.source.starts_with("dhrd:") {
         let backing = m.source.strip_prefix("dhrd:").unwrap_or(&m.source);
         let holder = std::fs::metadata(backing)
             .ok()
@@ -329,4 +330,91 @@ fn lock(dir: &Path, root: &OwnedFd, dev: u64) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+mod tests {
+    use super::*;
+
+    fn entry(fstype: &str, mount_point: &str, super_opts: &str) -> MountEntry {
+        MountEntry {
+            id: 1,
+            root: PathBuf::from("/"),
+            mount_point: PathBuf::from(mount_point),
+            fstype: fstype.into(),
+            source: "/dev/x".into(),
+            mount_opts: vec!["rw".into()],
+            super_opts: super_opts.split(',').map(str::to_owned).collect(),
+        }
+    }
+
+    fn msg(r: Result<impl std::fmt::Debug>) -> String {
+        match r {
+            Err(AttachError::Refused(m)) => m,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_file_system_gets_the_design_it_can_give_or_a_refusal_naming_it() {
+        let d = Path::new("/srv/data");
+        let root = std::fs::File::open("/").expect("root");
+        let fd = root.as_fd();
+        let sync = Durability::Sync;
+        let fs_root = Scope::Filesystem;
+        for fs in ["ext4", "xfs", "btrfs"] {
+            let m = entry(fs, "/srv/data", "rw");
+            assert_eq!(
+                sync_design(d, &m, fs_root, sync, fd).unwrap(),
+                SyncBy::MountOption
+            );
+        }
+        let m = entry("ext4", "/srv", "rw");
+        assert_eq!(
+            sync_design(d, &m, Scope::Tree, sync, fd).unwrap(),
+            SyncBy::InodeFlags
+        );
+        let m = entry("xfs", "/srv", "rw");
+        let e = msg(sync_design(d, &m, Scope::Tree, sync, fd));
+        assert!(
+            e.contains("do not inherit") && e.contains("dhrd mount"),
+            "{e}"
+        );
+        let m = entry("vfat", "/srv/data", "rw");
+        let e = msg(sync_design(d, &m, fs_root, sync, fd));
+        assert!(
+            e.contains("vfat") && e.contains("--durability fsync"),
+            "{e}"
+        );
+        assert_eq!(
+            sync_design(d, &m, fs_root, Durability::Fsync, fd).unwrap(),
+            SyncBy::Nothing
+        );
+
+        let nfs = entry("nfs4", "/srv", "rw");
+        let e = msg(check_fs(d, &nfs, sync));
+        assert!(e.contains("network") && e.contains("dhrd mount"), "{e}");
+        assert!(
+            check_fs(d, &nfs, Durability::Fsync).is_ok(),
+            "fsync on NFS is the server's"
+        );
+        let e = msg(check_fs(
+            d,
+            &entry("fuse.sshfs", "/srv", "rw"),
+            Durability::Fsync,
+        ));
+        assert!(e.contains("FUSE"), "{e}");
+        let e = msg(check_fs(
+            d,
+            &entry("tmpfs", "/srv", "rw"),
+            Durability::Fsync,
+        ));
+        assert!(e.contains("power cut"), "{e}");
+        let mut ro = entry("ext4", "/srv", "ro");
+        ro.mount_opts = vec!["ro".into()];
+        let e = msg(check_fs(d, &ro, sync));
+        assert!(e.contains("read-only"), "{e}");
+        assert!(check_fs(d, &ro, Durability::Fsync).is_ok());
+    }
 }

@@ -12,7 +12,7 @@
 //! them (the `sync` option or the flags stay), and the next attach or `dhrd detach` finds
 //! the record. Nothing needs recovery.
 
-use crate::attached::{AttachConfig, Attached, FLAG_AUDIT_INTERVAL};
+use crate::attached::{audit_interval, AttachConfig, Attached};
 use crate::check::SyncBy;
 use crate::control::{self, CONTROL_DIR, CONTROL_LINE_MAX, CONTROL_TIMEOUT};
 use crate::error::{Context, Result};
@@ -135,7 +135,7 @@ pub fn run(
         let a2 = a.clone();
         threads.push(spawn("dhrd-audit", move || {
             while !a2.stopping() {
-                sleep_unless_stopped(&a2, FLAG_AUDIT_INTERVAL);
+                sleep_unless_stopped(&a2, audit_interval());
                 if !a2.stopping() {
                     let n = a2.audit_flags();
                     if n > 0 {

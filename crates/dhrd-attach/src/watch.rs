@@ -42,6 +42,10 @@ use std::time::Duration;
 
 /// Pause between batches of events (see the module header).
 pub const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(2);
+/// Fault injection for tests: while the file this names exists, events wait in the
+/// kernel's queue unread, which holds every repair back (the window a rename in opens,
+/// made as long as a test needs to show it).
+pub const WATCH_STALL_ENV: &str = "DHRD_FAULT_WATCH_STALL_FILE";
 
 /// How events are watched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,7 +182,12 @@ impl Watch {
     pub fn run(&self, ctx: &Ctx<'_>, wake: BorrowedFd<'_>, stop: &AtomicBool) {
         use rustix::event::{poll, PollFd, PollFlags};
         let mut buf = vec![0u8; EVENT_BUF_BYTES];
+        let stall = std::env::var_os(WATCH_STALL_ENV).map(PathBuf::from);
         while !stop.load(Ordering::Acquire) {
+            if stall.as_deref().is_some_and(Path::exists) {
+                std::thread::sleep(EVENT_BATCH_PAUSE);
+                continue;
+            }
             let mut fds = [
                 PollFd::new(&self.group, PollFlags::IN),
                 PollFd::new(&wake, PollFlags::IN),

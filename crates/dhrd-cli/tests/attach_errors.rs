@@ -1,0 +1,100 @@
+//! `dhrd attach` refuses what it cannot hold, with a message that names what is missing
+//! and the alternative, and changes nothing before it refuses: a missing directory, a
+//! file, tmpfs, a FUSE mount (a dhrd mount), the backing directory of a running mount, a
+//! directory attached already, and one above an attached directory. Checks of file
+//! systems this machine cannot mount (NFS, xfs subdirectories) are unit tests of
+//! `dhrd_attach::check`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod attach_common;
+mod common;
+use attach_common::*;
+use common::*;
+use std::path::Path;
+
+/// What an attach could have changed on `dir` and its file system.
+fn fingerprint(dir: &Path, mnt: &Path) -> (Option<String>, i32, String) {
+    (record_of(dir), flags_of(dir), super_options(mnt))
+}
+
+#[test]
+fn bad_directories_are_refused_with_what_is_missing() {
+    let s = Scratch::new("attach-bad");
+    let missing = s.0.join("nope");
+    let m = refused(&[missing.to_str().unwrap()]);
+    assert!(m.contains("no such directory"), "{m}");
+    let file = s.0.join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let m = refused(&[file.to_str().unwrap()]);
+    assert!(m.contains("is not a directory"), "{m}");
+
+    let tmp = s.sub("tmpfs");
+    let (ok, out) = sh(&format!("mount -t tmpfs dhrd-test {}", tmp.display()));
+    assert!(ok, "{out}");
+    let before = (record_of(&tmp), super_options(&tmp));
+    for mode in ["sync", "fsync"] {
+        let m = refused(&[tmp.to_str().unwrap(), "--durability", mode]);
+        assert!(
+            m.contains("tmpfs") && m.contains("power cut") && m.contains("dhrd mount"),
+            "{m}"
+        );
+    }
+    assert_eq!((record_of(&tmp), super_options(&tmp)), before);
+    let _ = sh(&format!("umount {}", tmp.display()));
+}
+
+#[test]
+fn a_dhrd_mount_its_backing_and_an_attached_directory_are_refused_naming_the_holder() {
+    let s = Scratch::new("attach-held");
+    let disk = LoopFs::new(&s);
+    let backing = disk.mnt.join("backing");
+    std::fs::create_dir(&backing).unwrap();
+    std::fs::write(backing.join("f"), b"data").unwrap();
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet"]);
+    let msg = refused(&[mnt.to_str().unwrap()]);
+    assert!(
+        msg.contains("dhrd mount") && msg.contains(&format!("pid {}", m.pid())),
+        "the mount point: {msg}"
+    );
+    let before = fingerprint(&backing, &disk.mnt);
+    let msg = refused(&[backing.to_str().unwrap()]);
+    assert!(
+        msg.contains("held already")
+            && msg.contains(&format!("pid {}", m.pid()))
+            && msg.contains("mount"),
+        "the backing directory: {msg}"
+    );
+    assert_eq!(
+        fingerprint(&backing, &disk.mnt),
+        before,
+        "changed before refusing"
+    );
+    drop(m);
+
+    let dir = disk.mnt.join("data");
+    std::fs::create_dir(&dir).unwrap();
+    let a = Attach::start(&dir, &["--durability", "sync"]);
+    let msg = refused(&[dir.to_str().unwrap()]);
+    assert!(
+        msg.contains("held already")
+            && msg.contains(&format!("pid {}", a.pid()))
+            && msg.contains("attach"),
+        "a second attach: {msg}"
+    );
+    // The file system root is above it: refused before the remount it would make.
+    let before = fingerprint(&disk.mnt, &disk.mnt);
+    let msg = refused(&[disk.mnt.to_str().unwrap()]);
+    assert!(
+        msg.contains("overlaps") && msg.contains(&format!("pid {}", a.pid())),
+        "{msg}"
+    );
+    assert_eq!(
+        fingerprint(&disk.mnt, &disk.mnt),
+        before,
+        "changed before refusing"
+    );
+    let (ok, out) = a.detach();
+    assert!(ok, "{out}");
+    assert_eq!(record_of(&dir), None, "the record outlived the detach");
+}
