@@ -10,6 +10,8 @@ report never compares a durable write with a volatile one without saying so.
 | dhrd-pagecache | `dhrd mount` (sync durability) on its default data path: the backing files' page cache, passed through | on return |
 | dhrd-<path> | `dhrd mount` (sync durability) on an engine path: direct, cached, passthrough | on return |
 | dhrd-<path>-fsync | `dhrd mount --durability fsync` on that path | at fsync |
+| dhrd-attach | `dhrd attach DIR` (sync durability) of a directory on the disk's ext4: the kernel serves DIR, the daemon pins its page cache | on return |
+| dhrd-attach-fsync | `dhrd attach DIR --durability fsync` | at fsync |
 | tmpfs | a tmpfs mount (RAM disk without durability) | never |
 | tmpfs-copyback | tmpfs filled by `cp -a` from the disk, copied back at stop (log2ram's way) | at copy-back |
 | ext4-fsync | the disk's ext4, buffered, fsync after every write, cold cache | on return |
@@ -209,6 +211,80 @@ class Dhrd(Config):
             except OSError:
                 continue
         return anon + memfd + lib.tree_resident_bytes(self.backing)
+
+
+class DhrdAttach(Config):
+    """`dhrd attach` of a directory on the disk: applications use the directory itself.
+    On the suite's ext4 the directory is a subdirectory, so `sync` is kept by inode flags
+    (docs/attach.md); `root=True` attaches the file system's root (the journalled disk of a
+    fileserver run), where dhrd mounts it `sync`."""
+
+    def __init__(self, ws, durability="sync", root=False):
+        super().__init__(ws)
+        self.durability = durability
+        self.name = "dhrd-attach" + ("" if durability == "sync" else f"-{durability}")
+        self.durable = "on return" if durability == "sync" else "at fsync"
+        self.workload_fsync = durability != "sync"
+        self.root = root
+        self.path = ws.disk if root else os.path.join(ws.disk, "dhrd-attach")
+        self.pid = None
+
+    def start(self, files, room=0, wait_loaded=True):
+        os.makedirs(self.path, exist_ok=True)
+        place(self.ws, self.path, files)
+        lib.drop_caches()
+        self.attach()
+        if wait_loaded:
+            self.wait_loaded()
+        self.dir = self.path
+
+    def attach(self):
+        out = subprocess.run(
+            [self.ws.dhrd, "attach", self.path, "--daemon", "--quiet", "--durability", self.durability],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=lib.MOUNT_WAIT_S * 20,
+        )
+        if out.returncode != 0:
+            raise BenchError(f"dhrd attach failed: {out.stdout.strip()}")
+        m = re.search(r"daemon (\d+) holds", out.stdout)
+        self.pid = int(m.group(1)) if m else None
+
+    def status_json(self):
+        import json
+        return json.loads(run([self.ws.dhrd, "status", self.path, "--json"]))
+
+    def load_complete(self):
+        return bool(self.status_json()["load"]["complete"])
+
+    def wait_loaded(self):
+        return lib.wait_for(self.load_complete, lib.LOAD_WAIT_S, f"{self.name} warm-up", 0.05)
+
+    def kill(self):
+        """SIGKILL the daemon: the directory stays usable (the kernel serves it)."""
+        if self.pid:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+            lib.wait_for(lambda: not os.path.exists(f"/proc/{self.pid}"), lib.MOUNT_WAIT_S, "daemon exit", 0.01)
+        self.pid = None
+
+    def detach(self):
+        run([self.ws.dhrd, "detach", self.path], check=False, timeout=600)
+        self.pid = None
+
+    def stop(self):
+        self.detach()
+        if not self.root:
+            shutil.rmtree(self.path, ignore_errors=True)
+        self.dir = None
+
+    def ram_bytes(self):
+        """Daemon anonymous memory + the directory's page cache (the pinning mappings map
+        those pages; not counted twice)."""
+        if not self.pid:
+            return None
+        st = lib.proc_status(self.pid)
+        return st.get("RssAnon", 0) + lib.tree_resident_bytes(self.path)
 
 
 class Tmpfs(Config):
@@ -451,7 +527,9 @@ def file_configs(ws, names):
     """Configurations by name (see the module table)."""
     out = []
     for n in names:
-        if n.startswith("dhrd-"):
+        if n in ("dhrd-attach", "dhrd-attach-fsync"):
+            out.append(DhrdAttach(ws, "sync" if n == "dhrd-attach" else "fsync"))
+        elif n.startswith("dhrd-"):
             parts = n.split("-")
             out.append(Dhrd(ws, parts[1], parts[2] if len(parts) > 2 else "sync"))
         elif n == "tmpfs":

@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 
+import attach
 import configs
 import lib
 import cache
@@ -144,6 +145,19 @@ def block_targets(ctx):
 
     # The default data path (the backing file's page cache, passed through; O_DIRECT opens
     # served by the daemon from it), and the engine's paths for the paper's comparison.
+    class AttachFile(BlockTarget):
+        def start(self):
+            self.d = configs.DhrdAttach(ws)
+            self.d.start({"dev.img": size})
+
+        def fio_target(self, mode, op):
+            return [f"--filename={self.d.dir}/dev.img", f"--size={size}"] + (
+                ["--direct=1"] if mode == "direct" else [])
+
+        def stop(self):
+            self.d.stop()
+
+    out.append(AttachFile("dhrd-attach", ("buffered", "direct"), {"buffered": "on return", "direct": "on return"}))
     out.append(DhrdFile("pagecache", ("buffered", "direct")))
     out.append(DhrdFile("cached", ("buffered",)))
     out.append(DhrdFile("direct", ("direct",)))
@@ -202,19 +216,21 @@ def exp_block(ctx):
             ("dhrd-pagecache", "disk", "randread", "dhrd (page cache) read vs disk O_DIRECT"),
             ("dhrd-direct", "disk", "randread", "DBR dhrd (engine) read vs disk O_DIRECT"),
             ("dhrd-pagecache", "disk", "randwrite", "dhrd (page cache) sync write vs disk O_DIRECT+O_DSYNC"),
+            ("dhrd-attach", "disk", "randwrite", "dhrd attach sync write vs disk O_DIRECT+O_DSYNC"),
             ("dhrd-direct", "disk", "randwrite", "dhrd (engine) sync write vs disk O_DIRECT+O_DSYNC"),
             ("dhrd-nbd", "disk", "randwrite", "dhrd NBD sync write vs disk O_DIRECT+O_DSYNC"),
         ):
             # The page cache path's buffered opens (passthrough); the engine's own mode.
             a = [r for r in rows if r["config"] == num and r["op"] == op and r["procs"] == procs
-                 and (num != "dhrd-pagecache" or r["mode"] == "buffered")]
+                 and (num not in ("dhrd-pagecache", "dhrd-attach") or r["mode"] == "buffered")]
             b = [r for r in rows if r["config"] == den and r["op"] == op and r["procs"] == procs
                  and r["mode"] == "direct"]
             if a and b:
                 ratios.append({"what": f"{what} ({procs} procs)", "figure": num, "baseline": "disk direct",
                                "value": ratio(a[0]["iops"], b[0]["iops"])})
         for num, what in (("dhrd-direct", "DBR dhrd (engine) read vs loop-over-tmpfs RAM disk, direct"),
-                          ("dhrd-pagecache", "dhrd (page cache) read vs tmpfs")):
+                          ("dhrd-pagecache", "dhrd (page cache) read vs tmpfs"),
+                          ("dhrd-attach", "dhrd attach read vs tmpfs")):
             den = "ramdisk-loop" if num == "dhrd-direct" else "tmpfs"
             a = [r for r in rows if r["config"] == num and r["op"] == "randread" and r["procs"] == procs
                  and r["mode"] == ("direct" if num == "dhrd-direct" else "buffered")]
@@ -264,6 +280,8 @@ def exp_replay(ctx):
         # request stream (the direct read path bypasses the page cache either way).
         yield "dhrd-direct", "on return", lambda: (d.start({"dev.img": size}), f"{d.dir}/dev.img")[1], d.stop, [
             "--direct"]
+        at = configs.DhrdAttach(ws)
+        yield "dhrd-attach", "on return", lambda: (at.start({"dev.img": size}), f"{at.dir}/dev.img")[1], at.stop, []
         c = configs.Dhrd(ws, "cached")
         yield "dhrd-cached", "on return", lambda: (c.start({"dev.img": size}), f"{c.dir}/dev.img")[1], c.stop, []
         t = configs.Tmpfs(ws)
@@ -332,6 +350,7 @@ def exp_replay(ctx):
     for tname, _ in TRACES:
         for qd in p["replay_qd"]:
             for num, den, what in (("dhrd-pagecache", "ramdisk-loop", "dhrd (page cache) vs RAM disk"),
+                                   ("dhrd-attach", "ramdisk-loop", "dhrd attach vs RAM disk"),
                                    ("dhrd-pagecache", "disk-fsync", "dhrd (page cache) vs ext4 + fdatasync per write"),
                                    ("dhrd-pagecache", "tmpfs", "dhrd (page cache) vs tmpfs"),
                                    ("dhrd-direct", "ramdisk-loop", "DBR dhrd (engine) vs RAM disk"),
@@ -437,13 +456,16 @@ def exp_file(ctx):
 # 4. Fileserver
 # --------------------------------------------------------------------------------------
 
-FILESERVER_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "tmpfs", "ext4-buffered", "ext4-fsync", "ramdisk-ext4")
+FILESERVER_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "dhrd-attach", "dhrd-attach-fsync", "tmpfs",
+                      "ext4-buffered", "ext4-fsync", "ramdisk-ext4")
 # The metadata workloads compare each dhrd durability mode with the ext4 that promises the
 # same: fsync mode with plain ext4, sync mode with ext4 mounted `sync,dirsync`.
-METADATA_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "tmpfs", "ext4-buffered", "ext4-syncdirsync")
+METADATA_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "dhrd-attach", "dhrd-attach-fsync", "tmpfs",
+                    "ext4-buffered", "ext4-syncdirsync")
 # Room on the metadata workloads' file system: their files are empty or up to 10 KB.
 META_ROOM_BYTES = 512 << 20
 METADATA_RATIOS = (("dhrd-pagecache-fsync", "ext4-buffered"), ("dhrd-pagecache", "ext4-syncdirsync"),
+                   ("dhrd-attach-fsync", "ext4-buffered"), ("dhrd-attach", "ext4-syncdirsync"),
                    ("dhrd-pagecache-fsync", "tmpfs"))
 
 
@@ -510,7 +532,7 @@ def exp_fileserver(ctx):
             room = nfiles * p["fs_mean_file_bytes"] * 3 + (256 << 20)
             # fsync after every whole-file write and append where the configuration
             # promises durability (ext4-fsync, and dhrd's sync mode, where it is cheap).
-            fsync = name in ("ext4-fsync", "dhrd-pagecache")
+            fsync = name in ("ext4-fsync", "dhrd-pagecache", "dhrd-attach")
             with disk_for(ctx, name, room) as ws:
                 cfg = configs.file_configs(ws, [name])[0]
                 cfg.start({}, room=room)
@@ -531,7 +553,8 @@ def exp_fileserver(ctx):
     ratios = []
     for n in p["fs_files"]:
         for num, den in (("dhrd-pagecache", "ext4-fsync"), ("dhrd-pagecache-fsync", "ext4-buffered"),
-                         ("dhrd-pagecache", "tmpfs"), ("dhrd-pagecache-fsync", "ramdisk-ext4")):
+                         ("dhrd-pagecache", "tmpfs"), ("dhrd-pagecache-fsync", "ramdisk-ext4"),
+                         ("dhrd-attach", "ext4-fsync"), ("dhrd-attach-fsync", "ext4-buffered")):
             r = point_ratio([x for x in rows if x["workload"] == "fileserver"], "ops_per_sec", num, den,
                             f"fileserver {num} vs {den}, ops/s", None, files=n)
             if r:
@@ -594,7 +617,8 @@ def exp_fileserver(ctx):
 # 5. Video
 # --------------------------------------------------------------------------------------
 
-VIDEO_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "tmpfs-copyback", "ext4-fsync", "ext4-buffered", "ramdisk-ext4")
+VIDEO_CONFIGS = ("dhrd-pagecache", "dhrd-pagecache-fsync", "dhrd-attach", "dhrd-attach-fsync", "tmpfs-copyback",
+                 "ext4-fsync", "ext4-buffered", "ramdisk-ext4")
 
 
 def exp_video(ctx):
@@ -619,7 +643,8 @@ def exp_video(ctx):
         finally:
             cfg.stop()
     ratios = []
-    for num, den in (("dhrd-pagecache", "ext4-fsync"), ("dhrd-pagecache", "ext4-buffered"), ("dhrd-pagecache", "ramdisk-ext4")):
+    for num, den in (("dhrd-pagecache", "ext4-fsync"), ("dhrd-pagecache", "ext4-buffered"), ("dhrd-pagecache", "ramdisk-ext4"),
+                     ("dhrd-attach", "ext4-fsync"), ("dhrd-attach-fsync", "ext4-buffered")):
         r = point_ratio(rows, "total_secs", den, num, f"speed-up of {num} over {den} (time ratio)", den)
         if r:
             r["figure"] = num
@@ -862,6 +887,7 @@ EXPERIMENTS = {
     "warmup": exp_warmup,
     "memory": exp_memory,
     "transport": exp_transport,
+    "attach": attach.exp_attach,
     "rbd": rbd.exp_rbd,
     "cache": cache.exp_cache,
     "seed002": seed002.exp_seed002,

@@ -50,6 +50,10 @@ def pivot(rows, row_keys, col_key, val_key):
 
 # Columns of each experiment's main table: (heading, key).
 COLUMNS = {
+    "attach": [("what", "what"), ("config", "config"), ("bytes", "bytes"), ("s", "secs"),
+               ("first read s", "first_read_s"), ("RAM/byte", "ram_per_data_byte"), ("IOPS", "iops"),
+               ("extract s", "extract_s"), ("re-read s", "reread_s"), ("SQLite commits/s", "sqlite_commits_per_s"),
+               ("failed calls", "failed_calls"), ("hung", "hung_calls"), ("lost writes", "acknowledged_writes_lost")],
     "replay": [("config", "config"), ("trace", "trace"), ("QD", "qd"), ("IOPS", "iops"), ("MiB/s", "mib_s"),
                ("read p50 us", "read_lat_p50_us"), ("read p99 us", "read_lat_p99_us"),
                ("write p50 us", "write_lat_p50_us"), ("write p99 us", "write_lat_p99_us"),

@@ -1,0 +1,235 @@
+"""Experiment `attach`: `dhrd attach DIR` against the same-run baselines issue 31 names.
+
+Rows (each with its baseline measured in the same run, on the same file system):
+- warm-up rate against `vmtouch -t` of the same cold files;
+- attach to first read (the `--daemon` start until a read of a file returned), at each
+  size of `attach_bytes`;
+- RAM per data byte after the warm-up (daemon anonymous memory plus the tree's page cache);
+- 4 KiB sync writes by 8 writers to one file, against raw O_DIRECT|O_DSYNC writers of a
+  file on the same file system;
+- an archive of `attach_files` small files extracted into an attached directory (`fsync`
+  mode), then all of it read again warm, against a plain directory;
+- SQLite commits with WAL and synchronous=full (`fsync` mode) against a plain directory;
+- five SIGKILLs of the daemon under a writer and a reader: failed calls, hung calls and
+  acknowledged writes lost (must all be 0).
+"""
+
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+
+import configs
+import lib
+from lib import BenchError, log, run
+
+
+def _timed(fn):
+    t = time.monotonic()
+    fn()
+    return time.monotonic() - t
+
+
+def _read_all(root):
+    n = 0
+    for d, _, files in os.walk(root):
+        for f in files:
+            with open(os.path.join(d, f), "rb") as fh:
+                while True:
+                    b = fh.read(1 << 20)
+                    if not b:
+                        break
+                    n += len(b)
+    return n
+
+
+def _warmup(ctx, rows, ratios):
+    ws, p = ctx.ws, ctx.p
+    for nbytes in p["attach_bytes"]:
+        files = {f"w/f{i}": nbytes // 4 for i in range(4)}
+        plain = os.path.join(ws.disk, "attach-vmtouch")
+        configs.place(ws, plain, files)
+        lib.drop_caches()
+        vm_s = _timed(lambda: run(["vmtouch", "-tq", plain]))
+        shutil.rmtree(plain, ignore_errors=True)
+        a = configs.DhrdAttach(ws, "fsync")
+        os.makedirs(a.path, exist_ok=True)
+        configs.place(ws, a.path, files)
+        lib.drop_caches()
+        t0 = time.monotonic()
+        a.attach()
+        with open(os.path.join(a.path, "w/f0"), "rb") as f:
+            f.read(4096)
+        first_read_s = time.monotonic() - t0
+        try:
+            a.wait_loaded()
+            st = a.status_json()
+            warm_s = st["warmup"]["complete_after_s"] or 0.0
+            ram = a.ram_bytes()
+        finally:
+            a.stop()
+        rows.append({"what": "warm-up", "config": "dhrd-attach", "bytes": nbytes, "secs": warm_s,
+                     "first_read_s": first_read_s, "ram_per_data_byte": (ram or 0) / nbytes})
+        rows.append({"what": "warm-up", "config": "vmtouch -t", "bytes": nbytes, "secs": vm_s})
+        log(f"[attach] warm-up {lib.fmt_size(nbytes)}: attach {warm_s:.2f} s, vmtouch {vm_s:.2f} s, "
+            f"first read after {first_read_s:.3f} s")
+        ratios.append({"what": f"warm-up rate vs vmtouch -t, {lib.fmt_size(nbytes)}", "figure": "dhrd-attach",
+                       "baseline": "vmtouch -t", "value": vm_s / warm_s if warm_s else None})
+        ratios.append({"what": f"attach to first read, {lib.fmt_size(nbytes)} (s; target < 0.1, flat)",
+                       "figure": "dhrd-attach", "baseline": "-", "value": first_read_s})
+        ratios.append({"what": f"RAM per data byte after the warm-up, {lib.fmt_size(nbytes)} (target <= 1.05)",
+                       "figure": "dhrd-attach", "baseline": "-", "value": (ram or 0) / nbytes})
+
+
+def _writers(ctx, rows, ratios):
+    ws, p = ctx.ws, ctx.p
+    size = p["attach_bytes"][0]
+    raw = os.path.join(ws.disk, "attach-raw.img")
+    run(["cp", "--sparse=never", ws.source(size), raw])
+    try:
+        r = lib.fio("attach-raw-8w", ["--rw=randwrite", "--bs=4k", "--numjobs=8", f"--filename={raw}",
+                                      f"--size={size}", "--direct=1", "--sync=dsync"], p["runtime_s"])
+    finally:
+        os.unlink(raw)
+    rows.append({"what": "8 writers, one file", "config": "raw O_DIRECT|O_DSYNC", "iops": r["iops"]})
+    a = configs.DhrdAttach(ws, "sync")
+    a.start({"dev.img": size})
+    try:
+        d = lib.fio("attach-8w", ["--rw=randwrite", "--bs=4k", "--numjobs=8", f"--filename={a.dir}/dev.img",
+                                  f"--size={size}"], p["runtime_s"])
+    finally:
+        a.stop()
+    rows.append({"what": "8 writers, one file", "config": "dhrd-attach", "iops": d["iops"]})
+    ratios.append({"what": "4 KiB sync writes, 8 writers on one file, vs raw O_DIRECT|O_DSYNC (target >= 0.9)",
+                   "figure": "dhrd-attach", "baseline": "raw O_DIRECT|O_DSYNC",
+                   "value": d["iops"] / r["iops"] if r["iops"] else None})
+
+
+def _archive(ctx, rows, ratios):
+    ws, p = ctx.ws, ctx.p
+    n = p["attach_files"]
+    src = os.path.join(ws.disk, "attach-archive-src")
+    tar = os.path.join(ws.disk, "attach-archive.tar")
+    for i in range(n):
+        d = os.path.join(src, f"d{i // 500}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i}"), "wb") as f:
+            f.write(os.urandom(512 + (i * 977) % 8192))
+    with tarfile.open(tar, "w") as t:
+        t.add(src, arcname="tree")
+    shutil.rmtree(src)
+    res = {}
+    for name in ("plain", "dhrd-attach-fsync"):
+        if name == "plain":
+            root = os.path.join(ws.disk, "attach-plain")
+            os.makedirs(root, exist_ok=True)
+            stop = lambda: shutil.rmtree(root, ignore_errors=True)  # noqa: E731
+        else:
+            a = configs.DhrdAttach(ws, "fsync")
+            a.start({})
+            root = a.dir
+            stop = a.stop
+        try:
+            ext = _timed(lambda: run(["tar", "-xf", tar, "-C", root]))
+            reread = _timed(lambda: _read_all(root))
+            db = os.path.join(root, "bench.db")
+            commits = p["attach_sqlite_commits"]
+            script = ("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT);"
+                      + "".join(f"INSERT INTO t(v) VALUES('{'x' * 100}');" for _ in range(commits)))
+            sq = _timed(lambda: subprocess.run(["sqlite3", db], input=script, text=True, check=True,
+                                               stdout=subprocess.DEVNULL))
+        finally:
+            stop()
+        res[name] = (ext, reread, commits / sq)
+        rows.append({"what": "archive and SQLite", "config": name, "files": n, "extract_s": ext,
+                     "reread_s": reread, "sqlite_commits_per_s": commits / sq})
+        log(f"[attach] {name}: extract {ext:.2f} s, re-read {reread:.2f} s, SQLite {commits / sq:.0f} commits/s")
+    os.unlink(tar)
+    a, b = res["dhrd-attach-fsync"], res["plain"]
+    for what, i, inv in (("extracting an archive of about %d files" % n, 0, True),
+                         ("reading them all again warm", 1, True),
+                         ("SQLite commits, WAL, synchronous=full", 2, False)):
+        v = (b[i] / a[i]) if inv else (a[i] / b[i])
+        ratios.append({"what": f"{what}, fsync mode vs a plain directory (target >= 0.95)",
+                       "figure": "dhrd-attach-fsync", "baseline": "plain directory", "value": v})
+
+
+def _kills(ctx, rows, ratios):
+    ws, p = ctx.ws, ctx.p
+    a = configs.DhrdAttach(ws, "sync")
+    a.start({"r.dat": 1 << 20})
+    stop = threading.Event()
+    stats = {"failed": 0, "writes": 0, "reads": 0}
+    log_path = os.path.join(a.dir, "log")
+
+    def writer():
+        with open(log_path, "ab") as f:
+            while not stop.is_set():
+                try:
+                    f.write(stats["writes"].to_bytes(8, "little") * 64)
+                    f.flush()
+                    stats["writes"] += 1
+                except OSError:
+                    stats["failed"] += 1
+
+    def reader():
+        while not stop.is_set():
+            try:
+                with open(os.path.join(a.dir, "r.dat"), "rb") as f:
+                    f.read(4096)
+                stats["reads"] += 1
+            except OSError:
+                stats["failed"] += 1
+
+    ts = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for t in ts:
+        t.start()
+    try:
+        for _ in range(5):
+            time.sleep(p["attach_kill_gap_s"])
+            a.kill()
+            time.sleep(p["attach_kill_gap_s"])
+            a.attach()
+        stop.set()
+        for t in ts:
+            t.join(timeout=120)
+        hung = sum(t.is_alive() for t in ts)
+        data = open(log_path, "rb").read()
+        lost = stats["writes"] - len(data) // 512
+    finally:
+        stop.set()
+        a.stop()
+    rows.append({"what": "5 SIGKILLs under a writer and a reader", "config": "dhrd-attach",
+                 "failed_calls": stats["failed"], "hung_calls": hung, "writes": stats["writes"],
+                 "reads": stats["reads"], "acknowledged_writes_lost": max(lost, 0)})
+    ratios.append({"what": "daemon SIGKILLed 5 times under a writer and a reader: failed + hung calls + lost "
+                           "writes (target 0)", "figure": "dhrd-attach", "baseline": "-",
+                   "value": stats["failed"] + hung + max(lost, 0)})
+
+
+def exp_attach(ctx):
+    lib.need_tools(["vmtouch", "fio", "sqlite3", "tar"])
+    rows, ratios = [], []
+    for part in (_warmup, _writers, _archive, _kills):
+        if ctx.only_configs and "dhrd-attach" not in ctx.only_configs:
+            break
+        part(ctx, rows, ratios)
+    if not rows:
+        raise BenchError("attach: nothing measured (--configs excludes dhrd-attach)")
+    p = ctx.p
+    return {
+        "title": "Attach: the in-place mode against its same-run baselines (issue 31)",
+        "scaling": f"warm-up at {[lib.fmt_size(b) for b in p['attach_bytes']]}; archive of {p['attach_files']} "
+                   f"files of 0.5-8.5 KiB; {p['attach_sqlite_commits']} SQLite commits; 8 fio writers for "
+                   f"{p['runtime_s']} s; 5 SIGKILLs {p['attach_kill_gap_s']} s apart",
+        "rows": rows,
+        "ratios": ratios,
+        "notes": ["The attached directory is a subdirectory of the suite's disk, so sync mode is kept by "
+                  "inode flags (docs/attach.md); fileserver, Postmark and create/stat/unlink of dhrd-attach "
+                  "are in experiment 4, block reads and writes in 1, video in 5, replay in 2.",
+                  "Attach to first read counts from the start of `dhrd attach --daemon` until a 4 KiB read "
+                  "of a file returned (the kernel serves reads from the start; readiness means the mode "
+                  "is in force)."],
+    }
