@@ -382,3 +382,47 @@ fn the_mapping_limit_is_raised_when_the_pins_reach_it() {
     );
     assert_eq!(s.pins_max as usize, now - MAP_COUNT_RESERVE);
 }
+
+/// A file the walk has queued but not started moves ahead of the walk when an application
+/// opens it: with one worker, it is warmed before every walked file queued after the one
+/// being read (SPEC I10). Before, a demand of a queued file was taken for a known one and
+/// did nothing: the file waited its turn behind the whole walk.
+#[test]
+fn a_demand_moves_a_file_the_walk_queued_ahead_of_the_walk() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let cfg = ResidentConfig {
+        threads: 1,
+        // 256 KiB/s: each 64 KiB file takes a quarter of a second.
+        rate_bytes_per_s: Some(256 << 10),
+        ..quick()
+    };
+    let r = resident(d.path(), 1 << 30, cfg);
+    let files: Vec<FileRef> = (0..8)
+        .map(|i| {
+            let (f, len) = make(d.path(), &format!("q{i}"), 64 << 10);
+            r.submit_walked(f.clone(), len);
+            f
+        })
+        .collect();
+    r.walk_done();
+    let last = File::open(d.path().join(&files[7].path)).expect("open");
+    r.demand(files[7].key, &last);
+    assert_eq!(r.stats().files_demanded, 1, "the demand was not taken");
+    let t = std::time::Instant::now();
+    while cached_bytes(&last).expect("cachestat") < 64 << 10 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the demanded file was never warmed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = File::open(d.path().join(&files[6].path)).expect("open");
+    assert_eq!(
+        cached_bytes(&before).expect("cachestat"),
+        0,
+        "a walked file queued before the demanded one was warmed first"
+    );
+    assert!(r.wait_complete(Duration::from_secs(60)));
+    let s = r.stats();
+    assert_eq!((s.files_seen, s.files_warmed), (8, 8), "{s:?}");
+}
