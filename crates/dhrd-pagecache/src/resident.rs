@@ -21,7 +21,8 @@
 //!   is released when it is forgotten (unlinked), shrinks or the `Resident` is dropped.
 //! - A file is warmed at most once unless it changes size (`refresh`); its entry stays
 //!   until `forget`, so the walk reaching a file an application already opened reads
-//!   nothing again.
+//!   nothing again, and a demand of a file the walk queued but has not started moves that
+//!   job to the demand queue (the same file, warmed once).
 //! - The warm-up is complete only when no file is queued, being opened, read, or being
 //!   pinned and recorded: after `wait_complete` every file has its final entry.
 //! - An empty file is recorded at once, without a worker; it is warmed when it grows.
@@ -356,6 +357,11 @@ impl Resident {
     fn demand_inner(&self, key: u64, file: &File, size: Option<u64>) {
         let inner = &self.inner;
         let mut q = inner.q.lock();
+        if !q.shutdown && matches!(q.entries.get(&key), Some(Entry::Busy)) {
+            // Queued by the walk and not started yet: it goes ahead of the walk now.
+            self.promote_walked(q, key, file);
+            return;
+        }
         if q.shutdown || q.entries.contains_key(&key) {
             return;
         }
@@ -398,6 +404,33 @@ impl Resident {
         if crate::sys::link_count(file.as_fd()).is_ok_and(|n| n == 0) {
             self.forget(key);
         }
+    }
+
+    /// Moves the walk's queued job of `key` to the demand queue (with a duplicate of
+    /// `file`), if it is still queued there and the demand queue has room.
+    fn promote_walked(&self, mut q: parking_lot::MutexGuard<'_, Queues>, key: u64, file: &File) {
+        let inner = &self.inner;
+        if q.demand.len() >= inner.cfg.demand_queue_max {
+            return;
+        }
+        let Some(pos) = q
+            .walked
+            .iter()
+            .position(|j| matches!(j, Job::Walked { f } if f.key == key))
+        else {
+            return;
+        };
+        let Ok(dup) = file.try_clone() else {
+            return;
+        };
+        let walked = q.walked.remove(pos);
+        q.demand.push_back(Job::Demand { key, file: dup });
+        inner.files_demanded.fetch_add(1, Ordering::Relaxed);
+        drop(q);
+        drop(walked);
+        // Room for the walk, and a worker for the demand.
+        inner.state.notify_all();
+        inner.work.notify_one();
     }
 
     /// The file may have changed size (a writer closed it, a truncate): warm and pin what
@@ -499,6 +532,12 @@ impl Resident {
         if !gone.is_empty() || !gone_deferred.is_empty() {
             inner.dispose((gone, gone_deferred));
         }
+    }
+
+    /// Whether the file is known (queued, warming, or warmed): a file never handed in has
+    /// nothing to forget, so a caller can skip the system calls a `forget` needs first.
+    pub fn is_known(&self, key: u64) -> bool {
+        self.inner.q.lock().entries.contains_key(&key)
     }
 
     pub fn stats(&self) -> ResidentStats {
