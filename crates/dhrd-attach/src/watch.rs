@@ -42,6 +42,14 @@ use std::time::Duration;
 
 /// Pause between batches of events (see the module header).
 pub const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(2);
+/// How long a file closed after writing waits before the warm-up hears of it: a file
+/// written and deleted within this time (a temporary file, a mail spool's message, the
+/// fileserver's files) costs the daemon no system call at all, only the events' parsing.
+/// The warm-up adds its own delay before it pins a changed file again
+/// (`dhrd_pagecache::resident::REFRESH_DELAY`), so nothing is pinned sooner either way.
+pub const CHANGED_DELAY: Duration = Duration::from_secs(2);
+/// Files closed after writing that wait at most; past it, the oldest is handed on early.
+pub const CHANGED_MAX: usize = 65_536;
 /// Fault injection for tests: while the file this names exists, events wait in the
 /// kernel's queue unread, which holds every repair back (the window a rename in opens,
 /// made as long as a test needs to show it).
@@ -94,8 +102,17 @@ pub struct Watch {
     /// their marks).
     dirs: Mutex<HashMap<u64, Handle>>,
     open_events: AtomicBool,
+    /// Files closed after writing, by key, waiting `CHANGED_DELAY` (in due order).
+    changed: Mutex<Changed>,
     pub stats: WatchStats,
     me: i32,
+}
+
+/// Files closed after writing, waiting to be handed to the warm-up.
+#[derive(Default)]
+struct Changed {
+    due: std::collections::VecDeque<(std::time::Instant, u64)>,
+    files: HashMap<u64, Handle>,
 }
 
 impl Watch {
@@ -106,6 +123,7 @@ impl Watch {
             scope,
             dirs: Mutex::new(HashMap::new()),
             open_events: AtomicBool::new(true),
+            changed: Mutex::new(Changed::default()),
             stats: WatchStats::default(),
             me: std::process::id() as i32,
         })
@@ -192,7 +210,15 @@ impl Watch {
                 PollFd::new(&self.group, PollFlags::IN),
                 PollFd::new(&wake, PollFlags::IN),
             ];
-            if poll(&mut fds, None).is_err() {
+            // Wake for the next changed file that comes due, if one waits.
+            let timeout = self.changed.lock().due.front().map(|(t, _)| {
+                let d = t.saturating_duration_since(std::time::Instant::now());
+                rustix::event::Timespec {
+                    tv_sec: d.as_secs() as i64,
+                    tv_nsec: i64::from(d.subsec_nanos()),
+                }
+            });
+            if poll(&mut fds, timeout.as_ref()).is_err() {
                 std::thread::sleep(EVENT_BATCH_PAUSE);
                 continue;
             }
@@ -208,6 +234,7 @@ impl Watch {
                     self.handle(ctx, ev);
                 }
             }
+            self.hand_on_changed(ctx, false);
             std::thread::sleep(EVENT_BATCH_PAUSE);
         }
     }
@@ -230,9 +257,12 @@ impl Watch {
         if self.scope == Scope::Tree && ev.is(libc::FAN_CREATE) {
             if ev.on_dir() {
                 self.adopt_dir(ctx, target);
-            } else if let Some(f) = open_regular(ctx.root, target) {
-                // Made here (inherits the flags) or linked in from outside (may not).
-                self.give_flags(ctx, &f);
+            } else if ctx.flags.is_some() {
+                // Made here (inherits the flags) or linked in from outside (may not). In
+                // the other modes a new file needs nothing until it is closed.
+                if let Some(f) = open_regular(ctx.root, target) {
+                    self.give_flags(ctx, &f);
+                }
             }
         }
         if ev.on_dir() {
@@ -245,8 +275,46 @@ impl Watch {
             }
         }
         if ev.is(libc::FAN_CLOSE_WRITE) {
-            if let Some(f) = open_regular(ctx.root, target) {
-                ctx.resident.refresh(target.key(), &f);
+            self.note_changed(ctx, target);
+        }
+    }
+
+    /// A file closed after writing: handed to the warm-up `CHANGED_DELAY` later, unless it
+    /// is deleted first.
+    fn note_changed(&self, ctx: &Ctx<'_>, target: &Handle) {
+        let mut c = self.changed.lock();
+        let key = target.key();
+        if c.files.insert(key, target.clone()).is_none() {
+            c.due
+                .push_back((std::time::Instant::now() + CHANGED_DELAY, key));
+        }
+        let full = c.files.len() > CHANGED_MAX;
+        drop(c);
+        if full {
+            self.hand_on_changed(ctx, true);
+        }
+    }
+
+    /// Hands the changed files that are due (or, `oldest`, the oldest one) to the warm-up.
+    fn hand_on_changed(&self, ctx: &Ctx<'_>, oldest: bool) {
+        let now = std::time::Instant::now();
+        let mut first = oldest;
+        loop {
+            let next = {
+                let mut c = self.changed.lock();
+                match c.due.front() {
+                    Some((t, _)) if *t <= now || first => {
+                        let (_, key) = c.due.pop_front().unwrap_or((now, 0));
+                        c.files.remove(&key)
+                    }
+                    _ => return,
+                }
+            };
+            first = false;
+            // Deleted while it waited: nothing (its entry is gone from `files`).
+            let Some(h) = next else { continue };
+            if let Some(f) = open_regular(ctx.root, &h) {
+                ctx.resident.refresh(h.key(), &f);
                 self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -257,6 +325,12 @@ impl Watch {
     fn deleted(&self, ctx: &Ctx<'_>, ev: &Event, target: &Handle) {
         if ev.on_dir() {
             self.dirs.lock().remove(&target.key());
+            return;
+        }
+        let key = target.key();
+        self.changed.lock().files.remove(&key);
+        if !ctx.resident.is_known(key) {
+            // Never handed to the warm-up (a short-lived file): nothing holds it.
             return;
         }
         let linked = target

@@ -1,0 +1,111 @@
+//! The RAM tier in place: files an application opens during the warm-up go first, a file
+//! written after attach is pinned once it is closed, and a pinned file that is deleted
+//! gives back its pin, its budget and its space (the pin's mapping would otherwise keep
+//! the deleted file on the disk).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod attach_common;
+mod common;
+use attach_common::*;
+use common::*;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+fn wait_for(a: &Attach, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let s = a.status_json();
+        if f(&s) {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{what}: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn free_bytes(p: &std::path::Path) -> u64 {
+    let st = statvfs(p);
+    st.0 * st.1
+}
+
+fn statvfs(p: &std::path::Path) -> (u64, u64) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs fills the struct we own; the path is NUL-terminated.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_bfree, st.f_frsize)
+}
+
+#[test]
+fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
+    let s = Scratch::new("attach-resident");
+    let disk = LoopFs::new(&s);
+    let dir = disk.mnt.join("data");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..16 {
+        std::fs::write(dir.join(format!("f{i:02}")), vec![i as u8; 1 << 20]).unwrap();
+    }
+    let (ok, out) = sh(&format!("sync -f {}", dir.display()));
+    assert!(ok, "{out}");
+    for i in 0..16 {
+        let f = File::open(dir.join(format!("f{i:02}"))).unwrap();
+        // SAFETY: fadvise on a descriptor we hold; a hint only.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    // A slow warm-up (1 MiB/s, one thread): the walk's order would reach f15 last.
+    let a = Attach::start(
+        &dir,
+        &[
+            "--durability",
+            "fsync",
+            "--load-rate",
+            "1M",
+            "--loader-threads",
+            "1",
+        ],
+    );
+    let mut buf = [0u8; 16];
+    File::open(dir.join("f15"))
+        .unwrap()
+        .read_exact(&mut buf)
+        .unwrap();
+    let st = wait_for(&a, "the opened file demanded", |s| {
+        s["warmup"]["files_demanded"].as_u64() >= Some(1)
+    });
+    assert!(st["watch"]["demanded"].as_u64() >= Some(1), "{st}");
+    drop(a);
+
+    let a = Attach::start(&dir, &["--durability", "fsync"]);
+    a.wait_warm();
+    let st = wait_for(&a, "all pinned", |s| s["ram"]["pinned_files"] == 16);
+    assert_eq!(st["ram"]["pinned_bytes"], 16 << 20);
+    // Written after attach: pinned once closed (after the watch's and warm-up's delays).
+    std::fs::write(dir.join("new"), vec![7u8; 2 << 20]).unwrap();
+    wait_for(&a, "the new file pinned", |s| {
+        s["ram"]["pinned_files"] == 17
+    });
+    // Deleted: its pin, budget and blocks come back.
+    let (ok, out) = sh(&format!("sync -f {}", dir.display()));
+    assert!(ok, "{out}");
+    let before = free_bytes(&dir);
+    std::fs::remove_file(dir.join("f03")).unwrap();
+    let st = wait_for(&a, "the deleted file let go", |s| {
+        s["ram"]["pinned_files"] == 16
+    });
+    assert_eq!(st["ram"]["used_bytes"], (15 << 20) + (2 << 20), "{st}");
+    let (ok, out) = sh(&format!("sync -f {}", dir.display()));
+    assert!(ok, "{out}");
+    let t = Instant::now();
+    while free_bytes(&dir) < before + (1 << 20) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the deleted file's blocks stayed in use"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (ok, out) = a.detach();
+    assert!(ok, "{out}");
+}
