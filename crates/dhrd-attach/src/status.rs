@@ -232,7 +232,7 @@ pub fn text(a: &Attached) -> String {
             FlagStats::get(&f.set),
             FlagStats::get(&f.refused),
             FlagStats::get(&f.repaired),
-            crate::attached::FLAG_AUDIT_INTERVAL.as_secs()
+            crate::attached::audit_interval().as_secs()
         );
     }
     if let dhrd_engine::Durability::Periodic(_) = a.cfg.durability {
