@@ -105,11 +105,16 @@ impl Attach {
         (o.status.success(), text)
     }
 
-    /// SIGKILL of the daemon; what it changed stays.
+    /// SIGKILL of the daemon; what it changed stays. Its control socket, which a killed
+    /// daemon leaves behind, is removed (the next attach would replace it; scratch
+    /// directories never see one).
     pub fn kill9(mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if let Ok(p) = dhrd_attach::control::socket_path(&self.dir) {
+            let _ = std::fs::remove_file(p);
         }
     }
 
@@ -131,6 +136,9 @@ impl Drop for Attach {
             }
             let _ = c.kill();
             let _ = c.wait();
+            if let Ok(p) = dhrd_attach::control::socket_path(&self.dir) {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }
