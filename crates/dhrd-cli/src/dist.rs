@@ -91,6 +91,8 @@ mod tests {
         assert_eq!(
             pages,
             [
+                "dhrd-attach.1",
+                "dhrd-detach.1",
                 "dhrd-load.1",
                 "dhrd-mount.1",
                 "dhrd-nbd.1",
