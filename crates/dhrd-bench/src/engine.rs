@@ -536,7 +536,9 @@ fn bench_first_read(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Resul
             anyhow::ensure!(b == [0xA5u8; IO_BYTES], "first read returned wrong data");
             ready[i].push(t_ready.as_secs_f64() * 1e6);
             first[i].push(e.as_secs_f64() * 1e6);
-            drop(obj);
+            // Closed, not just dropped: close waits for the load in flight, so the next
+            // round's open finds the file's single-writer lock free.
+            obj.close()?;
         }
     }
     let stat = |mut v: Vec<f64>| {
