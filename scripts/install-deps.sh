@@ -2,8 +2,9 @@
 # Installs the Debian packages the test suite and the benchmark suite need (FUSE, the NBD
 # and block clients, the applications the tests run, systemd for its unit checker, fstab
 # generator and test mode, which work where systemd is not running, man-db and binutils
-# for the package test), skipping those already present; and cargo-deb, the tool that
-# builds dhrd's Debian package (scripts/build-deb.sh), at the version pinned below.
+# for the package test), skipping those already present; cargo-deb, the tool that
+# builds dhrd's Debian package (scripts/build-deb.sh), and pjdfstest, at the versions
+# pinned in scripts/*.version.
 # Idempotent; needs root for apt-get. Rust's toolchain is expected to be present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,13 @@ cd "$(dirname "$0")/.."
 CARGO_DEB_VERSION=$(cat scripts/cargo-deb.version)
 if ! cargo deb --version 2>/dev/null | grep -qx "cargo-deb $CARGO_DEB_VERSION"; then
     cargo install --locked --force cargo-deb --version "$CARGO_DEB_VERSION"
+fi
+# pjdfstest (the POSIX file system conformance suite, in its Rust form on crates.io; the C
+# original has no Debian package), into ~/.cargo/bin: the tests compare its results in a
+# dhrd mount and an attached directory with plain ext4's.
+PJDFSTEST_VERSION=$(cat scripts/pjdfstest.version)
+if ! pjdfstest --version 2>/dev/null | grep -qx "pjdfstest $PJDFSTEST_VERSION"; then
+    cargo install --locked --force pjdfstest --version "$PJDFSTEST_VERSION"
 fi
 
 # libssl-dev: the NBD server's TLS (OpenSSL); gnutls-bin (certtool, psktool) and openssl:

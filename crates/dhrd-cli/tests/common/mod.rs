@@ -2,6 +2,8 @@
 //! always cleans up (unmount on Drop, even when the test panics).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod pjdfstest;
+
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
