@@ -201,8 +201,8 @@ pub enum LoadStep {
     Idle,
 }
 
-/// Load progress (I8).
-#[derive(Debug, Clone, PartialEq)]
+/// Load progress (I8); serialised with its durations in seconds (`elapsed_s`, `eta_s`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LoadProgress {
     pub chunk_bytes: u64,
     pub chunks_total: u64,
@@ -216,8 +216,10 @@ pub struct LoadProgress {
     pub bytes_total: u64,
     /// Bytes the loader copied since open.
     pub bytes_loaded: u64,
+    #[serde(rename = "elapsed_s", serialize_with = "crate::stats::secs")]
     pub elapsed: Duration,
     pub rate_bytes_per_s: f64,
+    #[serde(rename = "eta_s", serialize_with = "crate::stats::secs_if_known")]
     pub eta: Option<Duration>,
     /// RAM the memfd really holds.
     pub ram_resident_bytes: u64,

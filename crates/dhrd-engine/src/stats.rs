@@ -197,13 +197,34 @@ impl Stats {
     }
 }
 
-/// Latency percentiles in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// A duration as seconds, the unit status documents use.
+pub(crate) fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// An optional duration as seconds, or null.
+pub(crate) fn secs_if_known<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_f64(d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+/// Latency percentiles in microseconds. Serialised under the short names that status
+/// documents use (`p50_us`, ...).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Latency {
     pub count: u64,
+    #[serde(rename = "p50_us")]
     pub latency_us_p50: f64,
+    #[serde(rename = "p99_us")]
     pub latency_us_p99: f64,
+    #[serde(rename = "p999_us")]
     pub latency_us_p999: f64,
+    #[serde(rename = "max_us")]
     pub latency_us_max: f64,
 }
 
@@ -220,8 +241,8 @@ impl Latency {
     }
 }
 
-/// A point-in-time copy of an object's statistics.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// A point-in-time copy of an object's statistics, serialised under its field names.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct StatsSnapshot {
     pub reads_ram: u64,
     pub reads_backing: u64,

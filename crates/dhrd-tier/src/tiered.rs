@@ -121,14 +121,16 @@ impl std::fmt::Display for TierMode {
     }
 }
 
-/// Tier statistics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Tier statistics, serialised under the names of `dhrd nbd`'s status file (docs/nbd.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TierStats {
     pub slots: u64,
     pub slots_used: u64,
     pub slots_dirty: u64,
     /// Chunk reads served by the SSD and by the lower tier.
+    #[serde(rename = "chunk_reads_ssd")]
     pub reads_ssd: u64,
+    #[serde(rename = "chunk_reads_lower")]
     pub reads_lower: u64,
     pub promotions: u64,
     pub evictions: u64,

@@ -129,8 +129,9 @@ impl Geometry {
     }
 }
 
-/// Write-back statistics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Write-back statistics, serialised under the names of `dhrd nbd`'s status file
+/// (docs/nbd.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct WriteBackStats {
     pub chunks: u64,
     pub chunks_dirty: u64,
@@ -139,6 +140,7 @@ pub struct WriteBackStats {
     /// Chunks that were dirty when the device was opened (recovered after a crash or an
     /// undrained stop).
     pub chunks_dirty_at_open: u64,
+    #[serde(rename = "failures")]
     pub writeback_failures: u64,
     /// Writes of a chunk whose fast copy had to be filled from the slow device first.
     pub fills: u64,
