@@ -5,10 +5,10 @@
 use anyhow::Context;
 use clap::Args;
 use dhrd_engine::parse_size;
-use dhrd_engine::{Durability, HybridObject, LoaderConfig, ObjectConfig};
-use dhrd_io::{DeviceProfile, FileBacking, FileOptions};
+use dhrd_engine::{Durability, LoaderConfig, ObjectConfig};
+use dhrd_io::{DeviceProfile, WriteSync};
+use dhrd_stack::{BackingConfig, Stack, StackConfig};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -71,26 +71,33 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         let size = a.size.context("--fill needs --size")?;
         fill_file(&a.backing, size)?;
     }
-    let opts = FileOptions {
-        min_len: a.size,
-        ..Default::default()
-    };
     let t0 = Instant::now();
-    let backing = FileBacking::open(&a.backing, &opts)
-        .with_context(|| format!("opening backing {}", a.backing.display()))?;
-    let backing = crate::timing::wrap(Arc::new(backing), a.backing_timing);
-    let cfg = ObjectConfig {
-        chunk_bytes: a.chunk,
-        durability: Durability::Sync,
-        loader_config: LoaderConfig {
-            threads: a.loader_threads,
-            rate_bytes_per_s: a.rate,
+    let cfg = StackConfig {
+        backing: BackingConfig {
+            create: true,
+            min_len: a.size,
+            // Nothing is written: the buffered mode opens no second descriptor.
+            write_sync: Some(WriteSync::Fdatasync),
+            timing: a.backing_timing,
+            ..BackingConfig::new(&a.backing)
+        },
+        fast: None,
+        adopt_cache: false,
+        drop_cache_mark: false,
+        chunk_bytes: Some(a.chunk),
+        object: ObjectConfig {
+            durability: Durability::Sync,
+            loader_config: LoaderConfig {
+                threads: a.loader_threads,
+                rate_bytes_per_s: a.rate,
+                ..Default::default()
+            },
+            name: String::from("dhrd-load"),
             ..Default::default()
         },
-        name: String::from("dhrd-load"),
-        ..Default::default()
     };
-    let obj = HybridObject::open(backing, cfg).context("opening the hybrid object")?;
+    let mut stack = Stack::open(cfg)?;
+    let obj = stack.object().clone();
     let mut buf = [0u8; 4096];
     obj.read_at(&mut buf, obj.len() / 2 / 4096 * 4096)?;
     let first_read = t0.elapsed();
@@ -149,6 +156,6 @@ pub fn run(a: LoadArgs) -> anyhow::Result<()> {
         println!("RAM resident   {} bytes", p.ram_resident_bytes);
         print!("{}", obj.stats());
     }
-    obj.close()?;
+    stack.close_object()?;
     Ok(())
 }

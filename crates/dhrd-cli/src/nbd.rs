@@ -10,22 +10,21 @@
 //!   finish in-flight requests, flush, exit 0), a second one exits at once;
 //! - the ready line is printed to stdout only after the socket is listening.
 
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Args;
 pub use dhrd_engine::parse_size;
-use dhrd_engine::{
-    Durability, HybridObject, LoaderConfig, ObjectConfig, RamBudget, DEFAULT_CHUNK_BYTES,
-};
-use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions, WriteSync};
+use dhrd_engine::{Durability, LoaderConfig, ObjectConfig, RamBudget};
+use dhrd_io::{DeviceProfile, WriteSync};
 use dhrd_nbd::limits::{IDLE_EVICT_AFTER, MAX_CONNECTIONS, POLL_BEFORE_BLOCK};
-use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle, Target};
-use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
-use dhrd_tier::LowerIdentity;
+use dhrd_nbd::server::ServeSummary;
+use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle};
+use dhrd_rbd::{RbdOptions, RbdSpec};
+use dhrd_stack::{BackingConfig, FastLayer, Layers, Object, Stack, StackConfig};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 #[command(group = clap::ArgGroup::new("endpoint").required(true).args(["socket", "listen"]))]
@@ -263,111 +262,160 @@ fn spawn_signal_thread(set: libc::sigset_t, h: ShutdownHandle) -> anyhow::Result
 
 pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let sigset = block_signals()?;
+    let scfg = server_config(&a)?;
+    let security = Arc::new(crate::nbd_tls::Security::of(&scfg));
+    let mut stack = open_stack(&a)?;
+    stack.notices().iter().for_each(crate::nvm::say);
+    report_load_when_done(stack.object().clone());
+    let target = Arc::new(EngineTarget::new(stack.object().clone(), a.read_only));
+    if let Some(w) = &security.warning {
+        eprintln!("dhrd nbd: warning: {w}");
+    }
+    let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
+    if let Some(path) = &a.status_file {
+        let h = server.shutdown_handle();
+        let (obj, layers) = (stack.object().clone(), stack.layers().clone());
+        spawn_status_writer(path.clone(), obj, layers, h, Arc::clone(&security))?;
+    }
+    spawn_signal_thread(sigset, server.shutdown_handle())?;
+    say_ready(&a, &stack, &security, server.local_addr())?;
+    let summary = server.run().context("serving")?;
+    let closed = stack.close_object();
+    say_stopped(&summary, &closed);
+    if a.verbose {
+        eprintln!("{}", stack.object().stats());
+    }
+    let failure = stack.object().failure();
+    let drain = Duration::from_secs(a.writeback_drain_secs);
+    crate::nvm::say_released(&stack.release(drain), drain);
+    if let Some(f) = failure {
+        eprintln!("dhrd nbd: the export turned read-only after a backing failure: {f}");
+    }
+    closed.context("final flush")?;
+    Ok(())
+}
+
+/// The server's settings from the arguments (a bad TLS setting fails here, before the
+/// backing is opened).
+fn server_config(a: &NbdArgs) -> anyhow::Result<ServerConfig> {
     let listen = match (&a.socket, a.listen) {
         (Some(p), None) => ListenAddr::Unix(p.clone()),
         (None, Some(addr)) => ListenAddr::Tcp(addr),
         _ => bail!("give exactly one of --socket PATH or --listen ADDR:PORT"),
     };
-    let Opened {
-        backing,
-        preferred_chunk,
+    let mut scfg = ServerConfig::new(listen);
+    scfg.name = a.name.clone();
+    scfg.allow_remote = a.allow_remote;
+    scfg.verbose = a.verbose;
+    scfg.max_connections = usize::try_from(a.max_connections).unwrap_or(usize::MAX);
+    scfg.idle_evict_after = Duration::from_secs(a.idle_evict_secs);
+    scfg.idle_timeout = a.idle_timeout_secs.map(Duration::from_secs);
+    scfg.poll_before_block = Duration::from_micros(a.poll_us);
+    scfg.tls = a.tls.config()?;
+    Ok(scfg)
+}
+
+/// Opens the stack the arguments describe (`dhrd_stack`), with this command's words for
+/// what the library cannot know: which flag would fix a refusal.
+fn open_stack(a: &NbdArgs) -> anyhow::Result<Stack> {
+    let cfg = StackConfig {
+        backing: backing_config(a)?,
+        fast: fast_layer(a)?,
+        adopt_cache: a.adopt_cache,
+        drop_cache_mark: a.drop_cache_mark,
+        chunk_bytes: a.chunk,
+        object: object_config(a),
+    };
+    Stack::open(cfg).map_err(|e| match e {
+        dhrd_stack::Error::Empty { .. } => anyhow!("{e}; pass --size to export it"),
+        dhrd_stack::Error::Volatile { .. } => anyhow!("--ram-file: {e}, or drop --ram-kind nvm"),
+        e => e.into(),
+    })
+}
+
+/// The backing the arguments name: an RBD image for `rbd:...`, else a file or device.
+fn backing_config(a: &NbdArgs) -> anyhow::Result<BackingConfig> {
+    let name = a.backing.to_string_lossy();
+    let rbd = if RbdSpec::is_rbd(&name) {
+        let spec = RbdSpec::parse(&name)?;
+        RbdOptions {
+            conf: a.ceph_conf.clone(),
+            id: a.ceph_id.clone(),
+            op_timeout: a.rbd_op_timeout_secs.map(Duration::from_secs),
+            lock_wait: Duration::from_secs(a.rbd_lock_wait_secs),
+            owner_record: owner_record_dir(a).map(|d| dhrd_rbd::owner_record_in(&d, &spec)),
+            read_lease: a.rbd_read_lease_secs.map(Duration::from_secs),
+            ..Default::default()
+        }
+    } else {
+        if a.ceph_conf.is_some()
+            || a.ceph_id.is_some()
+            || a.rbd_op_timeout_secs.is_some()
+            || a.rbd_read_lease_secs.is_some()
+        {
+            bail!(
+                "--ceph-conf, --ceph-id, --rbd-op-timeout-secs and --rbd-read-lease-secs \
+                 apply to an rbd: backing only"
+            );
+        }
+        if !a.backing.exists() && a.size.is_none() {
+            bail!(
+                "{} does not exist; pass --size to create it",
+                a.backing.display()
+            );
+        }
+        RbdOptions::default()
+    };
+    Ok(BackingConfig {
+        create: true,
+        min_len: a.size,
+        write_sync: a.backing_sync.as_deref().map(|s| match s {
+            "direct" => WriteSync::DirectDsync,
+            "dsync" => WriteSync::ODsync,
+            _ => WriteSync::Fdatasync,
+        }),
         rbd,
-        mut identity,
-    } = open_backing(&a)?;
-    identity.adopt = a.adopt_cache;
-    identity.ignore_mark = a.drop_cache_mark;
-    let cached = a.tier_ssd.is_some()
-        || (a.ram_file.is_some() && a.ram_kind == Some(crate::nvm::RamKind::Nvm));
-    if !cached {
-        uncached_start(&identity, a.read_only)?;
-    }
-    // Described before the timing wrapper, which the startup line names on its own.
-    let describe = backing.describe();
-    let backing = crate::timing::wrap(backing, a.backing_timing);
-    let chunk_bytes = a.chunk.or(preferred_chunk).unwrap_or(DEFAULT_CHUNK_BYTES);
-    let writeback = match (&a.ram_file, a.ram_kind) {
-        (Some(f), Some(crate::nvm::RamKind::Nvm)) => {
-            if a.read_only {
-                bail!("--ram-kind nvm takes writes; it cannot be combined with --read-only");
-            }
-            Some(crate::nvm::wrap(
-                backing.clone(),
-                identity.clone(),
-                f,
-                chunk_bytes,
-                a.ram_timing,
-            )?)
+        timing: a.backing_timing,
+        ..BackingConfig::new(&a.backing)
+    })
+}
+
+/// The fast layer the arguments ask for: --tier-ssd, --ram-file with --ram-kind nvm, or
+/// none.
+fn fast_layer(a: &NbdArgs) -> anyhow::Result<Option<FastLayer>> {
+    if let (Some(file), Some(bytes)) = (&a.tier_ssd, a.tier_ssd_size) {
+        if a.read_only {
+            bail!("--tier-ssd takes writes; it cannot be combined with --read-only");
         }
+        let (mode, timing) = (a.tier_mode, a.tier_ssd_timing);
+        let file = file.clone();
+        return Ok(Some(FastLayer::Ssd {
+            file,
+            bytes,
+            mode,
+            timing,
+        }));
+    }
+    match (&a.ram_file, a.ram_kind) {
+        (Some(_), Some(crate::nvm::RamKind::Nvm)) if a.read_only => {
+            bail!("--ram-kind nvm takes writes; it cannot be combined with --read-only")
+        }
+        (Some(f), Some(crate::nvm::RamKind::Nvm)) => Ok(Some(FastLayer::Nvm {
+            file: f.clone(),
+            timing: a.ram_timing,
+        })),
         (Some(_), Some(crate::nvm::RamKind::Dram)) => bail!(
-            "--ram-kind dram: DRAM is volatile, so writes stay write-through and a --ram-file              has no use; give --ram-kind nvm for a file on non-volatile memory"
+            "--ram-kind dram: DRAM is volatile, so writes stay write-through and a --ram-file \
+             has no use; give --ram-kind nvm for a file on non-volatile memory"
         ),
-        _ => None,
-    };
-    if let Some(wb) = &writeback {
-        let s = wb.stats();
-        if let Some(why) = wb.distrusted_at_open() {
-            eprintln!(
-                "dhrd nbd: the --ram-file was not trusted ({why}): {} clean chunks dropped, {} \
-                 dirty chunks adopted",
-                s.chunks_dropped_at_open, s.chunks_adopted_dirty
-            );
-        }
-        if s.chunks_dirty_at_open > 0 {
-            eprintln!(
-                "dhrd nbd: {} chunks were dirty in the --ram-file: served from it and written back now",
-                s.chunks_dirty_at_open
-            );
-        }
+        _ => Ok(None),
     }
-    let tier = match (&a.tier_ssd, a.tier_ssd_size) {
-        (Some(f), Some(size)) => {
-            if a.read_only {
-                bail!("--tier-ssd takes writes; it cannot be combined with --read-only");
-            }
-            Some(crate::nvm::tier(
-                backing.clone(),
-                identity.clone(),
-                f,
-                size,
-                chunk_bytes,
-                a.tier_mode,
-                a.tier_ssd_timing,
-            )?)
-        }
-        _ => None,
-    };
-    if let Some(t) = &tier {
-        let s = t.stats();
-        if let Some(why) = t.distrusted_at_open() {
-            eprintln!(
-                "dhrd nbd: the --tier-ssd was not trusted ({why}): {} clean chunks dropped, {} \
-                 dirty chunks adopted",
-                s.dropped_at_open, s.adopted_dirty
-            );
-        }
-        if s.dirty_at_open > 0 {
-            eprintln!(
-                "dhrd nbd: {} chunks were dirty on the --tier-ssd: served from it and written back now",
-                s.dirty_at_open
-            );
-        }
-        if s.upgraded_dirty > 0 {
-            eprintln!(
-                "dhrd nbd: the --tier-ssd was in the first format: its {} dirty chunks were written \
-                 to the lower tier and the SSD was formatted anew",
-                s.upgraded_dirty
-            );
-        }
-    }
-    let backing: Arc<dyn Durable> = match (&writeback, &tier) {
-        (Some(wb), _) => wb.clone(),
-        (None, Some(t)) => t.clone(),
-        (None, None) => backing,
-    };
-    let durability = a.durability;
-    let cfg = ObjectConfig {
-        chunk_bytes,
-        durability,
+}
+
+/// The hybrid object's settings: a fixed-size export, and the RAM tier's cache mode.
+fn object_config(a: &NbdArgs) -> ObjectConfig {
+    ObjectConfig {
+        durability: a.durability,
         budget: a.mem.map(RamBudget::new),
         fixed_len: true,
         read_only: a.read_only,
@@ -385,117 +433,73 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
             prefill: !a.no_prefill,
         },
         ..Default::default()
-    };
-    let started = Instant::now();
-    let obj = HybridObject::open(backing, cfg).context("opening the hybrid object")?;
-    report_load_when_done(obj.clone(), started);
+    }
+}
 
-    let target = Arc::new(EngineTarget::new(obj.clone(), a.read_only));
-    let mut scfg = ServerConfig::new(listen);
-    scfg.name = a.name.clone();
-    scfg.allow_remote = a.allow_remote;
-    scfg.verbose = a.verbose;
-    scfg.max_connections = usize::try_from(a.max_connections).unwrap_or(usize::MAX);
-    scfg.idle_evict_after = Duration::from_secs(a.idle_evict_secs);
-    scfg.idle_timeout = a.idle_timeout_secs.map(Duration::from_secs);
-    scfg.poll_before_block = Duration::from_micros(a.poll_us);
-    scfg.tls = a.tls.config()?;
-    let security = Arc::new(crate::nbd_tls::Security::of(&scfg));
-    if let Some(w) = &security.warning {
-        eprintln!("dhrd nbd: warning: {w}");
-    }
-    let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
-    if let Some(path) = &a.status_file {
-        let (wb, t) = (writeback.clone(), tier.clone());
-        let layers: LayerStatus = Box::new(move || {
-            let mut v = serde_json::Map::new();
-            if let Some(wb) = &wb {
-                let s = wb.stats();
-                v.insert(
-                    "writeback".into(),
-                    serde_json::json!({"chunks": s.chunks, "chunks_dirty": s.chunks_dirty,
-                        "chunks_written_back": s.chunks_written_back,
-                        "chunks_dirty_at_open": s.chunks_dirty_at_open,
-                        "failures": s.writeback_failures, "fills": s.fills,
-                        "chunks_dropped_at_open": s.chunks_dropped_at_open,
-                        "chunks_adopted_dirty": s.chunks_adopted_dirty}),
-                );
-            }
-            if let Some(t) = &t {
-                let s = t.stats();
-                v.insert(
-                    "tier".into(),
-                    serde_json::json!({"slots": s.slots, "slots_used": s.slots_used,
-                        "slots_dirty": s.slots_dirty, "chunk_reads_ssd": s.reads_ssd,
-                        "chunk_reads_lower": s.reads_lower, "promotions": s.promotions,
-                        "evictions": s.evictions, "written_back": s.written_back,
-                        "writeback_failures": s.writeback_failures,
-                        "writes_bypassed": s.writes_bypassed, "dirty_at_open": s.dirty_at_open,
-                        "partial_fills": s.partial_fills, "completions": s.completions,
-                        "upgraded_dirty": s.upgraded_dirty,
-                        "dropped_at_open": s.dropped_at_open, "adopted_dirty": s.adopted_dirty}),
-                );
-            }
-            v
-        });
-        spawn_status_writer(
-            path.clone(),
-            obj.clone(),
-            server.shutdown_handle(),
-            Arc::clone(&security),
-            layers,
-        )?;
-    }
-    spawn_signal_thread(sigset, server.shutdown_handle())?;
-    {
-        let mut out = std::io::stdout().lock();
-        // The timing is part of this line so that a benchmark's log shows what device
-        // the numbers were measured on.
-        writeln!(
-            out,
-            "dhrd nbd: serving {describe} ({} bytes, durability {durability}{}{}{}{}{}{}) as export {:?} on {}",
-            target.size(),
-            security.describe(),
-            if a.read_only { ", read-only" } else { "" },
-            a.mem
-                .filter(|m| *m < target.size())
-                .map(|m| format!(
-                    ", RAM {m} bytes caching it: evict {}, admit {}, read-ahead {}{}",
-                    a.cache_policy,
-                    a.cache_admit,
-                    a.read_ahead,
-                    if a.no_prefill { ", no prefill" } else { "" }
-                ))
-                .unwrap_or_default(),
-            a.backing_timing
-                .map(|p| format!(", backing timing {p}"))
-                .unwrap_or_default(),
-            a.tier_ssd
-                .as_ref()
-                .filter(|_| tier.is_some())
-                .map(|f| format!(
-                    ", cached on SSD tier {} ({}{})",
-                    f.display(),
-                    a.tier_mode,
-                    a.tier_ssd_timing.map(|p| format!(", SSD timing {p}")).unwrap_or_default()
-                ))
-                .unwrap_or_default(),
-            a.ram_file
-                .as_ref()
-                .filter(|_| writeback.is_some())
-                .map(|f| format!(
-                    ", writes acknowledged on NVM {} and written back{}",
-                    f.display(),
-                    a.ram_timing.map(|p| format!(" (NVM timing {p})")).unwrap_or_default()
-                ))
-                .unwrap_or_default(),
-            a.name,
-            server.local_addr()
-        )?;
-        out.flush()?;
-    }
-    let summary = server.run().context("serving")?;
-    let closed = obj.close();
+/// The ready line on stdout, once the socket listens. The timing is part of it so that a
+/// benchmark's log shows what device the numbers were measured on.
+fn say_ready(
+    a: &NbdArgs,
+    stack: &Stack,
+    security: &crate::nbd_tls::Security,
+    addr: impl std::fmt::Display,
+) -> anyhow::Result<()> {
+    let size = stack.object().len();
+    let cache = a
+        .mem
+        .filter(|m| *m < size)
+        .map(|m| {
+            format!(
+                ", RAM {m} bytes caching it: evict {}, admit {}, read-ahead {}{}",
+                a.cache_policy,
+                a.cache_admit,
+                a.read_ahead,
+                if a.no_prefill { ", no prefill" } else { "" }
+            )
+        })
+        .unwrap_or_default();
+    let timing = |p: Option<DeviceProfile>, what: &str| {
+        p.map(|p| format!("{what} timing {p}")).unwrap_or_default()
+    };
+    let layers = stack.layers();
+    let tier = match (&a.tier_ssd, &layers.tier) {
+        (Some(f), Some(_)) => format!(
+            ", cached on SSD tier {} ({}{})",
+            f.display(),
+            a.tier_mode,
+            timing(a.tier_ssd_timing, ", SSD")
+        ),
+        _ => String::new(),
+    };
+    let nvm = match (&a.ram_file, &layers.writeback) {
+        (Some(f), Some(_)) => format!(
+            ", writes acknowledged on NVM {} and written back{}",
+            f.display(),
+            a.ram_timing
+                .map(|p| format!(" (NVM timing {p})"))
+                .unwrap_or_default()
+        ),
+        _ => String::new(),
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "dhrd nbd: serving {} ({size} bytes, durability {}{}{}{cache}{}{tier}{nvm}) as export \
+         {:?} on {}",
+        stack.description(),
+        a.durability,
+        security.describe(),
+        if a.read_only { ", read-only" } else { "" },
+        timing(a.backing_timing, ", backing"),
+        a.name,
+        addr
+    )?;
+    out.flush()?;
+    Ok(())
+}
+
+/// The exit line: how many clients were served, and whether the final flush worked.
+fn say_stopped(summary: &ServeSummary, closed: &dhrd_engine::Result<()>) {
     eprintln!(
         "dhrd nbd: stopped after {} connection(s) ({} refused, {} idle ones evicted for new \
          clients, {} closed by the idle timeout){}; {}",
@@ -508,32 +512,11 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
         } else {
             String::new()
         },
-        match &closed {
+        match closed {
             Ok(()) => "all writes flushed".to_string(),
             Err(e) => format!("final flush FAILED: {e}"),
         }
     );
-    if a.verbose {
-        eprintln!("{}", obj.stats());
-    }
-    // The caches write back and close their pairing (mark, record, stamp) while the
-    // backing is still open; an RBD image is closed last, releasing its lock.
-    if let Some(wb) = &writeback {
-        crate::nvm::drain(wb, Duration::from_secs(a.writeback_drain_secs));
-        wb.close();
-    }
-    if let Some(t) = &tier {
-        crate::nvm::drain_tier(t, Duration::from_secs(a.writeback_drain_secs));
-        t.close();
-    }
-    if let Some(r) = &rbd {
-        r.close();
-    }
-    if let Some(f) = obj.failure() {
-        eprintln!("dhrd nbd: the export turned read-only after a backing failure: {f}");
-    }
-    closed.context("final flush")?;
-    Ok(())
 }
 
 /// The directory of the RBD owner records: none for "none"; the default only if it can be
@@ -565,154 +548,8 @@ fn owner_record_dir(a: &NbdArgs) -> Option<PathBuf> {
     Some(dir)
 }
 
-/// A start without a cache over a backing a cache marked as lacking its data: refused, or
-/// with --drop-cache-mark the mark is removed (a read-only start only warns).
-fn uncached_start(identity: &LowerIdentity, read_only: bool) -> anyhow::Result<()> {
-    if !identity.ignore_mark {
-        return Ok(dhrd_tier::pairing::check_mark(identity, None)?);
-    }
-    let Some(mark) = identity.mark.as_ref() else {
-        return Ok(());
-    };
-    let Some(text) = mark.get().context("reading the backing's cache mark")? else {
-        return Ok(());
-    };
-    if read_only {
-        eprintln!(
-            "dhrd nbd: warning: serving {} although it lacks data that {text} holds",
-            identity.key
-        );
-        return Ok(());
-    }
-    dhrd_tier::pairing::clear_mark(identity).context("removing the backing's cache mark")?;
-    eprintln!(
-        "dhrd nbd: --drop-cache-mark: {} is served without the data {text} holds; its mark \
-         is removed",
-        identity.key
-    );
-    Ok(())
-}
-
-/// An open backing, with what the export needs to know of it.
-struct Opened {
-    backing: Arc<dyn Durable>,
-    /// The chunk size that suits the backing, if it has one.
-    preferred_chunk: Option<u64>,
-    /// The same backing when it is an RBD image: closed explicitly at exit, so that its
-    /// exclusive lock is released at once (threads still holding the object would keep it
-    /// until the cluster notices this process is gone).
-    rbd: Option<Arc<RbdBacking>>,
-    /// What a --tier-ssd or --ram-file records of the backing.
-    identity: LowerIdentity,
-}
-
-/// Opens the backing the arguments name: an RBD image for `rbd:...`, else a file or device.
-fn open_backing(a: &NbdArgs) -> anyhow::Result<Opened> {
-    let name = a.backing.to_string_lossy();
-    if RbdSpec::is_rbd(&name) {
-        let spec = RbdSpec::parse(&name)?;
-        let opts = RbdOptions {
-            conf: a.ceph_conf.clone(),
-            id: a.ceph_id.clone(),
-            create: !a.read_only,
-            min_len: a.size,
-            read_only: a.read_only,
-            op_timeout: a.rbd_op_timeout_secs.map(Duration::from_secs),
-            lock_wait: Duration::from_secs(a.rbd_lock_wait_secs),
-            owner_record: owner_record_dir(a).map(|d| dhrd_rbd::owner_record_in(&d, &spec)),
-            read_lease: a.rbd_read_lease_secs.map(Duration::from_secs),
-            ..Default::default()
-        };
-        let b =
-            RbdBacking::open(&spec, &opts).with_context(|| format!("opening backing {spec}"))?;
-        if let Some(dead) = b.broke_lock_of() {
-            eprintln!(
-                "dhrd nbd: took over the lock of {spec} from {dead}, left by a dhrd of this host \
-                 that is no longer running (that client is now blocklisted)"
-            );
-        }
-        let len = b.len().context("image size")?;
-        if len == 0 {
-            bail!("{spec} is empty; pass --size to grow it");
-        }
-        let b = Arc::new(b);
-        // The image is stamped and marked through itself (a read-only start is refused
-        // over a marked image, as over a marked file); a snapshot lacks nothing a cache
-        // holds, whatever the image's mark says.
-        let identity = match spec.snapshot {
-            Some(_) => LowerIdentity::rbd_image(&spec),
-            None => LowerIdentity::of_rbd(&b),
-        };
-        return Ok(Opened {
-            backing: b.clone(),
-            preferred_chunk: Some(b.preferred_chunk_bytes()),
-            rbd: Some(b),
-            identity,
-        });
-    }
-    if a.ceph_conf.is_some()
-        || a.ceph_id.is_some()
-        || a.rbd_op_timeout_secs.is_some()
-        || a.rbd_read_lease_secs.is_some()
-    {
-        bail!(
-            "--ceph-conf, --ceph-id, --rbd-op-timeout-secs and --rbd-read-lease-secs apply to \
-             an rbd: backing only"
-        );
-    }
-    if !a.backing.exists() && a.size.is_none() {
-        bail!(
-            "{} does not exist; pass --size to create it",
-            a.backing.display()
-        );
-    }
-    let backing = FileBacking::open(
-        &a.backing,
-        &FileOptions {
-            create: !a.read_only,
-            min_len: a.size,
-            read_only: a.read_only,
-            write_sync: match a.backing_sync.as_deref() {
-                None => a.durability.file_write_sync(),
-                Some("direct") => WriteSync::DirectDsync,
-                Some("dsync") => WriteSync::ODsync,
-                _ => WriteSync::Fdatasync,
-            },
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("opening backing {}", a.backing.display()))?;
-    let len = backing.len().context("backing size")?;
-    if len == 0 {
-        bail!("{} is empty; pass --size to export it", a.backing.display());
-    }
-    if let Err(why) = backing.direct_dsync() {
-        eprintln!(
-            "dhrd nbd: {}: no direct durable writes ({why}); each write is buffered and \
-             then synced (two device operations)",
-            a.backing.display()
-        );
-    }
-    if let Some(s) = a.size {
-        if len > s && !backing.is_block_device() {
-            eprintln!(
-                "dhrd nbd: warning: {} is {len} bytes, larger than --size {s}; exporting {len}",
-                a.backing.display()
-            );
-        }
-    }
-    let identity = LowerIdentity::of_file(&backing)
-        .with_context(|| format!("identifying backing {}", a.backing.display()))?;
-    Ok(Opened {
-        backing: Arc::new(backing),
-        preferred_chunk: None,
-        rbd: None,
-        identity,
-    })
-}
-
 /// Prints one line when the background load finishes (tests and operators wait for it).
-fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
+fn report_load_when_done(obj: Object) {
     let _ = std::thread::Builder::new()
         .name("dhrd-nbd-load".into())
         .spawn(move || {
@@ -722,7 +559,7 @@ fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
                 eprintln!(
                     "dhrd nbd: loaded {} bytes into RAM in {:.2} s",
                     p.bytes_total,
-                    started.elapsed().as_secs_f64()
+                    p.elapsed.as_secs_f64()
                 );
             } else {
                 eprintln!(
@@ -736,62 +573,6 @@ fn report_load_when_done<D: Durable>(obj: HybridObject<D>, started: Instant) {
 /// How often `--status-file` is rewritten.
 const STATUS_FILE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The status of the layers under the engine (`writeback`, `tier`), as top-level fields.
-type LayerStatus = Box<dyn Fn() -> serde_json::Map<String, serde_json::Value> + Send>;
-
-/// The export's status under stable names (docs/nbd.md); fields are only ever added.
-fn status_json<D: Durable>(obj: &HybridObject<D>, h: &ShutdownHandle) -> serde_json::Value {
-    let p = obj.progress();
-    let s = obj.stats();
-    let reads = s.reads_ram + s.reads_backing;
-    let lat = |l: &dhrd_engine::Latency| {
-        serde_json::json!({"count": l.count, "p50_us": l.latency_us_p50,
-            "p99_us": l.latency_us_p99, "p999_us": l.latency_us_p999, "max_us": l.latency_us_max})
-    };
-    serde_json::json!({
-        "durability": obj.durability().to_string(),
-        "size_bytes": obj.len(),
-        "load": {
-            "chunk_bytes": p.chunk_bytes,
-            "chunks_total": p.chunks_total,
-            "chunks_loaded": p.chunks_loaded,
-            "chunks_retrying": p.chunks_retrying,
-            "chunks_failed": p.chunks_failed,
-            "chunks_over_budget": p.chunks_over_budget,
-            "fraction": p.fraction(),
-            "complete": obj.is_fully_loaded(),
-            "rate_bytes_per_s": p.rate_bytes_per_s,
-            "ram_resident_bytes": p.ram_resident_bytes,
-        },
-        "reads": {
-            "ram": s.reads_ram,
-            "backing": s.reads_backing,
-            "bytes_ram": s.bytes_read_ram,
-            "bytes_backing": s.bytes_read_backing,
-            "ram_share": if reads == 0 { 1.0 } else { s.reads_ram as f64 / reads as f64 },
-        },
-        "cache": {
-            "hit_ratio": s.hit_ratio(),
-            "evictions": s.evictions,
-            "admitted": s.admissions,
-            "bypassed": s.bypasses,
-            "read_ahead_loaded": s.ahead_loaded,
-            "read_ahead_used": s.ahead_used,
-            "read_ahead_wasted": s.ahead_wasted,
-            "bytes_in_ram": p.ram_resident_bytes,
-        },
-        "writes": {"count": s.writes, "bytes": s.bytes_written, "failed": s.writes_failed,
-            "waits_on_load": s.write_waits_on_load},
-        "syncs": {"count": s.syncs, "failed": s.sync_failures, "flushes": s.flushes},
-        "latency": {"read_ram": lat(&s.read_ram), "read_backing": lat(&s.read_backing),
-            "write": lat(&s.write), "sync": lat(&s.sync)},
-        "read_only": obj.is_read_only(),
-        "read_only_cause": obj.failure().map(|c| c.to_string()),
-        "connections": {"open": h.active_connections(), "evicted": h.evicted_connections(),
-            "refused": h.refused_connections(), "idle_closed": h.idle_closed_connections()},
-    })
-}
-
 /// Writes `content` to `path` through a temporary file of a random name and a rename, so
 /// a reader never sees half a status and a name planted in the directory (which may be
 /// writable by others: a textfile collector's, /tmp) is never followed.
@@ -799,25 +580,29 @@ fn replace_file(path: &std::path::Path, content: &str) -> std::io::Result<()> {
     dhrd_io::replace::replace_file(path, content.as_bytes(), 0o644, false)
 }
 
-fn spawn_status_writer<D: Durable + 'static>(
+/// Writes the status file now (so that a bad path fails the start) and every second: the
+/// stack's status document (`dhrd_stack::status`, stable names, docs/nbd.md) with the
+/// server's connections and security.
+fn spawn_status_writer(
     path: PathBuf,
-    obj: HybridObject<D>,
+    obj: Object,
+    layers: Layers,
     h: ShutdownHandle,
     security: Arc<crate::nbd_tls::Security>,
-    layers: LayerStatus,
 ) -> anyhow::Result<()> {
     let mut prom = path.as_os_str().to_owned();
     prom.push(".prom");
     let prom = PathBuf::from(prom);
-    // The first write happens before serving starts, so a bad path fails the start.
     let write = move || -> std::io::Result<()> {
-        let mut doc = status_json(&obj, &h);
-        if let Some(m) = doc.as_object_mut() {
-            m.extend(layers());
-            for (k, v) in security.status(&h.stats()) {
-                m.insert(k.into(), v);
-            }
+        let mut doc = dhrd_stack::status(&obj, &layers.stats());
+        let connections = serde_json::json!({"open": h.active_connections(),
+            "evicted": h.evicted_connections(), "refused": h.refused_connections(),
+            "idle_closed": h.idle_closed_connections()});
+        doc.insert("connections".into(), connections);
+        for (k, v) in security.status(&h.stats()) {
+            doc.insert(k.into(), v);
         }
+        let doc = serde_json::Value::Object(doc);
         replace_file(&path, &format!("{doc}\n"))?;
         let text = crate::metrics::prometheus_text("dhrd_nbd", &[], &doc);
         replace_file(&prom, &text)
