@@ -21,7 +21,7 @@
 // `dhrd_options.durability`: as FSYNC, plus a flush every `periodic_secs` seconds.
 #define DHRD_DURABILITY_PERIODIC 2
 
-// An open hybrid object. Opaque to C.
+// An open hybrid object and the layers under it. Opaque to C.
 typedef struct dhrd_object dhrd_object;
 
 // Options of `dhrd_open`; fill with `dhrd_options_init(&o, sizeof o)` (or the
@@ -93,6 +93,17 @@ typedef struct dhrd_options {
   // ping interval and a margin, else `dhrd_open` fails with `EINVAL`. 0: no lease (RAM
   // serves reads until the object learns that it lost the lock).
   uint64_t rbd_read_lease_ms;
+  // NVM write-back (M4): a file on non-volatile memory (a pmem/DAX mount; created if
+  // missing) between the RAM tier and the backing. A write returns once it is durable
+  // in this file and is written back to the backing in the background; after a crash
+  // the next open serves the dirty chunks from it and writes them back. DRAM is never
+  // taken for non-volatile: a file on tmpfs or ramfs is `EINVAL`, as are a read-only
+  // open and `tier_ssd_path` beside it. It records which backing it caches and marks
+  // the backing as `tier_ssd_path` does (`tier_adopt` applies to it too). NULL: none.
+  const char *nvm_path;
+  // Device timing of the NVM file, in `backing_timing`'s syntax. NULL or "": none (no
+  // environment variable applies).
+  const char *nvm_timing;
 } dhrd_options;
 
 // Load progress of the RAM tier.
@@ -164,8 +175,8 @@ extern "C" {
 // `dhrd_options`.
 int dhrd_options_init(struct dhrd_options *opts, size_t struct_bytes);
 
-// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
-// object and stores its handle in `*out`.
+// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`), with the
+// fast layer the options ask for, as a hybrid object and stores its handle in `*out`.
 // Returns at once; the RAM tier fills in the background while reads and writes are
 // served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults
 // (then `DHRD_BACKING_TIMING` alone decides the device timing, see `backing_timing`).
@@ -177,17 +188,18 @@ int dhrd_options_init(struct dhrd_options *opts, size_t struct_bytes);
 //
 // # Safety
 // `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` of at
-// least `opts->struct_bytes` readable bytes (filled by `dhrd_options_init`) whose seven
+// least `opts->struct_bytes` readable bytes (filled by `dhrd_options_init`) whose nine
 // strings (`backing_timing`, `cache_policy`, `cache_admit`, `read_ahead`,
-// `tier_ssd_path`, `tier_mode`, `tier_ssd_timing`) are each null or NUL-terminated; `out`
-// points to writable memory for one pointer.
+// `tier_ssd_path`, `tier_mode`, `tier_ssd_timing`, `nvm_path`, `nvm_timing`) are each
+// null or NUL-terminated; `out` points to writable memory for one pointer.
 int dhrd_open(const char *path, const struct dhrd_options *opts, struct dhrd_object **out);
 
-// Makes every write durable, stops the loader and frees the handle. With an SSD tier it
-// waits up to `TIER_DRAIN_ON_CLOSE` (60 s, as `dhrd nbd`'s clean stop) for the tier's
-// write-back; what is left stays safe on the SSD, is written back at the next open, and
-// keeps the backing marked until then. The handle is gone even when the flush fails (the
-// error is returned): close exactly once.
+// Makes every write durable, stops the loader and frees the handle. With an SSD tier or
+// NVM write-back it waits up to `DRAIN_ON_CLOSE` (60 s, as `dhrd nbd`'s clean stop) for
+// the write-back; what is left stays safe in that layer, is written back at the next
+// open, and keeps the backing marked until then. An RBD image's lock is released last.
+// The handle is gone even when the flush fails (the error is returned): close exactly
+// once.
 //
 // # Safety
 // `obj` is null (then `EINVAL`) or a handle from `dhrd_open` that no other thread is
@@ -244,6 +256,22 @@ int dhrd_get_progress(const struct dhrd_object *obj, struct dhrd_progress *out);
 // # Safety
 // `obj` is a live handle; `out` points to a writable `dhrd_stats`.
 int dhrd_get_stats(const struct dhrd_object *obj, struct dhrd_stats *out);
+
+// Stores the status document of the object and the layers under it in `buf` as JSON,
+// NUL-terminated: every counter of the engine, the load, and of NVM write-back or the SSD
+// tier, under the stable names of `dhrd nbd`'s status file (docs/nbd.md, "Status for
+// monitoring"; fields are only ever added). `*json_bytes` is set to the document's
+// length without the NUL; when `buf_bytes` is not more than that, nothing is written and
+// the call returns `ERANGE`: call again with a larger buffer, and some room to spare, since
+// the counters may grow longer between two calls.
+//
+// # Safety
+// `obj` is a live handle; `buf` is null (with `buf_bytes` 0) or points to `buf_bytes`
+// writable bytes; `json_bytes` points to a writable `size_t`.
+int dhrd_get_status_json(const struct dhrd_object *obj,
+                         char *buf,
+                         size_t buf_bytes,
+                         size_t *json_bytes);
 
 // A static description of an errno value this library returns (`strerror` without
 // locale or thread concerns); never null.

@@ -1,5 +1,7 @@
-//! The C API of the dhrd engine: one hybrid object (a RAM tier plus a durable backing
-//! file) behind an opaque handle.
+//! The C API of the dhrd engine: one hybrid object (a RAM tier plus a durable backing: a
+//! file, a block device or a Ceph RBD image, optionally under NVM write-back or an SSD
+//! cache tier) behind an opaque handle. The layers are built by `dhrd_stack`, as for
+//! `dhrd nbd`, so the C API offers every backing and tier the command line does.
 //!
 //! Conventions, for every function:
 //! - the return value is 0 on success or a positive errno value (`EIO`, `ENOSPC`,
@@ -36,15 +38,14 @@
 // The exported types carry their C names (`dhrd_object`, `dhrd_options`, ...).
 #![allow(non_camel_case_types)]
 
-use dhrd_engine::{Durability, Error, HybridObject, ObjectConfig, RamBudget};
-use dhrd_io::{DeviceProfile, Durable, FileBacking, FileOptions, Timed};
-use dhrd_rbd::{RbdBacking, RbdOptions, RbdSpec};
-use dhrd_tier::{LowerIdentity, SsdTier, TierMode};
+use dhrd_engine::{Durability, Error, ObjectConfig, RamBudget};
+use dhrd_io::DeviceProfile;
+use dhrd_rbd::RbdOptions;
+use dhrd_stack::{BackingConfig, FastLayer, Stack, StackConfig};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Returned for a panic caught at the boundary (a bug in dhrd, never a normal outcome).
@@ -136,6 +137,17 @@ pub struct dhrd_options {
     /// ping interval and a margin, else `dhrd_open` fails with `EINVAL`. 0: no lease (RAM
     /// serves reads until the object learns that it lost the lock).
     pub rbd_read_lease_ms: u64,
+    /// NVM write-back (M4): a file on non-volatile memory (a pmem/DAX mount; created if
+    /// missing) between the RAM tier and the backing. A write returns once it is durable
+    /// in this file and is written back to the backing in the background; after a crash
+    /// the next open serves the dirty chunks from it and writes them back. DRAM is never
+    /// taken for non-volatile: a file on tmpfs or ramfs is `EINVAL`, as are a read-only
+    /// open and `tier_ssd_path` beside it. It records which backing it caches and marks
+    /// the backing as `tier_ssd_path` does (`tier_adopt` applies to it too). NULL: none.
+    pub nvm_path: *const c_char,
+    /// Device timing of the NVM file, in `backing_timing`'s syntax. NULL or "": none (no
+    /// environment variable applies).
+    pub nvm_timing: *const c_char,
 }
 
 /// What `dhrd_options_default` fills in, and what a null `opts` means.
@@ -159,6 +171,8 @@ const OPTIONS_DEFAULT: dhrd_options = dhrd_options {
     tier_ssd_timing: std::ptr::null(),
     tier_adopt: false,
     rbd_read_lease_ms: 0,
+    nvm_path: std::ptr::null(),
+    nvm_timing: std::ptr::null(),
 };
 
 /// Set in a child after fork() of a process that opened an object (see the crate doc).
@@ -240,26 +254,14 @@ pub struct dhrd_stats {
     pub tier_written_back: u64,
 }
 
-/// An open hybrid object. Opaque to C.
+/// An open hybrid object and the layers under it. Opaque to C.
 pub struct dhrd_object {
-    obj: HybridObject<Arc<dyn Durable>>,
-    tier: Option<Arc<SsdTier>>,
+    stack: Stack,
 }
 
 /// The errno of an engine error: the one mapping used by every function.
 fn errno_of(e: &Error) -> c_int {
     e.errno()
-}
-
-/// The errno of an I/O error from opening a backing or a tier: its OS error, or what its
-/// kind stands for (a backing in use is `EBUSY`).
-fn errno_of_io(e: &std::io::Error) -> c_int {
-    e.raw_os_error().unwrap_or(match e.kind() {
-        std::io::ErrorKind::ResourceBusy => libc::EBUSY,
-        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => libc::EINVAL,
-        std::io::ErrorKind::PermissionDenied => libc::EACCES,
-        _ => libc::EIO,
-    })
 }
 
 /// Runs `f` with panics turned into `PANIC_ERRNO`; in a forked child, `ECHILD` at once.
@@ -363,9 +365,6 @@ unsafe fn config_of(o: &dhrd_options, path: &Path) -> Result<ObjectConfig, c_int
         name: format!("dhrd-capi:{}", path.display()),
         ..Default::default()
     };
-    if o.chunk_bytes > 0 {
-        cfg.chunk_bytes = o.chunk_bytes;
-    }
     // SAFETY: null or NUL-terminated (this function's contract).
     if let Some(p) = unsafe { enum_of(o.cache_policy) }? {
         cfg.cache.policy = p;
@@ -430,73 +429,81 @@ unsafe fn profile_of(p: *const c_char, env: Option<&str>) -> Result<Option<Devic
     DeviceProfile::parse(&spec).map(Some).ok_or(libc::EINVAL)
 }
 
-/// The SSD file, write mode and device timing of an SSD tier.
-type TierOptions = (std::path::PathBuf, TierMode, Option<DeviceProfile>);
-
-/// The SSD tier `o` asks for: its file, write mode and device timing; `None` without
-/// `tier_ssd_path`. A size of 0 with a path, a read-only object, or a bad mode or timing
-/// is `EINVAL`.
+/// A path option: NULL is `None`.
 ///
 /// # Safety
-/// The tier fields of `o` are null or NUL-terminated strings.
-unsafe fn tier_options_of(o: &dhrd_options) -> Result<Option<TierOptions>, c_int> {
-    if o.tier_ssd_path.is_null() {
-        return Ok(None);
-    }
-    // The SSD tier takes writes; without a size there is no tier.
-    if o.tier_ssd_bytes == 0 || o.read_only {
+/// `p` is null or a NUL-terminated string.
+unsafe fn path_of(p: *const c_char) -> Option<PathBuf> {
+    // SAFETY: non-null and NUL-terminated per the function contract.
+    let c = (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })?;
+    Some(Path::new(std::ffi::OsStr::from_bytes(c.to_bytes())).to_path_buf())
+}
+
+/// The fast layer `o` asks for: an SSD tier (`tier_ssd_path`), NVM write-back
+/// (`nvm_path`) or none. Both at once, an SSD tier of size 0, a fast layer under a
+/// read-only object, or a bad mode or timing is `EINVAL`.
+///
+/// # Safety
+/// The tier and NVM fields of `o` are null or NUL-terminated strings.
+unsafe fn fast_layer_of(o: &dhrd_options) -> Result<Option<FastLayer>, c_int> {
+    // SAFETY: null or NUL-terminated (this function's contract), for each string below.
+    let (ssd, nvm) = unsafe { (path_of(o.tier_ssd_path), path_of(o.nvm_path)) };
+    // A fast layer takes writes; an SSD tier without a size is no tier.
+    let refused = (ssd.is_some() && nvm.is_some())
+        || ((ssd.is_some() || nvm.is_some()) && o.read_only)
+        || (ssd.is_some() && o.tier_ssd_bytes == 0);
+    if refused {
         return Err(libc::EINVAL);
     }
-    // SAFETY: non-null and NUL-terminated per the function contract.
-    let p = unsafe { CStr::from_ptr(o.tier_ssd_path) };
-    let path = Path::new(std::ffi::OsStr::from_bytes(p.to_bytes())).to_path_buf();
-    // SAFETY: as above.
-    let mode = unsafe { enum_of(o.tier_mode) }?.unwrap_or_default();
-    // SAFETY: as above.
-    let timing = unsafe { profile_of(o.tier_ssd_timing, None) }?;
-    Ok(Some((path, mode, timing)))
-}
-
-/// An open backing, the chunk size that suits it (if it has one) and what an SSD tier
-/// records of it.
-type OpenedBacking = (Arc<dyn Durable>, Option<u64>, LowerIdentity);
-
-/// The backing `path` names: a Ceph RBD image for `rbd:POOL/IMAGE` (the cluster from
-/// `$CEPH_CONF` or /etc/ceph/ceph.conf, the client from `$CEPH_ARGS`, e.g. `--id NAME`),
-/// else a file or block device; with the chunk size that suits it, if it has one.
-fn open_backing(
-    path: &Path,
-    o: &dhrd_options,
-    fopts: &FileOptions,
-) -> Result<OpenedBacking, c_int> {
-    let name = path.to_string_lossy();
-    if RbdSpec::is_rbd(&name) {
-        let spec = RbdSpec::parse(&name).map_err(|e| e.errno())?;
-        let ropts = RbdOptions {
-            create: o.create,
-            min_len: (o.min_len_bytes > 0).then_some(o.min_len_bytes),
-            read_only: o.read_only,
-            read_lease: (o.rbd_read_lease_ms > 0)
-                .then(|| Duration::from_millis(o.rbd_read_lease_ms)),
-            ..Default::default()
-        };
-        let b = Arc::new(RbdBacking::open(&spec, &ropts).map_err(|e| e.errno())?);
-        let chunk = b.preferred_chunk_bytes();
-        // A snapshot lacks nothing a cache holds, whatever the image's mark says.
-        let id = match spec.snapshot {
-            Some(_) => LowerIdentity::rbd_image(&spec),
-            None => LowerIdentity::of_rbd(&b),
-        };
-        return Ok((b, Some(chunk), id));
+    if let Some(file) = ssd {
+        return Ok(Some(FastLayer::Ssd {
+            file,
+            bytes: o.tier_ssd_bytes,
+            // SAFETY: as above.
+            mode: unsafe { enum_of(o.tier_mode) }?.unwrap_or_default(),
+            // SAFETY: as above.
+            timing: unsafe { profile_of(o.tier_ssd_timing, None) }?,
+        }));
     }
-    let errno = |e: std::io::Error| errno_of_io(&e);
-    let b = FileBacking::open(path, fopts).map_err(errno)?;
-    let id = LowerIdentity::of_file(&b).map_err(errno)?;
-    Ok((Arc::new(b), None, id))
+    // SAFETY: as above.
+    let timing = unsafe { profile_of(o.nvm_timing, None) }?;
+    Ok(nvm.map(|file| FastLayer::Nvm { file, timing }))
 }
 
-/// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`) as a hybrid
-/// object and stores its handle in `*out`.
+/// The stack `o` describes over the backing `path`: a Ceph RBD image for
+/// `rbd:POOL/IMAGE` (the cluster from `$CEPH_CONF` or /etc/ceph/ceph.conf, the client from
+/// `$CEPH_ARGS`, e.g. `--id NAME`), else a file or block device. Every option is parsed
+/// before anything is opened, so a bad value creates nothing and takes no lock.
+///
+/// # Safety
+/// The string fields of `o` are null or NUL-terminated.
+unsafe fn stack_config_of(o: &dhrd_options, path: &Path) -> Result<StackConfig, c_int> {
+    let rbd = RbdOptions {
+        read_lease: (o.rbd_read_lease_ms > 0).then(|| Duration::from_millis(o.rbd_read_lease_ms)),
+        ..Default::default()
+    };
+    let backing = BackingConfig {
+        create: o.create,
+        min_len: (o.min_len_bytes > 0).then_some(o.min_len_bytes),
+        rbd,
+        // SAFETY: null or NUL-terminated (this function's contract).
+        timing: unsafe { timing_of(o) }?,
+        ..BackingConfig::new(path)
+    };
+    Ok(StackConfig {
+        backing,
+        // SAFETY: as above.
+        fast: unsafe { fast_layer_of(o) }?,
+        adopt_cache: o.tier_adopt,
+        drop_cache_mark: false,
+        chunk_bytes: (o.chunk_bytes > 0).then_some(o.chunk_bytes),
+        // SAFETY: as above.
+        object: unsafe { config_of(o, path) }?,
+    })
+}
+
+/// Opens the backing at `path` (a file, a block device or `rbd:POOL/IMAGE`), with the
+/// fast layer the options ask for, as a hybrid object and stores its handle in `*out`.
 /// Returns at once; the RAM tier fills in the background while reads and writes are
 /// served (`dhrd_get_progress`, `dhrd_wait_loaded`). `opts` may be null for the defaults
 /// (then `DHRD_BACKING_TIMING` alone decides the device timing, see `backing_timing`).
@@ -508,10 +515,10 @@ fn open_backing(
 ///
 /// # Safety
 /// `path` is a NUL-terminated string; `opts` is null or points to a `dhrd_options` of at
-/// least `opts->struct_bytes` readable bytes (filled by `dhrd_options_init`) whose seven
+/// least `opts->struct_bytes` readable bytes (filled by `dhrd_options_init`) whose nine
 /// strings (`backing_timing`, `cache_policy`, `cache_admit`, `read_ahead`,
-/// `tier_ssd_path`, `tier_mode`, `tier_ssd_timing`) are each null or NUL-terminated; `out`
-/// points to writable memory for one pointer.
+/// `tier_ssd_path`, `tier_mode`, `tier_ssd_timing`, `nvm_path`, `nvm_timing`) are each
+/// null or NUL-terminated; `out` points to writable memory for one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn dhrd_open(
     path: *const c_char,
@@ -533,66 +540,21 @@ pub unsafe extern "C" fn dhrd_open(
             false => unsafe { options_from(opts) }?,
         };
         // SAFETY: dhrd_open's contract: the option strings are null or NUL-terminated.
-        let mut cfg = unsafe { config_of(&o, path) }?;
-        let fopts = FileOptions {
-            create: o.create,
-            min_len: (o.min_len_bytes > 0).then_some(o.min_len_bytes),
-            read_only: o.read_only,
-            write_sync: cfg.durability.file_write_sync(),
-            ..Default::default()
-        };
-        // SAFETY: `o` came from the caller's options, whose string is valid per the
-        // function contract. Parsed before the backing is opened, so a bad value creates
-        // nothing and takes no RBD lock.
-        let timing = unsafe { timing_of(&o) }?;
-        // SAFETY: as above.
-        let tier_opts = unsafe { tier_options_of(&o) }?;
-        let (backing, preferred_chunk, mut identity) = open_backing(path, &o, &fopts)?;
-        identity.adopt = o.tier_adopt;
-        if tier_opts.is_none() {
-            // A backing a cache marked as lacking its data is not served without it.
-            dhrd_tier::pairing::check_mark(&identity, None).map_err(|e| errno_of_io(&e))?;
-        }
-        let backing: Arc<dyn Durable> = match timing {
-            Some(p) => Arc::new(Timed::new(backing, p)),
-            None => backing,
-        };
-        if let (0, Some(c)) = (o.chunk_bytes, preferred_chunk) {
-            cfg.chunk_bytes = c;
-        }
-        let (backing, tier): (Arc<dyn Durable>, _) = match tier_opts {
-            Some((ssd, mode, timing)) => {
-                let t = dhrd_tier::open_ssd_file(
-                    backing,
-                    identity,
-                    &ssd,
-                    o.tier_ssd_bytes,
-                    cfg.chunk_bytes,
-                    mode,
-                    timing,
-                )
-                .map_err(|e| match errno_of_io(&e) {
-                    libc::EIO if e.raw_os_error().is_none() => libc::EINVAL,
-                    n => n,
-                })?;
-                let t = Arc::new(t);
-                (t.clone(), Some(t))
-            }
-            None => (backing, None),
-        };
-        let obj = HybridObject::open(backing, cfg).map_err(|e| errno_of(&e))?;
-        let handle = Box::into_raw(Box::new(dhrd_object { obj, tier }));
+        let cfg = unsafe { stack_config_of(&o, path) }?;
+        let stack = Stack::open(cfg).map_err(|e| e.errno())?;
+        let handle = Box::into_raw(Box::new(dhrd_object { stack }));
         // SAFETY: `out` is non-null and writable per the function contract.
         unsafe { out.write(handle) };
         Ok(())
     })
 }
 
-/// Makes every write durable, stops the loader and frees the handle. With an SSD tier it
-/// waits up to `TIER_DRAIN_ON_CLOSE` (60 s, as `dhrd nbd`'s clean stop) for the tier's
-/// write-back; what is left stays safe on the SSD, is written back at the next open, and
-/// keeps the backing marked until then. The handle is gone even when the flush fails (the
-/// error is returned): close exactly once.
+/// Makes every write durable, stops the loader and frees the handle. With an SSD tier or
+/// NVM write-back it waits up to `DRAIN_ON_CLOSE` (60 s, as `dhrd nbd`'s clean stop) for
+/// the write-back; what is left stays safe in that layer, is written back at the next
+/// open, and keeps the backing marked until then. An RBD image's lock is released last.
+/// The handle is gone even when the flush fails (the error is returned): close exactly
+/// once.
 ///
 /// # Safety
 /// `obj` is null (then `EINVAL`) or a handle from `dhrd_open` that no other thread is
@@ -605,18 +567,13 @@ pub unsafe extern "C" fn dhrd_close(obj: *mut dhrd_object) -> c_int {
         }
         // SAFETY: a handle from `dhrd_open` (Box::into_raw), closed once per the contract.
         let b = unsafe { Box::from_raw(obj) };
-        let r = b.obj.close().map_err(|e| errno_of(&e));
-        if let Some(t) = &b.tier {
-            // Written back and closed (mark, record, stamp) while the backing is open.
-            t.drain(TIER_DRAIN_ON_CLOSE);
-            t.close();
-        }
-        r
+        let (flushed, _released) = b.stack.close(DRAIN_ON_CLOSE);
+        flushed.map_err(|e| errno_of(&e))
     })
 }
 
-/// How long `dhrd_close` waits for an SSD tier's write-back.
-const TIER_DRAIN_ON_CLOSE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long `dhrd_close` waits for a fast layer's write-back.
+const DRAIN_ON_CLOSE: Duration = Duration::from_secs(60);
 
 /// Reads up to `len` bytes at `offset` into `buf`, like pread(2): `*nread` is less than
 /// `len` only at the end of the object (0 at or past it).
@@ -643,7 +600,11 @@ pub unsafe extern "C" fn dhrd_read(
             // SAFETY: `buf` holds `len` writable bytes per the function contract.
             unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
         };
-        let r = o.obj.read_at(dst, offset).map_err(|e| errno_of(&e))?;
+        let r = o
+            .stack
+            .object()
+            .read_at(dst, offset)
+            .map_err(|e| errno_of(&e))?;
         // SAFETY: `nread` is non-null and writable per the function contract.
         unsafe { nread.write(r.bytes) };
         Ok(())
@@ -674,7 +635,10 @@ pub unsafe extern "C" fn dhrd_write(
             // SAFETY: `buf` holds `len` readable bytes per the function contract.
             unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
         };
-        o.obj.write_at(src, offset).map_err(|e| errno_of(&e))
+        o.stack
+            .object()
+            .write_at(src, offset)
+            .map_err(|e| errno_of(&e))
     })
 }
 
@@ -687,7 +651,7 @@ pub unsafe extern "C" fn dhrd_flush(obj: *const dhrd_object) -> c_int {
     guarded(|| {
         // SAFETY: per the function contract.
         let o = unsafe { object(obj) }?;
-        o.obj.flush().map_err(|e| errno_of(&e))
+        o.stack.object().flush().map_err(|e| errno_of(&e))
     })
 }
 
@@ -700,7 +664,10 @@ pub unsafe extern "C" fn dhrd_set_len(obj: *const dhrd_object, len_bytes: u64) -
     guarded(|| {
         // SAFETY: per the function contract.
         let o = unsafe { object(obj) }?;
-        o.obj.set_len(len_bytes).map_err(|e| errno_of(&e))
+        o.stack
+            .object()
+            .set_len(len_bytes)
+            .map_err(|e| errno_of(&e))
     })
 }
 
@@ -715,7 +682,7 @@ pub unsafe extern "C" fn dhrd_len(obj: *const dhrd_object, out: *mut u64) -> c_i
         let o = unsafe { object(obj) }?;
         // SAFETY: per the function contract, non-null means writable.
         let out = unsafe { out.as_mut() }.ok_or(libc::EINVAL)?;
-        *out = o.obj.len();
+        *out = o.stack.object().len();
         Ok(())
     })
 }
@@ -731,7 +698,7 @@ pub unsafe extern "C" fn dhrd_wait_loaded(obj: *const dhrd_object, timeout_ms: u
         // SAFETY: per the function contract.
         let o = unsafe { object(obj) }?;
         let timeout = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms));
-        if o.obj.wait_loaded(timeout) {
+        if o.stack.object().wait_loaded(timeout) {
             Ok(())
         } else {
             Err(libc::ETIMEDOUT)
@@ -753,7 +720,7 @@ pub unsafe extern "C" fn dhrd_get_progress(
         let o = unsafe { object(obj) }?;
         // SAFETY: per the function contract, non-null means writable.
         let out = unsafe { out.as_mut() }.ok_or(libc::EINVAL)?;
-        let p = o.obj.progress();
+        let p = o.stack.object().progress();
         *out = dhrd_progress {
             chunk_bytes: p.chunk_bytes,
             chunks_total: p.chunks_total,
@@ -765,7 +732,7 @@ pub unsafe extern "C" fn dhrd_get_progress(
             bytes_loaded: p.bytes_loaded,
             ram_resident_bytes: p.ram_resident_bytes,
             rate_bytes_per_s: p.rate_bytes_per_s,
-            fully_loaded: o.obj.is_fully_loaded(),
+            fully_loaded: o.stack.object().is_fully_loaded(),
         };
         Ok(())
     })
@@ -782,7 +749,7 @@ pub unsafe extern "C" fn dhrd_get_stats(obj: *const dhrd_object, out: *mut dhrd_
         let o = unsafe { object(obj) }?;
         // SAFETY: per the function contract, non-null means writable.
         let out = unsafe { out.as_mut() }.ok_or(libc::EINVAL)?;
-        let s = o.obj.stats();
+        let s = o.stack.object().stats();
         *out = dhrd_stats {
             reads_ram: s.reads_ram,
             reads_backing: s.reads_backing,
@@ -796,7 +763,7 @@ pub unsafe extern "C" fn dhrd_get_stats(obj: *const dhrd_object, out: *mut dhrd_
             flushes: s.flushes,
             commit_batch_writes_mean: s.commit_batch_writes_mean,
             commit_batch_writes_max: s.commit_batch_writes_max,
-            read_only_after_failure: o.obj.failure().is_some(),
+            read_only_after_failure: o.stack.object().failure().is_some(),
             hit_ratio: s.hit_ratio(),
             evictions: s.evictions,
             admissions: s.admissions,
@@ -806,13 +773,53 @@ pub unsafe extern "C" fn dhrd_get_stats(obj: *const dhrd_object, out: *mut dhrd_
             read_ahead_wasted: s.ahead_wasted,
             ..Default::default()
         };
-        if let Some(t) = &o.tier {
-            let ts = t.stats();
+        if let Some(ts) = o.stack.layers().tier.as_ref().map(|t| t.stats()) {
             out.tier_chunk_reads_ssd = ts.reads_ssd;
             out.tier_chunk_reads_lower = ts.reads_lower;
             out.tier_promotions = ts.promotions;
             out.tier_slots_dirty = ts.slots_dirty;
             out.tier_written_back = ts.written_back;
+        }
+        Ok(())
+    })
+}
+
+/// Stores the status document of the object and the layers under it in `buf` as JSON,
+/// NUL-terminated: every counter of the engine, the load, and of NVM write-back or the SSD
+/// tier, under the stable names of `dhrd nbd`'s status file (docs/nbd.md, "Status for
+/// monitoring"; fields are only ever added). `*json_bytes` is set to the document's
+/// length without the NUL; when `buf_bytes` is not more than that, nothing is written and
+/// the call returns `ERANGE`: call again with a larger buffer, and some room to spare, since
+/// the counters may grow longer between two calls.
+///
+/// # Safety
+/// `obj` is a live handle; `buf` is null (with `buf_bytes` 0) or points to `buf_bytes`
+/// writable bytes; `json_bytes` points to a writable `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn dhrd_get_status_json(
+    obj: *const dhrd_object,
+    buf: *mut c_char,
+    buf_bytes: usize,
+    json_bytes: *mut usize,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: per the function contract.
+        let o = unsafe { object(obj) }?;
+        // SAFETY: per the function contract, non-null means writable.
+        let len_out = unsafe { json_bytes.as_mut() }.ok_or(libc::EINVAL)?;
+        if buf.is_null() && buf_bytes > 0 {
+            return Err(libc::EINVAL);
+        }
+        let doc = serde_json::Value::Object(o.stack.status()).to_string();
+        *len_out = doc.len();
+        if doc.len() >= buf_bytes {
+            return Err(libc::ERANGE);
+        }
+        // SAFETY: `buf` holds `buf_bytes` writable bytes, more than the document and its
+        // NUL (checked above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(doc.as_ptr(), buf.cast::<u8>(), doc.len());
+            buf.add(doc.len()).write(0);
         }
         Ok(())
     })
@@ -834,6 +841,7 @@ pub extern "C" fn dhrd_strerror(err: c_int) -> *const c_char {
         libc::EFBIG => c"size beyond the maximum object size",
         libc::ENOMEM => c"the RAM tier could not be created or grown",
         libc::ETIMEDOUT => c"timed out",
+        libc::ERANGE => c"the buffer is too small (the length needed was returned)",
         libc::ENOENT => c"no such file, or no such RBD image or pool",
         libc::EACCES => c"permission denied",
         libc::EBUSY => {
@@ -883,6 +891,7 @@ mod tests {
         assert!(d.cache_admit.is_null() && d.read_ahead.is_null() && !d.no_prefill);
         assert!(d.tier_ssd_path.is_null() && d.tier_ssd_bytes == 0 && d.tier_mode.is_null());
         assert!(d.tier_ssd_timing.is_null() && !d.tier_adopt && d.rbd_read_lease_ms == 0);
+        assert!(d.nvm_path.is_null() && d.nvm_timing.is_null());
         /// Room for a struct, aligned as one.
         #[repr(C, align(8))]
         struct Buf([u8; 512]);
@@ -913,6 +922,7 @@ mod tests {
             libc::EFBIG,
             libc::ENOMEM,
             libc::ETIMEDOUT,
+            libc::ERANGE,
             libc::ENOENT,
             libc::EACCES,
             libc::EBUSY,

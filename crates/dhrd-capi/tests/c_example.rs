@@ -3,22 +3,10 @@
 //! cbindgen generates from the current source.
 #![allow(clippy::expect_used)] // tests fail loudly by design
 
-use std::path::{Path, PathBuf};
+mod cc;
+
+use cc::{compile, crate_dir};
 use std::process::Command;
-
-fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The profile directory this test was built into (target/<profile>), where cargo puts
-/// the library's staticlib next to the rlib the test links.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test path");
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .expect("target/<profile>")
-}
 
 #[test]
 fn committed_header_matches_the_source() {
@@ -30,48 +18,6 @@ fn committed_header_matches_the_source() {
         "include/dhrd.h is stale: copy the generated header from {}/dhrd.h",
         env!("OUT_DIR")
     );
-}
-
-/// The static library of this profile, built first if the test build did not make it.
-fn static_lib() -> PathBuf {
-    let lib = profile_dir().join("libdhrd_capi.a");
-    if !lib.exists() {
-        // cargo builds only the rlib for tests; the staticlib comes from a build of the
-        // library target in the same profile and target directory.
-        let release = profile_dir().file_name().is_some_and(|n| n == "release");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "dhrd-capi", "--lib"]);
-        if release {
-            cmd.arg("--release");
-        }
-        let o = cmd.output().expect("cargo build");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
-}
-
-/// Compiles `examples/c/<name>.c` against the library and the committed header.
-fn compile(name: &str, dir: &Path) -> PathBuf {
-    let exe = dir.join(name);
-    let o = Command::new("cc")
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-I")
-        .arg(crate_dir().join("include"))
-        .arg(crate_dir().join(format!("examples/c/{name}.c")))
-        .arg(static_lib())
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&exe)
-        .output()
-        .expect("cc");
-    assert!(
-        o.status.success(),
-        "cc {name}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    exe
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! The C API on an `rbd:POOL/IMAGE` backing, against the one-node test cluster: the
 //! cluster comes from `$CEPH_CONF`, as for any librbd program; data written through one
-//! handle is read back through the next. (The exclusive lock is tested in dhrd-rbd.)
+//! handle is read back through the next, from Rust and from a C program, alone and under
+//! each fast layer. (The exclusive lock is tested in dhrd-rbd.)
 #![allow(clippy::expect_used)] // tests fail loudly by design
 
+mod cc;
 #[path = "../../dhrd-rbd/tests/cluster/mod.rs"]
 mod cluster;
 
@@ -113,4 +115,34 @@ fn an_image_shrunk_by_another_client_fails_the_object() {
     // SAFETY: a live handle, closed once.
     unsafe { dhrd_close(obj) };
     c.remove_image(&name);
+}
+
+/// `examples/c/stacks.c` on an image alone, under NVM write-back and under an SSD tier:
+/// what it wrote is in the image after each close, which writes the fast layer back.
+#[test]
+fn an_rbd_image_alone_and_under_each_fast_layer_from_c() {
+    let (c, _g) = cluster::shared();
+    std::env::set_var("CEPH_CONF", &c.conf);
+    // On a disk: NVM write-back refuses a file on tmpfs.
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir on a disk file system");
+    let exe = cc::compile("stacks", dir.path());
+    for kind in [None, Some("nvm"), Some("ssd")] {
+        let name = c.image_name(&format!("capic{}", kind.unwrap_or("plain")));
+        let spec = std::ffi::OsString::from(format!("rbd:rbd/{name}"));
+        let fast = dir.path().join(format!("fast-{}", kind.unwrap_or("plain")));
+        let mut args = vec![spec.as_os_str()];
+        if let Some(k) = kind {
+            args.extend([std::ffi::OsStr::new(k), fast.as_os_str()]);
+        }
+        cc::run_ok(&exe, &args);
+        let image = c.export_image(&name, &dir.path().join(format!("{name}.img")));
+        for (at, piece) in cc::stacks_pieces() {
+            let at = at as usize;
+            assert!(
+                image[at..at + piece.len()] == piece[..],
+                "{kind:?}: the bytes written at {at} are not in the image after the close"
+            );
+        }
+        c.remove_image(&name);
+    }
 }
