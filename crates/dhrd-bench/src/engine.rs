@@ -11,8 +11,9 @@ use crate::machine::Machine;
 use crate::report::{new_run_dir, Report, Row};
 use crate::Common;
 use anyhow::Context;
-use dhrd_engine::{Durability, HybridObject, ObjectConfig};
+use dhrd_engine::{Durability, ObjectConfig};
 use dhrd_io::{FileBacking, FileOptions, SplitMix64, WriteSync, DIRECT_ALIGN_BYTES};
+use dhrd_stack::{BackingConfig, Object, Stack, StackConfig};
 use hdrhistogram::Histogram;
 use std::fs::{File, OpenOptions};
 use std::hint::black_box;
@@ -147,10 +148,7 @@ where
 fn bench_reads(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let path = dir.join("read.img");
     fill_file(&path, s.read_bytes)?;
-    let obj = HybridObject::open(
-        FileBacking::open(&path, &FileOptions::default())?,
-        ObjectConfig::default(),
-    )?;
+    let obj = open_object(&path, ObjectConfig::default())?;
     anyhow::ensure!(
         obj.wait_loaded(Some(Duration::from_secs(600))),
         "load did not finish"
@@ -240,7 +238,7 @@ enum Writer<'a> {
     /// The bound: a raw O_DIRECT|O_DSYNC write, one device operation.
     DirectDsync(&'a File),
     Fdatasync(&'a File),
-    Dhrd(&'a HybridObject<FileBacking>),
+    Dhrd(&'a Object),
 }
 
 /// A buffer of `IO_BYTES` random bytes, aligned for O_DIRECT, inside `raw`.
@@ -304,22 +302,41 @@ fn write_run(
     )
 }
 
+/// The stack of an object over the file at `path`, as every frontend builds it
+/// (`dhrd_stack`): the file alone, its writes buffered and synced together (the mode these
+/// figures were measured in, `FileOptions`' default).
+fn stack_config(path: &Path, object: ObjectConfig) -> StackConfig {
+    StackConfig {
+        backing: BackingConfig {
+            write_sync: Some(WriteSync::Fdatasync),
+            ..BackingConfig::new(path)
+        },
+        fast: None,
+        adopt_cache: false,
+        drop_cache_mark: false,
+        chunk_bytes: Some(object.chunk_bytes),
+        object,
+    }
+}
+
+/// An object over the file at `path` (see [`stack_config`]).
+fn open_object(path: &Path, object: ObjectConfig) -> anyhow::Result<Object> {
+    Ok(Stack::open(stack_config(path, object))?.object().clone())
+}
+
 /// A loaded object over `path` in `sync` durability, its file backing opened with `ws`.
 /// The write benchmark opens two over one file on purpose: it times their writes and
 /// never reads their RAM back, so they take no single-writer lock.
-fn loaded_object(path: &Path, ws: WriteSync) -> anyhow::Result<HybridObject<FileBacking>> {
-    let opts = FileOptions {
-        write_sync: ws,
-        lock: false,
-        ..Default::default()
-    };
-    let obj = HybridObject::open(
-        FileBacking::open(path, &opts)?,
-        ObjectConfig {
-            durability: Durability::Sync,
-            ..Default::default()
+fn loaded_object(path: &Path, ws: WriteSync) -> anyhow::Result<Object> {
+    let cfg = StackConfig {
+        backing: BackingConfig {
+            write_sync: Some(ws),
+            file_lock: false,
+            ..BackingConfig::new(path)
         },
-    )?;
+        ..stack_config(path, ObjectConfig::default())
+    };
+    let obj = Stack::open(cfg)?.object().clone();
     anyhow::ensure!(
         obj.wait_loaded(Some(Duration::from_secs(600))),
         "load did not finish"
@@ -451,8 +468,8 @@ fn o_direct_read_rate(path: &Path, threads: usize) -> anyhow::Result<f64> {
 fn dhrd_load_rate(path: &Path, chunk_bytes: u64) -> anyhow::Result<(f64, Duration)> {
     drop_cache(path)?;
     let t0 = Instant::now();
-    let obj = HybridObject::open(
-        FileBacking::open(path, &FileOptions::default())?,
+    let obj = open_object(
+        path,
         ObjectConfig {
             chunk_bytes,
             ..Default::default()
@@ -525,10 +542,7 @@ fn bench_first_read(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Resul
         for (i, (size, path)) in paths.iter().enumerate() {
             drop_cache(path)?;
             let t0 = Instant::now();
-            let obj = HybridObject::open(
-                FileBacking::open(path, &FileOptions::default())?,
-                ObjectConfig::default(),
-            )?;
+            let obj = open_object(path, ObjectConfig::default())?;
             let t_ready = t0.elapsed();
             let mut b = [0u8; IO_BYTES];
             obj.read_at(&mut b, size / 2)?;
@@ -586,8 +600,8 @@ fn bench_chunk_sweep(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Resu
         for _ in 0..2 {
             drop_cache(&path)?;
             let t0 = Instant::now();
-            let obj = Arc::new(HybridObject::open(
-                FileBacking::open(&path, &FileOptions::default())?,
+            let obj = Arc::new(open_object(
+                &path,
                 ObjectConfig {
                     chunk_bytes: chunk,
                     ..Default::default()
@@ -656,8 +670,8 @@ fn bench_demand(dir: &Path, s: &Sizes, rows: &mut Vec<Row>) -> anyhow::Result<()
     for demand in [false, true] {
         drop_cache(&path)?;
         let t0 = Instant::now();
-        let obj = Arc::new(HybridObject::open(
-            FileBacking::open(&path, &FileOptions::default())?,
+        let obj = Arc::new(open_object(
+            &path,
             ObjectConfig {
                 demand_priority: demand,
                 ..Default::default()
