@@ -75,113 +75,8 @@ impl RbdBacking {
     pub fn open(spec: &RbdSpec, opts: &RbdOptions) -> Result<RbdBacking, RbdError> {
         let lib = ffi::lib().map_err(RbdError::Library)?;
         let read_only = opts.read_only || spec.snapshot.is_some();
-        let name = cstring(&format!("client.{}", opts.id.as_deref().unwrap_or("admin")))?;
-        let cluster_name = cstring("ceph")?;
-        let mut p = Partial {
-            lib,
-            cluster: std::ptr::null_mut(),
-            ioctx: std::ptr::null_mut(),
-            image: std::ptr::null_mut(),
-        };
-        // SAFETY: out-pointer to a handle; valid C strings.
-        let r =
-            unsafe { (lib.rados_create2)(&mut p.cluster, cluster_name.as_ptr(), name.as_ptr(), 0) };
-        if r < 0 {
-            p.cluster = std::ptr::null_mut();
-            return Err(ceph("creating the cluster handle", r.into()));
-        }
-        let conf = match &opts.conf {
-            Some(path) => Some(cstring(&path.to_string_lossy())?),
-            None => None,
-        };
-        // SAFETY: a created handle; null (search the default places) or a valid C string.
-        let r = unsafe {
-            (lib.rados_conf_read_file)(
-                p.cluster,
-                conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-            )
-        };
-        if r < 0 {
-            let which = opts.conf.as_ref().map_or(
-                String::from("the default ceph.conf ($CEPH_CONF, /etc/ceph/ceph.conf)"),
-                |c| c.display().to_string(),
-            );
-            return Err(ceph(format!("reading {which}"), r.into()));
-        }
-        // SAFETY: a created handle; null means the CEPH_ARGS variable.
-        let r = unsafe { (lib.rados_conf_parse_env)(p.cluster, std::ptr::null()) };
-        if r < 0 {
-            return Err(ceph("parsing CEPH_ARGS", r.into()));
-        }
-        // dhrd's RAM tier is the cache; librbd's would be a second, volatile one that
-        // acknowledges writes before the OSDs have them.
-        p.set("rbd_cache", "false")?;
-        p.set(
-            "client_mount_timeout",
-            &opts.connect_timeout.as_secs().max(1).to_string(),
-        )?;
-        if let Some(t) = opts.op_timeout {
-            let secs = t.as_secs().max(1).to_string();
-            p.set("rados_osd_op_timeout", &secs)?;
-            p.set("rados_mon_op_timeout", &secs)?;
-        }
-        // SAFETY: a configured handle.
-        let r = unsafe { (lib.rados_connect)(p.cluster) };
-        if r < 0 {
-            return Err(ceph("connecting to the Ceph cluster", r.into()));
-        }
-        let pool = cstring(&spec.pool)?;
-        // SAFETY: a connected handle; a valid C string; out-pointer.
-        let r = unsafe { (lib.rados_ioctx_create)(p.cluster, pool.as_ptr(), &mut p.ioctx) };
-        if r < 0 {
-            p.ioctx = std::ptr::null_mut();
-            return Err(ceph(format!("opening pool {:?}", spec.pool), r.into()));
-        }
-        if let Some(ns) = &spec.namespace {
-            let ns = cstring(ns)?;
-            // SAFETY: a live I/O context; a valid C string (copied by librados).
-            unsafe { (lib.rados_ioctx_set_namespace)(p.ioctx, ns.as_ptr()) };
-        }
-        let image = cstring(&spec.image)?;
-        let snap = match &spec.snapshot {
-            Some(s) => Some(cstring(s)?),
-            None => None,
-        };
-        let snap_ptr = snap.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-        let open = |p: &mut Partial| -> c_int {
-            // SAFETY: a live I/O context; valid C strings or null; out-pointer.
-            unsafe {
-                if read_only {
-                    (lib.rbd_open_read_only)(p.ioctx, image.as_ptr(), &mut p.image, snap_ptr)
-                } else {
-                    (lib.rbd_open)(p.ioctx, image.as_ptr(), &mut p.image, snap_ptr)
-                }
-            }
-        };
-        let mut r = open(&mut p);
-        if r == -libc::ENOENT && opts.create && !read_only {
-            if let Some(len) = opts.min_len.filter(|&n| n > 0) {
-                let mut order = CREATE_ORDER;
-                // SAFETY: a live I/O context; a valid C string; out-pointer.
-                let c = unsafe { (lib.rbd_create)(p.ioctx, image.as_ptr(), len, &mut order) };
-                if c < 0 && c != -libc::EEXIST {
-                    return Err(ceph(
-                        format!("creating image {spec} of {len} bytes"),
-                        c.into(),
-                    ));
-                }
-                r = open(&mut p);
-            }
-        }
-        if r < 0 {
-            p.image = std::ptr::null_mut();
-            let hint = if r == -libc::ENOENT && !read_only && opts.min_len.is_none() {
-                " (give a size to create it)"
-            } else {
-                ""
-            };
-            return Err(ceph(format!("opening image {spec}{hint}"), r.into()));
-        }
+        let mut p = connect(lib, opts)?;
+        open_image(&mut p, spec, opts, read_only)?;
         if let (Some(period), false) = (opts.read_lease, read_only) {
             check_lease(&p, period)?;
         }
@@ -190,56 +85,11 @@ impl RbdBacking {
             what: format!("reading the header version of {spec}"),
             source: e,
         })?;
-        let mut broke_lock_of = None;
-        let mut hold = None;
-        if !read_only {
-            if let Some(path) = &opts.owner_record {
-                broke_lock_of = break_dead_owner(&p, spec, path)?;
-            }
-            let asked_at = boottime_ns();
-            take_lock(&p, spec, opts.lock_wait)?;
-            let me = sole_owner(&p, spec)?;
-            if let Some(path) = &opts.owner_record {
-                OwnerRecord::current(&me)
-                    .and_then(|r| r.write(path))
-                    .map_err(|e| RbdError::Ceph {
-                        what: format!("writing the owner record {}", path.display()),
-                        source: e,
-                    })?;
-            }
-            hold = Some(Arc::new(Hold::new(opts.read_lease, me, asked_at)));
-        }
-        let mut info = ImageInfo {
-            size: 0,
-            obj_size: 0,
-            num_objs: 0,
-            order: 0,
-            block_name_prefix: [0; 24],
-            parent_pool: 0,
-            parent_name: [0; 96],
+        let (broke_lock_of, hold) = match read_only {
+            true => (None, None),
+            false => lock(&p, spec, opts)?,
         };
-        // SAFETY: an open image; `info` is a writable rbd_image_info_t of the size passed.
-        let r = unsafe { (lib.rbd_stat)(p.image, &mut info, std::mem::size_of::<ImageInfo>()) };
-        if r < 0 {
-            return Err(ceph(format!("stat of image {spec}"), r.into()));
-        }
-        let mut size = info.size;
-        if let Some(min) = opts.min_len.filter(|&m| m > size && !read_only) {
-            // SAFETY: an open image whose lock we hold.
-            let r = unsafe { (lib.rbd_resize)(p.image, min) };
-            if r < 0 {
-                return Err(ceph(
-                    format!("growing image {spec} to {min} bytes"),
-                    r.into(),
-                ));
-            }
-            size = min;
-        }
-        assert!(
-            info.obj_size.is_power_of_two(),
-            "rbd object size {}",
-            info.obj_size
-        );
+        let (size, object_bytes) = size_and_grow(&p, spec, opts, read_only)?;
         let handles = Arc::new(RwLock::new(Some(p)));
         let size_bytes = Arc::new(AtomicU64::new(size));
         let resize = Arc::new(Mutex::new(()));
@@ -268,7 +118,7 @@ impl RbdBacking {
             broke_lock_of,
             spec: spec.clone(),
             read_only,
-            object_bytes: info.obj_size,
+            object_bytes,
             size_bytes,
             resize,
         })
@@ -555,6 +405,195 @@ impl RbdBacking {
         }
         Ok(())
     }
+}
+
+/// A cluster handle connected as `opts` says, with librbd's cache off.
+fn connect(lib: &'static Lib, opts: &RbdOptions) -> Result<Partial, RbdError> {
+    let name = cstring(&format!("client.{}", opts.id.as_deref().unwrap_or("admin")))?;
+    let cluster_name = cstring("ceph")?;
+    let mut p = Partial {
+        lib,
+        cluster: std::ptr::null_mut(),
+        ioctx: std::ptr::null_mut(),
+        image: std::ptr::null_mut(),
+    };
+    // SAFETY: out-pointer to a handle; valid C strings.
+    let r = unsafe { (lib.rados_create2)(&mut p.cluster, cluster_name.as_ptr(), name.as_ptr(), 0) };
+    if r < 0 {
+        p.cluster = std::ptr::null_mut();
+        return Err(ceph("creating the cluster handle", r.into()));
+    }
+    let conf = match &opts.conf {
+        Some(path) => Some(cstring(&path.to_string_lossy())?),
+        None => None,
+    };
+    // SAFETY: a created handle; null (search the default places) or a valid C string.
+    let r = unsafe {
+        (lib.rados_conf_read_file)(
+            p.cluster,
+            conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+        )
+    };
+    if r < 0 {
+        let which = opts.conf.as_ref().map_or(
+            String::from("the default ceph.conf ($CEPH_CONF, /etc/ceph/ceph.conf)"),
+            |c| c.display().to_string(),
+        );
+        return Err(ceph(format!("reading {which}"), r.into()));
+    }
+    // SAFETY: a created handle; null means the CEPH_ARGS variable.
+    let r = unsafe { (lib.rados_conf_parse_env)(p.cluster, std::ptr::null()) };
+    if r < 0 {
+        return Err(ceph("parsing CEPH_ARGS", r.into()));
+    }
+    // dhrd's RAM tier is the cache; librbd's would be a second, volatile one that
+    // acknowledges writes before the OSDs have them.
+    p.set("rbd_cache", "false")?;
+    p.set(
+        "client_mount_timeout",
+        &opts.connect_timeout.as_secs().max(1).to_string(),
+    )?;
+    if let Some(t) = opts.op_timeout {
+        let secs = t.as_secs().max(1).to_string();
+        p.set("rados_osd_op_timeout", &secs)?;
+        p.set("rados_mon_op_timeout", &secs)?;
+    }
+    // SAFETY: a configured handle.
+    let r = unsafe { (lib.rados_connect)(p.cluster) };
+    if r < 0 {
+        return Err(ceph("connecting to the Ceph cluster", r.into()));
+    }
+    Ok(p)
+}
+
+/// Opens the pool context and the image (creating the image when asked and missing).
+fn open_image(
+    p: &mut Partial,
+    spec: &RbdSpec,
+    opts: &RbdOptions,
+    read_only: bool,
+) -> Result<(), RbdError> {
+    let lib = p.lib;
+    let pool = cstring(&spec.pool)?;
+    // SAFETY: a connected handle; a valid C string; out-pointer.
+    let r = unsafe { (lib.rados_ioctx_create)(p.cluster, pool.as_ptr(), &mut p.ioctx) };
+    if r < 0 {
+        p.ioctx = std::ptr::null_mut();
+        return Err(ceph(format!("opening pool {:?}", spec.pool), r.into()));
+    }
+    if let Some(ns) = &spec.namespace {
+        let ns = cstring(ns)?;
+        // SAFETY: a live I/O context; a valid C string (copied by librados).
+        unsafe { (lib.rados_ioctx_set_namespace)(p.ioctx, ns.as_ptr()) };
+    }
+    let image = cstring(&spec.image)?;
+    let snap = match &spec.snapshot {
+        Some(s) => Some(cstring(s)?),
+        None => None,
+    };
+    let snap_ptr = snap.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    let open = |p: &mut Partial| -> c_int {
+        // SAFETY: a live I/O context; valid C strings or null; out-pointer.
+        unsafe {
+            if read_only {
+                (lib.rbd_open_read_only)(p.ioctx, image.as_ptr(), &mut p.image, snap_ptr)
+            } else {
+                (lib.rbd_open)(p.ioctx, image.as_ptr(), &mut p.image, snap_ptr)
+            }
+        }
+    };
+    let mut r = open(p);
+    if r == -libc::ENOENT && opts.create && !read_only {
+        if let Some(len) = opts.min_len.filter(|&n| n > 0) {
+            let mut order = CREATE_ORDER;
+            // SAFETY: a live I/O context; a valid C string; out-pointer.
+            let c = unsafe { (lib.rbd_create)(p.ioctx, image.as_ptr(), len, &mut order) };
+            if c < 0 && c != -libc::EEXIST {
+                return Err(ceph(
+                    format!("creating image {spec} of {len} bytes"),
+                    c.into(),
+                ));
+            }
+            r = open(p);
+        }
+    }
+    if r < 0 {
+        p.image = std::ptr::null_mut();
+        let hint = if r == -libc::ENOENT && !read_only && opts.min_len.is_none() {
+            " (give a size to create it)"
+        } else {
+            ""
+        };
+        return Err(ceph(format!("opening image {spec}{hint}"), r.into()));
+    }
+    Ok(())
+}
+
+/// Takes the image's exclusive lock (breaking a dead owner's first, where the owner record
+/// proves it dead): whose lock was broken, and what this open knows of its lock.
+fn lock(
+    p: &Partial,
+    spec: &RbdSpec,
+    opts: &RbdOptions,
+) -> Result<(Option<String>, Option<Arc<Hold>>), RbdError> {
+    let mut broke_lock_of = None;
+    if let Some(path) = &opts.owner_record {
+        broke_lock_of = break_dead_owner(p, spec, path)?;
+    }
+    let asked_at = boottime_ns();
+    take_lock(p, spec, opts.lock_wait)?;
+    let me = sole_owner(p, spec)?;
+    if let Some(path) = &opts.owner_record {
+        OwnerRecord::current(&me)
+            .and_then(|r| r.write(path))
+            .map_err(|e| RbdError::Ceph {
+                what: format!("writing the owner record {}", path.display()),
+                source: e,
+            })?;
+    }
+    let hold = Arc::new(Hold::new(opts.read_lease, me, asked_at));
+    Ok((broke_lock_of, Some(hold)))
+}
+
+/// The image's size (grown to `opts.min_len` when writable) and object size.
+fn size_and_grow(
+    p: &Partial,
+    spec: &RbdSpec,
+    opts: &RbdOptions,
+    read_only: bool,
+) -> Result<(u64, u64), RbdError> {
+    let mut info = ImageInfo {
+        size: 0,
+        obj_size: 0,
+        num_objs: 0,
+        order: 0,
+        block_name_prefix: [0; 24],
+        parent_pool: 0,
+        parent_name: [0; 96],
+    };
+    // SAFETY: an open image; `info` is a writable rbd_image_info_t of the size passed.
+    let r = unsafe { (p.lib.rbd_stat)(p.image, &mut info, std::mem::size_of::<ImageInfo>()) };
+    if r < 0 {
+        return Err(ceph(format!("stat of image {spec}"), r.into()));
+    }
+    let mut size = info.size;
+    if let Some(min) = opts.min_len.filter(|&m| m > size && !read_only) {
+        // SAFETY: an open image whose lock we hold.
+        let r = unsafe { (p.lib.rbd_resize)(p.image, min) };
+        if r < 0 {
+            return Err(ceph(
+                format!("growing image {spec} to {min} bytes"),
+                r.into(),
+            ));
+        }
+        size = min;
+    }
+    assert!(
+        info.obj_size.is_power_of_two(),
+        "rbd object size {}",
+        info.obj_size
+    );
+    Ok((size, info.obj_size))
 }
 
 impl Drop for RbdBacking {
