@@ -315,77 +315,20 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         mode: TierMode,
         threads: usize,
     ) -> io::Result<Self> {
-        if chunk_bytes < 512 || !chunk_bytes.is_power_of_two() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("tier chunk size {chunk_bytes} is not a power of two >= 512"),
-            ));
-        }
         let lower_bytes = lower.len()?;
-        let per_slot = chunk_bytes + layout::TABLE_COPIES * ENTRY_BYTES;
-        let mut slots = ssd_bytes.saturating_sub(HEADER_BYTES) / per_slot;
-        // The tables take whole pages: the most slots whose layout fits in `ssd_bytes`.
-        while slots > 0 && ssd_bytes_for(slots, chunk_bytes) > ssd_bytes {
-            slots -= 1;
-        }
-        if slots == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a tier SSD of {ssd_bytes} bytes holds no chunk of {chunk_bytes}"),
-            ));
-        }
-        let want = Geometry {
-            chunk_bytes,
-            slots,
-            lower_bytes,
-        };
-        let mut head = vec![0u8; 64];
-        let n = read_full(&ssd, &mut head, 0)?;
-        head.truncate(n);
-        let mut entries = Vec::new();
-        let mut upgraded_dirty = 0;
-        let found = Geometry::decode(&head)?;
-        // What the SSD records of its lower tier, and the lower tier's mark, are checked
-        // before anything changes (`pairing.rs`).
-        let checked = pairing::begin(&ssd, &identity, matches!(found, Found::Current(_)))?;
-        // Formatting wipes the pairing records with the header page.
-        let mut formatted = true;
-        match found {
-            Found::Current(g) => {
-                entries = layout::read_table(&ssd, &g)?;
-                // What was read may not be durable yet (a restart without a power cut):
-                // the next change of an entry overwrites the other copy (`write_entry`).
-                ssd.sync()?;
-                let dirty = entries.iter().filter(|e| e.state == SLOT_DIRTY).count();
-                if g != want {
-                    if dirty > 0 {
-                        return Err(invalid(format!(
-                            "tier SSD holds {dirty} dirty chunks for another configuration \
-                             ({} slots of {} bytes over {} bytes); open it as it was made",
-                            g.slots, g.chunk_bytes, g.lower_bytes
-                        )));
-                    }
-                    entries.clear();
-                    Self::format(&ssd, want)?;
-                } else {
-                    formatted = false;
-                }
-            }
-            Found::Format1(g) => {
-                if g.lower_bytes != lower_bytes {
-                    return Err(invalid(format!(
-                        "tier SSD (format 1) caches a lower tier of {} bytes, not {lower_bytes}",
-                        g.lower_bytes
-                    )));
-                }
-                upgraded_dirty = layout::write_back_format1(&ssd, &lower, &g)?;
-                Self::format(&ssd, want)?;
-            }
-            Found::Nothing => Self::format(&ssd, want)?,
-        }
+        let want = fitting_geometry(ssd_bytes, chunk_bytes, lower_bytes)?;
+        let found = Self::read_or_format(&ssd, &lower, &identity, want)?;
+        let mut entries = found.entries;
         let count = |state| entries.iter().filter(|e| e.state == state).count() as u64;
         let (clean, dirty) = (count(SLOT_CLEAN), count(SLOT_DIRTY));
-        let plan = pairing::plan(&identity, checked, formatted, clean, dirty, "tier SSD")?;
+        let plan = pairing::plan(
+            &identity,
+            found.checked,
+            found.formatted,
+            clean,
+            dirty,
+            "tier SSD",
+        )?;
         match plan.action {
             pairing::Action::Keep => {}
             pairing::Action::Format => {
@@ -395,48 +338,9 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             pairing::Action::DropClean => Self::drop_clean(&ssd, &want, &mut entries)?,
         }
         let paired = pairing::finish(&ssd, identity, plan)?;
-        entries.resize(slots as usize, Entry::FREE);
-        let mut st = State {
-            slots: Vec::with_capacity(slots as usize),
-            by_chunk: HashMap::new(),
-            free: Vec::new(),
-            policy: Residency::new(CachePolicy::Clock, Admission::SecondAccess, slots),
-            counts: HashMap::new(),
-            dropped: HashMap::new(),
-            dirty: 0,
-            cursor: 0,
-        };
-        let chunks = lower_bytes.div_ceil(chunk_bytes);
-        for (i, e) in entries.into_iter().enumerate() {
-            let used = e.state != SLOT_FREE && e.chunk < chunks && !e.parts.is_empty();
-            if used && st.by_chunk.insert(e.chunk, i).is_some() {
-                return Err(invalid(format!(
-                    "tier SSD: chunk {} is in two slots (the table is corrupt)",
-                    e.chunk
-                )));
-            }
-            let mut slot = Slot {
-                chunk: 0,
-                state: SLOT_FREE,
-                parts: Parts::NONE,
-                writes: 0,
-                busy: false,
-                seq: e.seq,
-                entry_ticket: None,
-            };
-            if !used {
-                st.free.push(i);
-                st.slots.push(slot);
-                continue;
-            }
-            st.policy.insert(e.chunk);
-            if e.state == SLOT_DIRTY {
-                st.dirty += 1;
-            }
-            slot.hold(e.chunk, e.state, e.parts, 0);
-            st.slots.push(slot);
-        }
-        st.free.reverse();
+        let slots = want.slots;
+        let st = recovered_state(entries, &want)?;
+        let upgraded_dirty = found.upgraded_dirty;
         let dirty_at_open = st.dirty;
         let shared = Arc::new(Shared {
             ssd,
@@ -478,6 +382,63 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             threads: parking_lot::Mutex::new(handles),
             closed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Reads the SSD's slot table, or formats the SSD for `want` when it holds none, holds
+    /// one of another configuration (refused while dirty) or is of the first format (its
+    /// dirty chunks written to the lower tier first). What the SSD records of its lower
+    /// tier, and the lower tier's mark, are checked before anything changes (`pairing.rs`).
+    fn read_or_format(
+        ssd: &F,
+        lower: &S,
+        identity: &LowerIdentity,
+        want: Geometry,
+    ) -> io::Result<TableAtOpen> {
+        let mut head = vec![0u8; 64];
+        let n = read_full(ssd, &mut head, 0)?;
+        head.truncate(n);
+        let found = Geometry::decode(&head)?;
+        let checked = pairing::begin(ssd, identity, matches!(found, Found::Current(_)))?;
+        let mut t = TableAtOpen {
+            entries: Vec::new(),
+            upgraded_dirty: 0,
+            checked,
+            // Formatting wipes the pairing records with the header page.
+            formatted: true,
+        };
+        match found {
+            Found::Current(g) => {
+                t.entries = layout::read_table(ssd, &g)?;
+                // What was read may not be durable yet (a restart without a power cut):
+                // the next change of an entry overwrites the other copy (`write_entry`).
+                ssd.sync()?;
+                let dirty = t.entries.iter().filter(|e| e.state == SLOT_DIRTY).count();
+                if g == want {
+                    t.formatted = false;
+                    return Ok(t);
+                }
+                if dirty > 0 {
+                    return Err(invalid(format!(
+                        "tier SSD holds {dirty} dirty chunks for another configuration \
+                         ({} slots of {} bytes over {} bytes); open it as it was made",
+                        g.slots, g.chunk_bytes, g.lower_bytes
+                    )));
+                }
+                t.entries.clear();
+            }
+            Found::Format1(g) => {
+                if g.lower_bytes != want.lower_bytes {
+                    return Err(invalid(format!(
+                        "tier SSD (format 1) caches a lower tier of {} bytes, not {}",
+                        g.lower_bytes, want.lower_bytes
+                    )));
+                }
+                t.upgraded_dirty = layout::write_back_format1(ssd, lower, &g)?;
+            }
+            Found::Nothing => {}
+        }
+        Self::format(ssd, want)?;
+        Ok(t)
     }
 
     fn format(ssd: &F, g: Geometry) -> io::Result<()> {
@@ -568,6 +529,92 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
                 .close(&s.ssd, s.lower.sync(), || s.state.lock().dirty);
         }
     }
+}
+
+/// What [`Tiered::read_or_format`] found on the SSD.
+struct TableAtOpen {
+    entries: Vec<Entry>,
+    /// Dirty chunks of a first-format SSD written to the lower tier before formatting.
+    upgraded_dirty: u64,
+    checked: pairing::Checked,
+    formatted: bool,
+}
+
+/// The most slots of `chunk_bytes` whose layout fits in `ssd_bytes` (the tables take whole
+/// pages), over a lower tier of `lower_bytes`.
+fn fitting_geometry(ssd_bytes: u64, chunk_bytes: u64, lower_bytes: u64) -> io::Result<Geometry> {
+    if chunk_bytes < 512 || !chunk_bytes.is_power_of_two() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("tier chunk size {chunk_bytes} is not a power of two >= 512"),
+        ));
+    }
+    let per_slot = chunk_bytes + layout::TABLE_COPIES * ENTRY_BYTES;
+    let mut slots = ssd_bytes.saturating_sub(HEADER_BYTES) / per_slot;
+    while slots > 0 && ssd_bytes_for(slots, chunk_bytes) > ssd_bytes {
+        slots -= 1;
+    }
+    if slots == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a tier SSD of {ssd_bytes} bytes holds no chunk of {chunk_bytes}"),
+        ));
+    }
+    Ok(Geometry {
+        chunk_bytes,
+        slots,
+        lower_bytes,
+    })
+}
+
+/// The slots as the table `entries` (after the pairing plan) left them: each chunk in at
+/// most one slot (a chunk in two is a corrupt table, refused), entries past the lower
+/// tier's end or without parts free.
+fn recovered_state(mut entries: Vec<Entry>, g: &Geometry) -> io::Result<State> {
+    let slots = g.slots;
+    entries.resize(slots as usize, Entry::FREE);
+    let mut st = State {
+        slots: Vec::with_capacity(slots as usize),
+        by_chunk: HashMap::new(),
+        free: Vec::new(),
+        policy: Residency::new(CachePolicy::Clock, Admission::SecondAccess, slots),
+        counts: HashMap::new(),
+        dropped: HashMap::new(),
+        dirty: 0,
+        cursor: 0,
+    };
+    let chunks = g.lower_bytes.div_ceil(g.chunk_bytes);
+    for (i, e) in entries.into_iter().enumerate() {
+        let used = e.state != SLOT_FREE && e.chunk < chunks && !e.parts.is_empty();
+        if used && st.by_chunk.insert(e.chunk, i).is_some() {
+            return Err(invalid(format!(
+                "tier SSD: chunk {} is in two slots (the table is corrupt)",
+                e.chunk
+            )));
+        }
+        let mut slot = Slot {
+            chunk: 0,
+            state: SLOT_FREE,
+            parts: Parts::NONE,
+            writes: 0,
+            busy: false,
+            seq: e.seq,
+            entry_ticket: None,
+        };
+        if !used {
+            st.free.push(i);
+            st.slots.push(slot);
+            continue;
+        }
+        st.policy.insert(e.chunk);
+        if e.state == SLOT_DIRTY {
+            st.dirty += 1;
+        }
+        slot.hold(e.chunk, e.state, e.parts, 0);
+        st.slots.push(slot);
+    }
+    st.free.reverse();
+    Ok(st)
 }
 
 impl<F: Durable, S: Durable> Drop for Tiered<F, S> {

@@ -221,44 +221,7 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             chunk_bytes,
             data_bytes,
         };
-        let mut header = vec![0u8; 64];
-        let n = dhrd_io::read_full(&fast, &mut header, 0)?;
-        header.truncate(n);
-        let found = Geometry::decode(&header)?;
-        let mut map = vec![CHUNK_INVALID; want.chunks() as usize];
-        // What the fast device records of its slow device, and the slow device's mark, are
-        // checked before anything changes (`pairing.rs`).
-        let checked = pairing::begin(&fast, &identity, found.is_some())?;
-        // Formatting wipes the pairing records with the header page: a formatted device is
-        // unrecorded, and a new cache.
-        let mut formatted = true;
-        match found {
-            Some(g) => {
-                let mut old_map = vec![0u8; g.chunks() as usize];
-                let got = dhrd_io::read_full(&fast, &mut old_map, HEADER_BYTES)?;
-                old_map.truncate(got);
-                let dirty = old_map.iter().filter(|b| **b == CHUNK_DIRTY).count();
-                if g == want {
-                    if got as u64 != g.chunks() {
-                        return Err(invalid(
-                            "write-back device: the chunk map is cut short".into(),
-                        ));
-                    }
-                    map = old_map;
-                    formatted = false;
-                } else if dirty > 0 {
-                    return Err(invalid(format!(
-                        "write-back device holds {dirty} dirty chunks for {} bytes in chunks of {}, \
-                         but the backing is {data_bytes} bytes in chunks of {chunk_bytes}: \
-                         open it with the backing and chunk size it was made for",
-                        g.data_bytes, g.chunk_bytes
-                    )));
-                } else {
-                    Self::format(&fast, want)?;
-                }
-            }
-            None => Self::format(&fast, want)?,
-        }
+        let (mut map, checked, formatted) = Self::read_or_format(&fast, &identity, want)?;
         let count = |state| map.iter().filter(|b| **b == state).count() as u64;
         let (clean, dirty) = (count(CHUNK_CLEAN), count(CHUNK_DIRTY));
         let plan = pairing::plan(
@@ -328,6 +291,48 @@ impl<F: Durable, S: Durable> WriteBack<F, S> {
             threads: parking_lot::Mutex::new(handles),
             closed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Reads the fast device's chunk map, or formats the device for `want` when it holds
+    /// no header, or one for another size or chunk size (refused while dirty: that data
+    /// exists nowhere else). What the fast device records of its slow device, and the slow
+    /// device's mark, are checked before anything changes (`pairing.rs`). The map, the
+    /// pairing check, and whether the device was formatted (which wipes the pairing
+    /// records with the header page: a formatted device is unrecorded, and a new cache).
+    fn read_or_format(
+        fast: &F,
+        identity: &LowerIdentity,
+        want: Geometry,
+    ) -> io::Result<(Vec<u8>, pairing::Checked, bool)> {
+        let mut header = vec![0u8; 64];
+        let n = dhrd_io::read_full(fast, &mut header, 0)?;
+        header.truncate(n);
+        let found = Geometry::decode(&header)?;
+        let checked = pairing::begin(fast, identity, found.is_some())?;
+        if let Some(g) = found {
+            let mut old_map = vec![0u8; g.chunks() as usize];
+            let got = dhrd_io::read_full(fast, &mut old_map, HEADER_BYTES)?;
+            old_map.truncate(got);
+            let dirty = old_map.iter().filter(|b| **b == CHUNK_DIRTY).count();
+            if g == want {
+                if got as u64 != g.chunks() {
+                    return Err(invalid(
+                        "write-back device: the chunk map is cut short".into(),
+                    ));
+                }
+                return Ok((old_map, checked, false));
+            }
+            if dirty > 0 {
+                return Err(invalid(format!(
+                    "write-back device holds {dirty} dirty chunks for {} bytes in chunks of {}, \
+                     but the backing is {} bytes in chunks of {}: \
+                     open it with the backing and chunk size it was made for",
+                    g.data_bytes, g.chunk_bytes, want.data_bytes, want.chunk_bytes
+                )));
+            }
+        }
+        Self::format(fast, want)?;
+        Ok((vec![CHUNK_INVALID; want.chunks() as usize], checked, true))
     }
 
     fn format(fast: &F, g: Geometry) -> io::Result<()> {
