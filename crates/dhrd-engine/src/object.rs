@@ -201,59 +201,6 @@ pub enum LoadStep {
     Idle,
 }
 
-/// Load progress (I8); serialised with its durations in seconds (`elapsed_s`, `eta_s`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct LoadProgress {
-    pub chunk_bytes: u64,
-    pub chunks_total: u64,
-    pub chunks_loaded: u64,
-    /// Chunks whose load failed and that are waiting for a retry.
-    pub chunks_retrying: u64,
-    /// Chunks that failed every attempt and are served from the backing.
-    pub chunks_failed: u64,
-    /// Chunks left Unloaded because the RAM budget is exhausted (I11).
-    pub chunks_over_budget: u64,
-    pub bytes_total: u64,
-    /// Bytes the loader copied since open.
-    pub bytes_loaded: u64,
-    #[serde(rename = "elapsed_s", serialize_with = "crate::stats::secs")]
-    pub elapsed: Duration,
-    pub rate_bytes_per_s: f64,
-    #[serde(rename = "eta_s", serialize_with = "crate::stats::secs_if_known")]
-    pub eta: Option<Duration>,
-    /// RAM the memfd really holds.
-    pub ram_resident_bytes: u64,
-}
-
-impl LoadProgress {
-    pub fn fraction(&self) -> f64 {
-        if self.chunks_total == 0 {
-            1.0
-        } else {
-            self.chunks_loaded as f64 / self.chunks_total as f64
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Retry {
-    attempts: u32,
-    due: Instant,
-}
-
-struct LoadQueue {
-    cursor: u64,
-    demand: VecDeque<ChunkIndex>,
-    /// Read-ahead, after demand and before the background pass.
-    ahead: VecDeque<ChunkIndex>,
-    retries: BTreeMap<u64, Retry>,
-    failed: BTreeSet<u64>,
-    over_budget: BTreeSet<u64>,
-    started: Instant,
-    finished: Option<Instant>,
-    bytes_loaded: u64,
-}
-
 static NEXT_OBJECT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Budget accounting of a partial last chunk. Every Loaded chunk reserves a whole chunk
@@ -332,6 +279,8 @@ mod evict;
 mod extents;
 mod load;
 use evict::ReclaimBatch;
+pub use load::LoadProgress;
+use load::LoadQueue;
 mod write;
 
 /// The durable hybrid object. Cheap to clone; all methods take `&self` and may be called
@@ -402,17 +351,7 @@ impl<D: Durable> HybridObject<D> {
             commit: GroupCommit::default(),
             failure: Failure::default(),
             stats: Stats::new(),
-            lq: Mutex::new(LoadQueue {
-                cursor: 0,
-                demand: VecDeque::new(),
-                ahead: VecDeque::new(),
-                retries: BTreeMap::new(),
-                failed: BTreeSet::new(),
-                over_budget: BTreeSet::new(),
-                started: Instant::now(),
-                finished: None,
-                bytes_loaded: 0,
-            }),
+            lq: Mutex::new(LoadQueue::new()),
             load_cv: Condvar::new(),
             loaded_chunks: AtomicU64::new(0),
             rebate: Mutex::new(Rebate::default()),

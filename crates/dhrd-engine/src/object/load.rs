@@ -16,6 +16,78 @@
 
 use super::*;
 
+/// Load progress (I8); serialised with its durations in seconds (`elapsed_s`, `eta_s`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LoadProgress {
+    pub chunk_bytes: u64,
+    pub chunks_total: u64,
+    pub chunks_loaded: u64,
+    /// Chunks whose load failed and that are waiting for a retry.
+    pub chunks_retrying: u64,
+    /// Chunks that failed every attempt and are served from the backing.
+    pub chunks_failed: u64,
+    /// Chunks left Unloaded because the RAM budget is exhausted (I11).
+    pub chunks_over_budget: u64,
+    pub bytes_total: u64,
+    /// Bytes the loader copied since open.
+    pub bytes_loaded: u64,
+    #[serde(rename = "elapsed_s", serialize_with = "crate::stats::secs")]
+    pub elapsed: Duration,
+    pub rate_bytes_per_s: f64,
+    #[serde(rename = "eta_s", serialize_with = "crate::stats::secs_if_known")]
+    pub eta: Option<Duration>,
+    /// RAM the memfd really holds.
+    pub ram_resident_bytes: u64,
+}
+
+impl LoadProgress {
+    pub fn fraction(&self) -> f64 {
+        if self.chunks_total == 0 {
+            1.0
+        } else {
+            self.chunks_loaded as f64 / self.chunks_total as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Retry {
+    pub attempts: u32,
+    pub due: Instant,
+}
+
+/// What is left to load, in the order it is taken: demand, read-ahead, retries due, the
+/// background pass at `cursor`.
+pub(super) struct LoadQueue {
+    pub cursor: u64,
+    pub demand: VecDeque<ChunkIndex>,
+    /// Read-ahead, after demand and before the background pass.
+    pub ahead: VecDeque<ChunkIndex>,
+    pub retries: BTreeMap<u64, Retry>,
+    pub failed: BTreeSet<u64>,
+    pub over_budget: BTreeSet<u64>,
+    pub started: Instant,
+    pub finished: Option<Instant>,
+    pub bytes_loaded: u64,
+}
+
+impl LoadQueue {
+    /// Nothing queued, the pass at chunk 0, started now.
+    pub(super) fn new() -> Self {
+        Self {
+            cursor: 0,
+            demand: VecDeque::new(),
+            ahead: VecDeque::new(),
+            retries: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            over_budget: BTreeSet::new(),
+            started: Instant::now(),
+            finished: None,
+            bytes_loaded: 0,
+        }
+    }
+}
+
 impl<D: Durable> Inner<D> {
     /// Loads chunk `c` from the backing. In cache mode a load a read asked for (demand,
     /// read-ahead) evicts to make room; the background pass never does.

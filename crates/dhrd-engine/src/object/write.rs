@@ -296,44 +296,7 @@ impl<D: Durable> Inner<D> {
                 (&widened[..], start)
             }
         };
-        let end = data_offset + data.len() as u64;
-
-        // 1. Backing first (C3).
-        let persisted = match self.backing.write_durably(data, data_offset) {
-            Ok(p) => p,
-            Err(e) => {
-                let err = backing_err(BackingOp::Write, e);
-                return Err(self.fail_request(&layout, &plan, BackingOp::Write, err, len_locked));
-            }
-        };
-        // 2. Durable before RAM and before the reply in sync mode; shared sync, unless the
-        // backing says this write is durable already.
-        if let Err(e) = self.commit_request(persisted) {
-            return Err(self.fail_request(&layout, &plan, BackingOp::Sync, e, len_locked));
-        }
-        // 3. RAM.
-        if end > len_locked {
-            if let Err(e) = layout.ram.ensure_file_bytes(end) {
-                return Err(self.fail_request(&layout, &plan, BackingOp::Write, e, len_locked));
-            }
-        }
-        for (p, (c, how, _)) in self.geo.pieces(data_offset, end - data_offset).zip(&plan) {
-            debug_assert_eq!(p.chunk, *c);
-            let at = (p.offset - data_offset) as usize;
-            self.apply_piece(&layout, *how, *c, p.offset, &data[at..at + p.len as usize]);
-        }
-        // 4. The new length becomes visible only after the bytes are in place.
-        let grew = end > len_locked;
-        if grew {
-            self.len.fetch_max(end, Ordering::AcqRel);
-        }
-        // The last chunk's charge depends on the length and on its state (see Rebate).
-        let last = self
-            .geo
-            .index_of(self.len.load(Ordering::Acquire).saturating_sub(1));
-        if grew || self.geo.index_of(end - 1) >= last {
-            self.settle_rebate(&layout);
-        }
+        let grew = self.write_held(&layout, &plan, data, data_offset, len_locked)?;
         // M4: in cache mode a write to a chunk not in RAM brings it in when there is room.
         // Collected only in cache mode: outside it this costs writes nothing.
         let missed: Vec<ChunkIndex> = if self.admission_active() {
@@ -349,8 +312,67 @@ impl<D: Durable> Inner<D> {
         for c in missed {
             self.on_write_miss(c);
         }
+        self.after_write(buf.len() as u64, grew, len_locked);
+        self.stats.record(Lat::Write, started.elapsed());
+        Ok(())
+    }
+
+    /// Steps 1 to 4 of a write (C3) whose chunks `plan` holds: backing, sync, RAM, length.
+    /// Whether the object grew; on a failure, what `fail_request` made of it.
+    fn write_held(
+        &self,
+        layout: &Layout,
+        plan: &[(ChunkIndex, WritePlan, WriteHold<'_>)],
+        data: &[u8],
+        data_offset: u64,
+        len_locked: u64,
+    ) -> Result<bool> {
+        let end = data_offset + data.len() as u64;
+        // 1. Backing first (C3).
+        let persisted = match self.backing.write_durably(data, data_offset) {
+            Ok(p) => p,
+            Err(e) => {
+                let err = backing_err(BackingOp::Write, e);
+                return Err(self.fail_request(layout, plan, BackingOp::Write, err, len_locked));
+            }
+        };
+        // 2. Durable before RAM and before the reply in sync mode; shared sync, unless the
+        // backing says this write is durable already.
+        if let Err(e) = self.commit_request(persisted) {
+            return Err(self.fail_request(layout, plan, BackingOp::Sync, e, len_locked));
+        }
+        // 3. RAM.
+        if end > len_locked {
+            if let Err(e) = layout.ram.ensure_file_bytes(end) {
+                return Err(self.fail_request(layout, plan, BackingOp::Write, e, len_locked));
+            }
+        }
+        for (p, (c, how, _)) in self.geo.pieces(data_offset, end - data_offset).zip(plan) {
+            debug_assert_eq!(p.chunk, *c);
+            let at = (p.offset - data_offset) as usize;
+            self.apply_piece(layout, *how, *c, p.offset, &data[at..at + p.len as usize]);
+        }
+        // 4. The new length becomes visible only after the bytes are in place.
+        let grew = end > len_locked;
+        if grew {
+            self.len.fetch_max(end, Ordering::AcqRel);
+        }
+        // The last chunk's charge depends on the length and on its state (see Rebate).
+        let last = self
+            .geo
+            .index_of(self.len.load(Ordering::Acquire).saturating_sub(1));
+        if grew || self.geo.index_of(end - 1) >= last {
+            self.settle_rebate(layout);
+        }
+        Ok(grew)
+    }
+
+    /// What follows a write of `bytes` once its locks are gone: drop-behind of the backing's
+    /// page cache in `sync` mode, and the loader's cursor moved back over chunks a growing
+    /// write brought into range.
+    fn after_write(&self, bytes: u64, grew: bool, len_locked: u64) {
         if self.cfg.durability == Durability::Sync {
-            let n = buf.len() as u64;
+            let n = bytes;
             if self.written_since_drop.fetch_add(n, Ordering::Relaxed) + n >= DROP_BEHIND_BYTES {
                 self.written_since_drop.store(0, Ordering::Relaxed);
                 self.backing.drop_cache(0, 0);
@@ -367,9 +389,7 @@ impl<D: Durable> Inner<D> {
             self.kick_loader();
         }
         self.stats.add(C::Writes, 1);
-        self.stats.add(C::BytesWritten, buf.len() as u64);
-        self.stats.record(Lat::Write, started.elapsed());
-        Ok(())
+        self.stats.add(C::BytesWritten, bytes);
     }
 
     pub(super) fn zero_range(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
