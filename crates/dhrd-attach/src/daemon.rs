@@ -89,7 +89,6 @@ pub fn run(
     };
     let sock = control::socket_path_of_canonical(&a.dir);
     let _sock_guard = RemoveOnDrop(sock);
-    let mut threads = Vec::new();
     {
         let tx = stop_tx.clone();
         spawn("dhrd-signals", move || loop {
@@ -112,6 +111,49 @@ pub fn run(
         .map_err(std::io::Error::from)
         .during(|| "eventfd".into())?;
     let wake = Arc::new(wake);
+    let threads = spawn_workers(&a, &wake, progress)?;
+    drop(stop_tx);
+    eprintln!(
+        "dhrd: attached {} (durability {}: {}; ready in {:.3} s)",
+        a.dir.display(),
+        a.cfg.durability,
+        a.sync_by,
+        *a.ready_after_s.lock()
+    );
+    on_ready(&a.dir);
+    let ev = stop_rx.recv().ok();
+    if let Some(Stop::Signal(sig)) = &ev {
+        eprintln!("dhrd: signal {sig}: detaching {}", a.dir.display());
+    }
+    a.shutdown.store(true, std::sync::atomic::Ordering::Release);
+    let _ = rustix::io::write(&*wake, &1u64.to_ne_bytes());
+    for t in threads {
+        let _ = t.join();
+    }
+    let r = a.detach();
+    if let Some(Stop::Control(mut c)) = ev {
+        let msg = match &r {
+            Ok(()) => "ok\n".to_string(),
+            Err(e) => format!("error: {e}\n"),
+        };
+        let _ = c.write_all(msg.as_bytes());
+    }
+    match &r {
+        Ok(()) => eprintln!("dhrd: detached {}", a.dir.display()),
+        Err(e) => eprintln!("dhrd: detach of {} incomplete: {e}", a.dir.display()),
+    }
+    r
+}
+
+/// The threads that serve an attached directory until shutdown: the event watch (woken by
+/// `wake` to stop), the warm-up walk, and when asked the periodic sync, the flag audit and
+/// the progress line.
+fn spawn_workers(
+    a: &Arc<Attached>,
+    wake: &Arc<rustix::fd::OwnedFd>,
+    progress: bool,
+) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut threads = Vec::new();
     {
         let (a2, w2) = (a.clone(), wake.clone());
         threads.push(spawn("dhrd-watch", move || a2.watch_events(w2.as_fd()))?);
@@ -149,37 +191,7 @@ pub fn run(
         let a2 = a.clone();
         threads.push(spawn("dhrd-progress", move || progress_loop(&a2))?);
     }
-    drop(stop_tx);
-    eprintln!(
-        "dhrd: attached {} (durability {}: {}; ready in {:.3} s)",
-        a.dir.display(),
-        a.cfg.durability,
-        a.sync_by,
-        *a.ready_after_s.lock()
-    );
-    on_ready(&a.dir);
-    let ev = stop_rx.recv().ok();
-    if let Some(Stop::Signal(sig)) = &ev {
-        eprintln!("dhrd: signal {sig}: detaching {}", a.dir.display());
-    }
-    a.shutdown.store(true, std::sync::atomic::Ordering::Release);
-    let _ = rustix::io::write(&*wake, &1u64.to_ne_bytes());
-    for t in threads {
-        let _ = t.join();
-    }
-    let r = a.detach();
-    if let Some(Stop::Control(mut c)) = ev {
-        let msg = match &r {
-            Ok(()) => "ok\n".to_string(),
-            Err(e) => format!("error: {e}\n"),
-        };
-        let _ = c.write_all(msg.as_bytes());
-    }
-    match &r {
-        Ok(()) => eprintln!("dhrd: detached {}", a.dir.display()),
-        Err(e) => eprintln!("dhrd: detach of {} incomplete: {e}", a.dir.display()),
-    }
-    r
+    Ok(threads)
 }
 
 fn bind_control(a: &Attached) -> Result<UnixListener> {

@@ -205,6 +205,13 @@ pub fn text(a: &Attached) -> String {
         human(sv.cache.dirty_pages * dhrd_io::PAGE_BYTES),
         human(sv.cache.writeback_pages * dhrd_io::PAGE_BYTES)
     );
+    activity_text(&mut s, a);
+    s
+}
+
+/// The lines of `text` on what the daemon does: the watch, the sync flags, the periodic
+/// syncs, and whether the directory turned read-only.
+fn activity_text(s: &mut String, a: &Attached) {
     let w = &a.watch.stats;
     let _ = writeln!(
         s,
@@ -246,7 +253,6 @@ pub fn text(a: &Attached) -> String {
             let _ = writeln!(s, "read-only:       yes: {c}");
         }
     }
-    s
 }
 
 /// What `dhrd status DIR --json` prints.

@@ -918,45 +918,66 @@ fn finish_file(inner: &Inner, w: Warming) {
         q.pins += 1; // claimed before the unlock so concurrent pins respect the limit
     }
     drop(q);
-    let pin = if may_pin {
-        match Pin::new(&w.file, w.len) {
-            Ok(p) => Some(p),
-            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && shrank(&w.file, w.len) => {
-                // Truncated since the check above: the mapping reached past EOF, which
-                // says nothing of the memlock limit. Warmed again at its new size.
-                let mut q = inner.q.lock();
-                q.pins -= 1;
-                inner.files_warmed.fetch_sub(1, Ordering::Relaxed);
-                let mut left = None;
-                if matches!(q.entries.get(&w.key), Some(Entry::Busy)) && !q.shutdown {
-                    let changed = q.changed.remove(&w.key);
-                    let file = changed.or_else(|| w.file.try_clone().ok());
-                    left = warm_again(inner, &mut q, w.key, file);
-                }
-                drop(q);
-                inner.dispose(left);
-                inner.budget.release(w.len);
-                return;
-            }
-            Err(e) => {
-                // Without CAP_IPC_LOCK and a large RLIMIT_MEMLOCK nothing will pin: say
-                // why once and stop trying.
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EPERM | libc::ENOMEM | libc::EAGAIN)
-                ) {
-                    inner.pin_stopped.store(true, Ordering::Relaxed);
-                }
-                let mut pe = inner.pin_error.lock();
-                if pe.is_none() {
-                    *pe = Some(format!("mlock: {e} ({})", memlock_limit()));
-                }
-                None
-            }
-        }
-    } else {
-        None
+    let pin = match may_pin.then(|| pin_warmed(inner, &w)) {
+        Some(PinOutcome::WarmAgain) => return,
+        Some(PinOutcome::Pinned(p)) => Some(p),
+        Some(PinOutcome::Unpinned) | None => None,
     };
+    record_warmed(inner, w, pin, may_pin);
+}
+
+/// What pinning a warmed file came to.
+enum PinOutcome {
+    Pinned(Pin),
+    /// Not pinned (why is said once, and pinning stops where it can never work).
+    Unpinned,
+    /// The file shrank since it was sized: queued to be warmed again at its new size, its
+    /// reservation and claimed pin given back.
+    WarmAgain,
+}
+
+/// Pins warmed file `w`, for which a pin was claimed.
+fn pin_warmed(inner: &Inner, w: &Warming) -> PinOutcome {
+    match Pin::new(&w.file, w.len) {
+        Ok(p) => PinOutcome::Pinned(p),
+        Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && shrank(&w.file, w.len) => {
+            // Truncated since the check in `finish_file`: the mapping reached past EOF,
+            // which says nothing of the memlock limit. Warmed again at its new size.
+            let mut q = inner.q.lock();
+            q.pins -= 1;
+            inner.files_warmed.fetch_sub(1, Ordering::Relaxed);
+            let mut left = None;
+            if matches!(q.entries.get(&w.key), Some(Entry::Busy)) && !q.shutdown {
+                let changed = q.changed.remove(&w.key);
+                let file = changed.or_else(|| w.file.try_clone().ok());
+                left = warm_again(inner, &mut q, w.key, file);
+            }
+            drop(q);
+            inner.dispose(left);
+            inner.budget.release(w.len);
+            PinOutcome::WarmAgain
+        }
+        Err(e) => {
+            // Without CAP_IPC_LOCK and a large RLIMIT_MEMLOCK nothing will pin: say why
+            // once and stop trying.
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EPERM | libc::ENOMEM | libc::EAGAIN)
+            ) {
+                inner.pin_stopped.store(true, Ordering::Relaxed);
+            }
+            let mut pe = inner.pin_error.lock();
+            if pe.is_none() {
+                *pe = Some(format!("mlock: {e} ({})", memlock_limit()));
+            }
+            PinOutcome::Unpinned
+        }
+    }
+}
+
+/// Records warmed file `w` as done with `pin` (`may_pin`: a pin was claimed for it), unless
+/// it was forgotten meanwhile: then its pin and reservation are given back.
+fn record_warmed(inner: &Inner, w: Warming, pin: Option<Pin>, may_pin: bool) {
     let mut q = inner.q.lock();
     if may_pin && pin.is_none() {
         q.pins -= 1;

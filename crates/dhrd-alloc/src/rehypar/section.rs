@@ -141,27 +141,39 @@ impl Section {
         self.states[x as usize] = ExtentState::Resident(r);
     }
 
-    /// Checks this section against the live set (see the invariants in `rehypar.rs`).
+    /// Checks this section against the live set (see the invariants in `rehypar.rs`): each
+    /// extent's state against what the live set has in it, then the reuse lists.
     pub(super) fn check(
         &self,
         sid: usize,
         live: &LiveSet,
         reuse_min: BlockCount,
     ) -> Result<(), Error> {
-        let sec = self;
-        let s = sec.s();
-        let bad = |what: String| Err(Error::invariant(format!("section {sid}: {what}")));
-        // Live allocations per extent, recomputed from the live set.
-        // Per extent: live allocations, their blocks in it, the highest offset they reach.
+        let per_extent = self.live_per_extent(sid, live)?;
+        let listed = self.check_extents(sid, &per_extent)?;
+        self.check_lists(sid, listed, reuse_min)
+    }
+
+    /// Per extent of this section: the live allocations in it, their blocks in it, and the
+    /// highest offset they reach, recomputed from the live set.
+    fn live_per_extent(
+        &self,
+        sid: usize,
+        live: &LiveSet,
+    ) -> Result<BTreeMap<u32, (u32, u64, u64)>, Error> {
+        let s = self.s();
         let mut per_extent: BTreeMap<u32, (u32, u64, u64)> = BTreeMap::new();
         for e in live.iter() {
-            if e.start < sec.info.base || e.start >= sec.end() {
+            if e.start < self.info.base || e.start >= self.end() {
                 continue;
             }
-            if e.end() > sec.end() {
-                return bad(format!("allocation {e} crosses the section end"));
+            if e.end() > self.end() {
+                return Err(invariant(
+                    sid,
+                    format!("allocation {e} crosses the section end"),
+                ));
             }
-            let (a, z) = (e.start.0 - sec.info.base.0, e.end().0 - sec.info.base.0);
+            let (a, z) = (e.start.0 - self.info.base.0, e.end().0 - self.info.base.0);
             for x in a / s..z.div_ceil(s) {
                 let lo = a.max(x * s);
                 let hi = z.min((x + 1) * s);
@@ -171,48 +183,67 @@ impl Section {
                 v.2 = v.2.max(hi - x * s);
             }
         }
+        Ok(per_extent)
+    }
+
+    /// Each extent's state against `per_extent`: a clean extent is in the clean set and
+    /// holds nothing live, a resident one counts what it holds and is listed where its fill
+    /// says. How many extents are listed.
+    fn check_extents(
+        &self,
+        sid: usize,
+        per_extent: &BTreeMap<u32, (u32, u64, u64)>,
+    ) -> Result<usize, Error> {
+        let sec = self;
+        let s = sec.s();
+        let bad = |what: String| Err(invariant(sid, what));
         let mut listed = 0usize;
         for (x, st) in sec.states.iter().enumerate() {
             let x = x as u32;
-            match st {
-                ExtentState::Clean => {
-                    if !sec.clean.contains(&x) || per_extent.contains_key(&x) {
-                        return bad(format!("clean extent {x} not in the clean set or live"));
-                    }
+            let r = match st {
+                ExtentState::Clean if !sec.clean.contains(&x) || per_extent.contains_key(&x) => {
+                    return bad(format!("clean extent {x} not in the clean set or live"));
                 }
-                ExtentState::Resident(r) => {
-                    let Some(&(allocs, blocks, max_end)) = per_extent.get(&x) else {
-                        return bad(format!("resident extent {x} holds no live allocation"));
-                    };
-                    if sec.clean.contains(&x) || allocs != r.live_allocs || blocks != r.live_blocks
-                    {
-                        return bad(format!(
-                            "extent {x}: counted {}/{} allocs/blocks, live set {allocs}/{blocks}",
-                            r.live_allocs, r.live_blocks
-                        ));
-                    }
-                    if max_end > r.fill.0 || r.fill.0 > s || r.fill.0 == 0 {
-                        return bad(format!(
-                            "extent {x}: fill {} but data up to {max_end}",
-                            r.fill.0
-                        ));
-                    }
-                    if let Some(pos) = r.listed {
-                        listed += 1;
-                        let chunk = sec.info.geometry.chunk_at(r.fill);
-                        let in_list = sec
-                            .lists
-                            .get(&pos)
-                            .map_or(0, |l| l.iter().filter(|e| e.extent.0 == x).count());
-                        if chunk.map(|c| c.pos()) != Some(pos) || in_list != 1 {
-                            return bad(format!(
-                                "extent {x} listed at {pos:?} but not found there"
-                            ));
-                        }
-                    }
+                ExtentState::Clean => continue,
+                ExtentState::Resident(r) => r,
+            };
+            let Some(&(allocs, blocks, max_end)) = per_extent.get(&x) else {
+                return bad(format!("resident extent {x} holds no live allocation"));
+            };
+            if sec.clean.contains(&x) || allocs != r.live_allocs || blocks != r.live_blocks {
+                return bad(format!(
+                    "extent {x}: counted {}/{} allocs/blocks, live set {allocs}/{blocks}",
+                    r.live_allocs, r.live_blocks
+                ));
+            }
+            if max_end > r.fill.0 || r.fill.0 > s || r.fill.0 == 0 {
+                return bad(format!(
+                    "extent {x}: fill {} but data up to {max_end}",
+                    r.fill.0
+                ));
+            }
+            if let Some(pos) = r.listed {
+                listed += 1;
+                let chunk = sec.info.geometry.chunk_at(r.fill);
+                let in_list = sec
+                    .lists
+                    .get(&pos)
+                    .map_or(0, |l| l.iter().filter(|e| e.extent.0 == x).count());
+                if chunk.map(|c| c.pos()) != Some(pos) || in_list != 1 {
+                    return bad(format!("extent {x} listed at {pos:?} but not found there"));
                 }
             }
         }
+        Ok(listed)
+    }
+
+    /// The reuse lists: none empty, each in non-increasing unused order, every entry that
+    /// of a resident extent listed there with its current unused blocks, and as many
+    /// entries and unused blocks as the extents and the running sum say.
+    fn check_lists(&self, sid: usize, listed: usize, reuse_min: BlockCount) -> Result<(), Error> {
+        let sec = self;
+        let s = sec.s();
+        let bad = |what: String| Err(invariant(sid, what));
         let mut entries = 0usize;
         let mut unused_sum = 0u64;
         for (pos, list) in &sec.lists {
@@ -246,4 +277,9 @@ impl Section {
         }
         Ok(())
     }
+}
+
+/// A broken invariant of section `sid`.
+fn invariant(sid: usize, what: String) -> Error {
+    Error::invariant(format!("section {sid}: {what}"))
 }
