@@ -70,8 +70,10 @@ pub(crate) trait LoadTarget: Send + Sync {
     fn chunk_bytes(&self) -> u64;
 }
 
+/// The targets with work, in the order they are served, each with its id; `ids` holds
+/// exactly the ids of `targets` (a target is queued once).
 struct Queue {
-    targets: VecDeque<Weak<dyn LoadTarget>>,
+    targets: VecDeque<(u64, Weak<dyn LoadTarget>)>,
     ids: HashSet<u64>,
 }
 
@@ -142,7 +144,7 @@ impl Loader {
     pub(crate) fn register(&self, t: Weak<dyn LoadTarget>, id: u64) {
         let mut q = self.h.shared.q.lock();
         if q.ids.insert(id) {
-            q.targets.push_back(t);
+            q.targets.push_back((id, t));
         }
         drop(q);
         // One worker; it wakes the next when it finds work (see `next_job`), so a target
@@ -154,11 +156,7 @@ impl Loader {
     pub(crate) fn prioritize(&self, t: Weak<dyn LoadTarget>, id: u64) {
         let mut q = self.h.shared.q.lock();
         if q.ids.contains(&id) {
-            if let Some(pos) = q
-                .targets
-                .iter()
-                .position(|w| w.upgrade().is_some_and(|a| a.target_id() == id))
-            {
+            if let Some(pos) = q.targets.iter().position(|(queued, _)| *queued == id) {
                 if pos != 0 {
                     if let Some(w) = q.targets.remove(pos) {
                         q.targets.push_front(w);
@@ -167,7 +165,7 @@ impl Loader {
             }
         } else {
             q.ids.insert(id);
-            q.targets.push_front(t);
+            q.targets.push_front((id, t));
         }
         drop(q);
         self.h.shared.cv.notify_one();
@@ -184,7 +182,12 @@ fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, NextJob)> {
         let mut wake_at: Option<Instant> = None;
         let mut i = 0;
         while i < q.targets.len() {
-            let Some(t) = q.targets.get(i).and_then(Weak::upgrade) else {
+            let Some((id, t)) = q.targets.get(i).map(|(id, w)| (*id, w.upgrade())) else {
+                break;
+            };
+            let Some(t) = t else {
+                // Dropped while queued: its id leaves with it, or `ids` grows forever.
+                q.ids.remove(&id);
                 q.targets.remove(i);
                 continue;
             };
@@ -200,7 +203,7 @@ fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, NextJob)> {
                     i += 1;
                 }
                 NextJob::Idle => {
-                    q.ids.remove(&t.target_id());
+                    q.ids.remove(&id);
                     q.targets.remove(i);
                 }
             }
@@ -302,5 +305,77 @@ impl LoadGate {
         while g.paused.contains(&c.0) {
             self.cv.wait(&mut g);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A target with one chunk to load, or none.
+    struct Target {
+        id: u64,
+        work: bool,
+    }
+
+    impl LoadTarget for Target {
+        fn target_id(&self) -> u64 {
+            self.id
+        }
+        fn next_job(&self, _now: Instant) -> NextJob {
+            match self.work {
+                true => NextJob::Load(ChunkIndex(0), LoadKind::Pass),
+                false => NextJob::Idle,
+            }
+        }
+        fn load(&self, _c: ChunkIndex, _kind: LoadKind) -> LoadResult {
+            LoadResult::Skipped
+        }
+        fn reclaim(&self) {}
+        fn chunk_bytes(&self) -> u64 {
+            4096
+        }
+    }
+
+    /// A loader without threads, so the test drives `next_job` itself.
+    fn shared() -> Shared {
+        Shared {
+            q: Mutex::new(Queue {
+                targets: VecDeque::new(),
+                ids: HashSet::new(),
+            }),
+            cv: Condvar::new(),
+            cfg: LoaderConfig::default(),
+            rate_next_free: Mutex::new(Instant::now()),
+            shutdown: AtomicBool::new(false),
+        }
+    }
+
+    fn queue(s: &Shared, t: &Arc<dyn LoadTarget>) {
+        let mut q = s.q.lock();
+        assert!(q.ids.insert(t.target_id()));
+        q.targets.push_back((t.target_id(), Arc::downgrade(t)));
+    }
+
+    #[test]
+    fn a_target_dropped_while_queued_leaves_nothing_queued() {
+        let s = shared();
+        let dead: Arc<dyn LoadTarget> = Arc::new(Target { id: 1, work: true });
+        let live: Arc<dyn LoadTarget> = Arc::new(Target { id: 2, work: true });
+        queue(&s, &dead);
+        queue(&s, &live);
+        drop(dead);
+        let (t, job) = next_job(&s).expect("a job");
+        assert_eq!(
+            (t.target_id(), job),
+            (2, NextJob::Load(ChunkIndex(0), LoadKind::Pass))
+        );
+        let q = s.q.lock();
+        assert_eq!(
+            q.ids,
+            HashSet::from([2]),
+            "the dropped target's id is still queued"
+        );
+        assert_eq!(q.targets.len(), 1);
     }
 }
