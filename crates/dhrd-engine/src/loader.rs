@@ -191,6 +191,7 @@ fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, NextJob)> {
                 q.targets.remove(i);
                 continue;
             };
+            debug_assert_eq!(t.target_id(), id, "a target is queued under its own id");
             match t.next_job(now) {
                 job @ (NextJob::Load(..) | NextJob::Reclaim) => {
                     // There may be more: pass the baton to one more worker, which goes
@@ -309,6 +310,7 @@ impl LoadGate {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use super::*;
 
