@@ -56,6 +56,15 @@ fn acknowledged_writes_survive_sigkill_on_the_ssd_tier() {
         doc["tier"]["dirty_at_open"].as_u64().unwrap_or(0) > 0,
         "{doc}"
     );
+    // The per-request counts the figure 11 benchmark reads its hit shares from.
+    for k in [
+        "read_requests_ssd",
+        "read_requests_lower",
+        "write_requests_ssd",
+        "write_requests_lower",
+    ] {
+        assert!(doc["tier"][k].is_u64(), "{k} missing: {doc}");
+    }
     let mut c = Client::connect(&d.sock).unwrap_or_else(|e| panic!("connect: {e}"));
     check_after_kill(&mut c, EXPORT_BLOCKS, &acked, &unacked, 1, 2);
     drop(c);

@@ -64,6 +64,7 @@ mod clean;
 mod layout;
 mod lower_writes;
 mod parts;
+mod requests;
 mod writes;
 
 use crate::fastdev::{self, invalid, read_padded, Background, StickyFailure};
@@ -75,6 +76,7 @@ pub use layout::{ENTRY_BYTES, HEADER_BYTES};
 use lower_writes::{LowerWrites, Seen};
 use parking_lot::{Condvar, Mutex};
 use parts::Parts;
+use requests::{Reached, RequestCounts};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -150,6 +152,14 @@ pub struct TierStats {
     pub dropped_at_open: u64,
     /// Dirty chunks kept at open in such a case because the opener adopted them.
     pub adopted_dirty: u64,
+    /// Read requests served by the SSD alone, and those that read the lower tier
+    /// (`requests.rs`): the cache tier's hit share as the device sees it.
+    pub read_requests_ssd: u64,
+    pub read_requests_lower: u64,
+    /// Write requests served by the SSD alone, and those that read or wrote the lower
+    /// tier (edges of a part filled from there, a bypass, write-through).
+    pub write_requests_ssd: u64,
+    pub write_requests_lower: u64,
 }
 
 struct Slot {
@@ -232,6 +242,7 @@ struct Shared<F: Durable, S: Durable> {
     bypassed: AtomicU64,
     partial_fills: AtomicU64,
     completions: AtomicU64,
+    requests: RequestCounts,
     dirty_at_open: u64,
     upgraded_dirty: u64,
     /// The lower tier as the opener named it, and the number of the SSD's pairing record
@@ -364,6 +375,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             bypassed: AtomicU64::new(0),
             partial_fills: AtomicU64::new(0),
             completions: AtomicU64::new(0),
+            requests: RequestCounts::default(),
             dirty_at_open,
             upgraded_dirty,
             paired,
@@ -471,6 +483,8 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
         let s = &self.shared;
         let st = s.state.lock();
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (read_requests_ssd, read_requests_lower, write_requests_ssd, write_requests_lower) =
+            s.requests.get();
         TierStats {
             slots: st.slots.len() as u64,
             slots_used: (st.slots.len() - st.free.len()) as u64,
@@ -488,6 +502,10 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             upgraded_dirty: s.upgraded_dirty,
             dropped_at_open: s.paired.dropped_at_open,
             adopted_dirty: s.paired.adopted_dirty,
+            read_requests_ssd,
+            read_requests_lower,
+            write_requests_ssd,
+            write_requests_lower,
         }
     }
 
@@ -822,6 +840,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
         let s = &self.shared;
         let end = (offset + buf.len() as u64).min(s.geo.lower_bytes);
         let mut pos = offset;
+        let mut reached = Reached::Ssd;
         while pos < end {
             let c = pos / s.geo.chunk_bytes;
             let (start, cend) = s.chunk_range(c);
@@ -856,6 +875,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                     } else {
                         s.read_merged(i, c, held, dst, pos - start)?;
                         s.reads_lower.fetch_add(1, Ordering::Relaxed);
+                        reached = Reached::Lower;
                     }
                     served = true;
                 }
@@ -884,8 +904,12 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
                     read_padded(&s.lower, dst, pos)?;
                 }
                 s.reads_lower.fetch_add(1, Ordering::Relaxed);
+                reached = Reached::Lower;
             }
             pos = piece_end;
+        }
+        if pos > offset {
+            s.requests.read(reached);
         }
         Ok(end.saturating_sub(offset) as usize)
     }
@@ -908,19 +932,27 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
             })?;
         let mut pos = offset;
         let mut ssd_written = false;
+        let mut reached = Reached::Ssd;
         while pos < end {
             let c = pos / s.geo.chunk_bytes;
             let (_, cend) = s.chunk_range(c);
             let piece_end = cend.min(end);
             let src = &buf[(pos - offset) as usize..(piece_end - offset) as usize];
-            let cached = s.mode == TierMode::WriteBack && s.write_cached(c, src, pos)?;
-            if cached {
-                ssd_written = true;
-            } else {
-                if s.mode == TierMode::WriteBack {
-                    s.bypassed.fetch_add(1, Ordering::Relaxed);
+            let cached = match s.mode {
+                TierMode::WriteBack => s.write_cached(c, src, pos)?,
+                TierMode::WriteThrough => writes::Cached::NoSlot,
+            };
+            match cached {
+                writes::Cached::Slot(r) => {
+                    ssd_written = true;
+                    reached = reached.and(r);
                 }
-                s.write_lower(c, src, pos)?;
+                writes::Cached::NoSlot => {
+                    if s.mode == TierMode::WriteBack {
+                        s.bypassed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    reached = reached.and(s.write_lower(c, src, pos)?);
+                }
             }
             pos = piece_end;
         }
@@ -928,6 +960,9 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
             s.ssd_sync()?;
         }
         s.cv.notify_all();
+        if end > offset {
+            s.requests.write(reached);
+        }
         Ok(())
     }
 

@@ -18,40 +18,58 @@
 
 use super::*;
 
+/// What `write_cached` did with a write.
+pub(super) enum Cached {
+    /// Into the chunk's slot; whether the edges of a part came from the lower tier.
+    Slot(Reached),
+    /// No slot could be had: the caller writes the lower tier.
+    NoSlot,
+}
+
 impl<F: Durable, S: Durable> Shared<F, S> {
     /// Writes `buf` at chunk-relative byte `a` of chunk `c` into slot `i`, whose lock the
     /// caller holds, and returns the parts the write touched. The slot holds `held`
     /// already; a touched part outside `held` that the write covers only partly gets its
-    /// other bytes from the lower tier, so that every touched part holds the chunk's bytes.
-    fn write_parts(&self, i: usize, c: u64, held: Parts, buf: &[u8], a: u64) -> io::Result<Parts> {
+    /// other bytes from the lower tier, so that every touched part holds the chunk's bytes
+    /// (then the write `Reached::Lower`).
+    fn write_parts(
+        &self,
+        i: usize,
+        c: u64,
+        held: Parts,
+        buf: &[u8],
+        a: u64,
+    ) -> io::Result<(Parts, Reached)> {
         let (start, end) = self.chunk_range(c);
         let pb = self.geo.part_bytes();
         let (touched, edges) = parts::touched(pb, end - start, a, a + buf.len() as u64);
         let base = self.slot_offset(i);
+        let mut reached = Reached::Ssd;
         for (x, y) in edges {
             if held.contains(x / pb) {
                 continue;
             }
             let mut fill = vec![0u8; (y - x) as usize];
             read_padded(&self.lower, &mut fill, start + x)?;
+            reached = Reached::Lower;
             self.ssd_write(&fill, base + x)?;
         }
         self.ssd_write(buf, base + a)?;
-        Ok(touched)
+        Ok((touched, reached))
     }
 
     /// Writes `buf` at chunk-relative byte `a` into slot `i`, which holds chunk `c` DIRTY
     /// and whose lock the caller holds. Parts new to the slot are named by its entry only
     /// after their bytes are durable; the caller's final sync makes the entry durable.
-    fn write_dirty_slot(&self, i: usize, c: u64, buf: &[u8], a: u64) -> io::Result<()> {
+    fn write_dirty_slot(&self, i: usize, c: u64, buf: &[u8], a: u64) -> io::Result<Reached> {
         // A DIRTY slot's parts only grow: writes add them under the slot's lock, which the
         // caller holds, and the write-back names the parts it completed without that lock.
         // So `held` may fall behind, never ahead: a part it lacks but the write-back filled
         // holds the lower tier's bytes, as does an edge fill from there.
         let held = self.state.lock().slots[i].parts;
-        let touched = self.write_parts(i, c, held, buf, a)?;
+        let (touched, reached) = self.write_parts(i, c, held, buf, a)?;
         if touched.minus(held).is_empty() {
-            return Ok(());
+            return Ok(reached);
         }
         self.ssd_sync()?;
         let mut st = self.state.lock();
@@ -62,7 +80,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         let e = Entry::new(c, SLOT_DIRTY, parts);
         self.write_entry(&mut st, i, e)?;
         st.slots[i].parts = parts;
-        Ok(())
+        Ok(reached)
     }
 
     /// Writes `buf` at chunk-relative byte `a` into slot `i`, which holds chunk `c`: the
@@ -78,7 +96,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
         c: u64,
         buf: &[u8],
         a: u64,
-    ) -> io::Result<()> {
+    ) -> io::Result<Reached> {
         debug_assert_eq!(st.by_chunk.get(&c), Some(&i));
         st.slots[i].writes += 1;
         if st.slots[i].state == SLOT_CLEAN {
@@ -95,11 +113,13 @@ impl<F: Durable, S: Durable> Shared<F, S> {
     }
 
     /// Write-back mode: writes into the chunk's slot, taking one if the SSD does not hold
-    /// the chunk. False when no slot could be had (every one dirty or busy), or when writes
-    /// to the lower tier kept spoiling the fill of a new one.
-    pub(super) fn write_cached(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<bool> {
+    /// the chunk. `NoSlot` when no slot could be had (every one dirty or busy), or when
+    /// writes to the lower tier kept spoiling the fill of a new one.
+    pub(super) fn write_cached(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<Cached> {
         let a = offset - self.chunk_range(c).0;
         let mut fills = 0;
+        // A fill that had to be repeated read the lower tier all the same.
+        let mut reached = Reached::Ssd;
         loop {
             let found = self.state.lock().by_chunk.get(&c).copied();
             if let Some(i) = found {
@@ -108,11 +128,11 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 if st.by_chunk.get(&c) != Some(&i) {
                     continue; // evicted meanwhile
                 }
-                self.write_into_slot(st, i, c, buf, a)?;
-                return Ok(true);
+                let r = self.write_into_slot(st, i, c, buf, a)?;
+                return Ok(Cached::Slot(reached.and(r)));
             }
             let Some(i) = self.take_slot()? else {
-                return Ok(false);
+                return Ok(Cached::NoSlot);
             };
             let _g = self.locks[i].lock();
             // The edges of the parts the write covers partly come from the lower tier:
@@ -127,7 +147,10 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 Ok(touched)
             })();
             let parts = match r {
-                Ok(p) => p,
+                Ok((p, r)) => {
+                    reached = reached.and(r);
+                    p
+                }
                 Err(e) => {
                     self.untake(i);
                     return Err(e);
@@ -145,7 +168,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                 st.free.push(i);
                 fills += 1;
                 if fills == FILL_TRIES_MAX {
-                    return Ok(false);
+                    return Ok(Cached::NoSlot);
                 }
                 continue;
             }
@@ -158,13 +181,14 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             if parts != self.chunk_parts(c) {
                 self.partial_fills.fetch_add(1, Ordering::Relaxed);
             }
-            return Ok(true);
+            return Ok(Cached::Slot(reached));
         }
     }
 
     /// Write-through (and the write-back mode's fallback): drops the chunk's slot, durably,
-    /// then writes the lower tier.
-    pub(super) fn write_lower(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<()> {
+    /// then writes the lower tier. A write that finds the chunk's slot dirty goes into it
+    /// instead, and reaches the lower tier only if that does.
+    pub(super) fn write_lower(&self, c: u64, buf: &[u8], offset: u64) -> io::Result<Reached> {
         // Counted before the look-up: a slot named for the chunk after the look-up missed
         // it is named only if this write had not begun (`lower_writes.rs`).
         let looking = self.lower_writes.begin(c);
@@ -184,9 +208,9 @@ impl<F: Durable, S: Durable> Shared<F, S> {
                         // Its newer bytes must reach the lower tier first: write into the
                         // slot instead (write-back keeps it; write-through drains below).
                         let (start, _) = self.chunk_range(c);
-                        self.write_into_slot(st, i, c, buf, offset - start)?;
+                        let r = self.write_into_slot(st, i, c, buf, offset - start)?;
                         self.ssd_sync()?;
-                        return Ok(());
+                        return Ok(r);
                     }
                     st.by_chunk.remove(&c);
                     st.policy.remove(c);
@@ -216,6 +240,7 @@ impl<F: Durable, S: Durable> Shared<F, S> {
             self.ssd_sync()?;
         }
         self.lower.write_at(buf, offset)?;
-        self.lower.sync()
+        self.lower.sync()?;
+        Ok(Reached::Lower)
     }
 }
