@@ -11,6 +11,7 @@
 
 use crate::{timed, Error, FastLayer, Layer, Layers, Notice, NvmLayer, Result};
 use dhrd_io::{Durable, FileBacking, FileOptions};
+use dhrd_engine::Durability;
 use dhrd_tier::{LowerIdentity, WriteBack};
 use std::path::Path;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ pub(crate) fn open(
     backing: Arc<dyn Durable>,
     identity: LowerIdentity,
     chunk_bytes: u64,
+    durability: Durability,
     read_only: bool,
     notices: &mut Vec<Notice>,
 ) -> Result<(Arc<dyn Durable>, Layers)> {
@@ -73,6 +75,11 @@ pub(crate) fn open(
                 *timing,
             )
             .map_err(|source| cache_error(Layer::Ssd, file, source))?;
+            // Outside `sync` durability a write need be durable only at FLUSH: the SSD's
+            // last sync of a write waits for it too (docs/crash-model.md).
+            if !matches!(durability, Durability::Sync) {
+                t.set_slot_sync(dhrd_tier::SlotSync::AtFlush);
+            }
             let t = Arc::new(t);
             let s = t.stats();
             let distrust = t.distrusted_at_open().map(|why| Notice::Distrusted {

@@ -277,6 +277,7 @@ impl Stack {
             backing,
             opened.identity,
             chunk_bytes,
+            durability,
             read_only,
             &mut notices,
         )?;

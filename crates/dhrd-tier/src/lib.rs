@@ -17,5 +17,5 @@ pub mod tiered;
 pub mod writeback;
 
 pub use pairing::LowerIdentity;
-pub use tiered::{open_ssd_file, ssd_bytes_for, SsdTier, TierMode, TierStats, Tiered};
+pub use tiered::{open_ssd_file, ssd_bytes_for, SlotSync, SsdTier, TierMode, TierStats, Tiered};
 pub use writeback::{WriteBack, WriteBackStats};

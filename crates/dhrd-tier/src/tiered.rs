@@ -123,6 +123,20 @@ impl std::fmt::Display for TierMode {
     }
 }
 
+/// When a write into a slot is synced on the SSD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlotSync {
+    /// Before the write returns: every write is durable on return.
+    #[default]
+    EachWrite,
+    /// At the next `sync` (a FLUSH): for an engine in `fsync` durability, whose writes
+    /// need to be durable only at FLUSH. Only a write's last sync waits: the syncs that
+    /// order a slot's bytes before the entry naming them, and a DIRTY entry before a
+    /// CLEAN slot's bytes change, are made as always, so a power cut loses at most writes
+    /// since the last sync and never leaves an entry naming bytes nobody wrote.
+    AtFlush,
+}
+
 /// Tier statistics, serialised under the names of `dhrd nbd`'s status file (docs/nbd.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TierStats {
@@ -243,6 +257,8 @@ struct Shared<F: Durable, S: Durable> {
     partial_fills: AtomicU64,
     completions: AtomicU64,
     requests: RequestCounts,
+    /// `SlotSync::AtFlush`: a write into a slot skips its last sync.
+    sync_at_flush: AtomicBool,
     dirty_at_open: u64,
     upgraded_dirty: u64,
     /// The lower tier as the opener named it, and the number of the SSD's pairing record
@@ -376,6 +392,7 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             partial_fills: AtomicU64::new(0),
             completions: AtomicU64::new(0),
             requests: RequestCounts::default(),
+            sync_at_flush: AtomicBool::new(false),
             dirty_at_open,
             upgraded_dirty,
             paired,
@@ -471,6 +488,13 @@ impl<F: Durable, S: Durable> Tiered<F, S> {
             *e = free;
         }
         ssd.sync()
+    }
+
+    /// Sets when a write into a slot is synced (`SlotSync`); before the first write.
+    pub fn set_slot_sync(&self, when: SlotSync) {
+        self.shared
+            .sync_at_flush
+            .store(when == SlotSync::AtFlush, Ordering::SeqCst);
     }
 
     /// Why the SSD's copies were not trusted at open (it was made for another lower tier,
@@ -956,7 +980,7 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
             }
             pos = piece_end;
         }
-        if ssd_written {
+        if ssd_written && !s.sync_at_flush.load(Ordering::Relaxed) {
             s.ssd_sync()?;
         }
         s.cv.notify_all();
@@ -983,12 +1007,16 @@ impl<F: Durable, S: Durable> Durable for Tiered<F, S> {
     }
 
     fn writes_are_durable(&self) -> bool {
-        true
+        !self.shared.sync_at_flush.load(Ordering::Relaxed)
     }
 
     fn write_durably(&self, buf: &[u8], offset: u64) -> io::Result<Persistence> {
         self.write_at(buf, offset)?;
-        Ok(Persistence::Durable)
+        Ok(if self.writes_are_durable() {
+            Persistence::Durable
+        } else {
+            Persistence::NeedsSync
+        })
     }
 
     fn reads_allowed(&self) -> io::Result<()> {
