@@ -7,6 +7,9 @@ import json
 import os
 import sys
 
+import report_figures
+from report_labels import kind_of, reproduces
+
 
 def fmt(v):
     if isinstance(v, bool):
@@ -80,11 +83,12 @@ COLUMNS = {
                 ("mean latency ms", "lat_mean_ms"), ("init s", "init_secs")],
     "nvm": [("device", "device"), ("part", "part"), ("workload", "workload"), ("setting", "setting"),
             ("IOPS", "iops"), ("MiB/s", "mib_s"), ("mean us", "lat_mean_us"), ("cached after", "cached_after")],
-    "tier": [("trace", "trace"), ("cache tier", "level"), ("QD", "qd"), ("config", "config"), ("IOPS", "iops"),
-             ("hit share", "hit_share"), ("hit mean us", "hit_mean_us"), ("read p50 us", "read_p50_us"),
+    "tier": [("trace", "trace"), ("cache tier", "level"), ("QD", "qd"), ("durability", "durability"),
+             ("config", "config"), ("IOPS", "iops"), ("mean us", "mean_us"), ("hit share (counters)", "hit_share"),
+             ("hit share (< 7.5 ms)", "hit_share_by_latency"), ("t_hit us", "t_hit_us"),
+             ("t_hit read us", "t_hit_read_us"), ("t_miss us", "t_miss_us"), ("read p50 us", "read_p50_us"),
              ("read p99 us", "read_p99_us"), ("write p50 us", "write_p50_us"), ("write p99 us", "write_p99_us"),
-             ("written back MiB", "written_back_mib"), ("RAM hit ratio", "ram_hit_ratio"),
-             ("writes that waited for a load", "write_waits_on_load")],
+             ("written back MiB", "written_back_mib"), ("RAM hit ratio", "ram_hit_ratio")],
     "memory": [("config", "config"), ("data bytes", "data_bytes"), ("RAM bytes", "ram_bytes"),
                ("RAM per data byte", "ram_per_data_byte"), ("writes durable", "durable")],
 }
@@ -156,10 +160,19 @@ def write(results, out):
         "`docs/benchmarks.md`; 'writes durable' says when a completed write survives a crash.",
         "",
     ]
+    lines += ["Which paper figure each experiment reproduces, and whether its figures are measured as the paper "
+              "measured them or are our own comparison (`bench/suite/report_labels.py`):", "",
+              "| experiment | reproduces | measured |", "|---|---|---|"]
+    for name in results["experiments"]:
+        fig, how = reproduces(name)
+        lines.append(f"| {name} | {fig} | {how} |")
+    lines.append("")
     summary = []
     for name, e in results["experiments"].items():
         lines.append(f"## {e.get('title', name)}")
         lines.append("")
+        fig, how = reproduces(name)
+        lines += [f"Reproduces: {fig}. Measured: {how}.", ""]
         if e.get("error"):
             lines += [f"**Failed:** {e['error']}", ""]
             continue
@@ -168,9 +181,10 @@ def write(results, out):
             continue
         lines += [f"Scaling: {e.get('scaling', '')}. Took {e.get('seconds', '?')} s.", ""]
         if e.get("ratios"):
-            lines += ["| ratio | figure | baseline | value |", "|---|---|---|---|"]
+            lines += ["| ratio | figure | baseline | value | measured | target |", "|---|---|---|---|---|---|"]
             for r in e["ratios"]:
-                lines.append(f"| {r['what']} | {r['figure']} | {r['baseline']} | {fmt(r['value'])}x |")
+                lines.append(f"| {r['what']} | {r['figure']} | {r['baseline']} | {fmt(r['value'])}x | "
+                             f"{kind_of(name, r)} | {r.get('target', '')} |")
                 summary.append((name, r))
             lines.append("")
         lines += [main_table(name, e), ""]
@@ -358,38 +372,14 @@ def plot(name, e, out):
             ax.grid(True, axis="y", which="both", alpha=0.3)
     elif name == "nvm":
         fig = plot_nvm(plt, rows)
-    elif name == "tier":
-        fig = plot_tier(plt, rows)
+    elif name in report_figures.PLOTS:
+        fig = report_figures.PLOTS[name](plt, rows, e)
     else:
         return None
     fig.tight_layout()
     fig.savefig(os.path.join(out, fn), dpi=110)
     plt.close(fig)
     return fn
-
-
-def plot_tier(plt, rows):
-    """Experiment 13 (seed 000 Fig. 11): IOPS and the hits' service time by configuration,
-    one bar group per trace, cache-tier level and queue depth."""
-    cfgs = list(dict.fromkeys(r["config"] for r in rows))
-    groups = list(dict.fromkeys((r["trace"], r["level"], r["qd"]) for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-    w = 0.8 / max(1, len(cfgs))
-    for ax, key, label in ((axes[0], "iops", "IOPS (trace replay)"),
-                           (axes[1], "hit_mean_us", "mean time of a cache-tier hit (us)")):
-        for i, c in enumerate(cfgs):
-            ys = [next((r.get(key) or 0 for r in rows if (r["trace"], r["level"], r["qd"]) == g
-                        and r["config"] == c), 0) for g in groups]
-            ax.bar([j + i * w for j in range(len(groups))], ys, w, label=c)
-        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
-        ax.set_xticklabels([f"{t}\n{lv} QD{qd}" for t, lv, qd in groups], fontsize=7)
-        ax.set_yscale("log")
-        ax.set_ylabel(label)
-        ax.grid(True, axis="y", which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_title("tiered storage, HDD-timed lower tier, cache tier holding 70% / 80%")
-    axes[1].set_title("service time of requests the cache tier served")
-    return fig
 
 
 def plot_nvm(plt, rows):

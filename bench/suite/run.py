@@ -43,7 +43,7 @@ PROFILES = {
         seed002_configs=["dhrd-cache", "nbdkit-cache"],
         nvm_bytes=16 * M, nvm_runtime_s=0.1, nvm_sweep="short",
         nvm_devices=("nvm", "hdd"),
-        tier_bytes=64 * M, tier_requests=300, tier_rounds=1, tier_traces=["hm_0"], tier_qd=[8], tier_dirty_bytes=16 * M, tier_miss_writes=40,
+        tier_bytes=64 * M, tier_requests=300, tier_rounds=1, tier_traces=["tpcc"], tier_qd=[8], tier_dirty_bytes=16 * M, tier_miss_writes=40,
     ),
     "quick": dict(
         attach_bytes=[256 * M, 1 * G], attach_files=5000, attach_sqlite_commits=1000, attach_kill_gap_s=1,
