@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import attach
+import blockfs
 import configs
 import lib
 import cache
@@ -883,6 +884,7 @@ EXPERIMENTS = {
     "replay": exp_replay,
     "file": exp_file,
     "fileserver": exp_fileserver,
+    "blockfs": blockfs.exp_blockfs,
     "video": exp_video,
     "warmup": exp_warmup,
     "memory": exp_memory,

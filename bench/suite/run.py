@@ -77,8 +77,8 @@ PROFILES = {
         tier_qd=[8], tier_dirty_bytes=1 * G, tier_miss_writes=1000,
     ),
 }
-ORDER = ("block", "replay", "file", "fileserver", "video", "warmup", "memory", "transport", "attach", "rbd", "cache", "nvm",
-         "seed002", "tier")
+ORDER = ("block", "replay", "file", "fileserver", "blockfs", "video", "warmup", "memory", "transport", "attach", "rbd",
+         "cache", "nvm", "seed002", "tier")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 

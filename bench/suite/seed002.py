@@ -63,11 +63,11 @@ PAPER = {"dfsio": "+78% (no SCR) to +266% (SCR) on average over the SSD, i.e. 1.
 
 
 class Proc:
-    """A long-running process with its output in logs/seed002-NAME.log."""
+    """A long-running process with its output in logs/PREFIX-NAME.log (PREFIX: seed002)."""
 
-    def __init__(self, ctx, name, cmd, ready, what):
+    def __init__(self, ctx, name, cmd, ready, what, log_prefix="seed002"):
         self.name = name
-        self.logp = os.path.join(ctx.out, "logs", f"seed002-{name}.log")
+        self.logp = os.path.join(ctx.out, "logs", f"{log_prefix}-{name}.log")
         self.log = open(self.logp, "w")
         lib.LOG and lib.LOG.write("$ " + " ".join(map(str, cmd)) + " &\n")
         self.proc = subprocess.Popen([str(c) for c in cmd], stdout=self.log, stderr=subprocess.STDOUT)
