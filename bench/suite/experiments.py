@@ -19,6 +19,7 @@ import lib
 import cache
 import nvm
 import rbd
+import rehypar
 import seed002
 import tier
 from lib import BenchError, log, run
@@ -895,4 +896,5 @@ EXPERIMENTS = {
     "seed002": seed002.exp_seed002,
     "nvm": nvm.exp_nvm,
     "tier": tier.exp_tier,
+    "rehypar": rehypar.exp_rehypar,
 }

@@ -56,20 +56,20 @@ def plot_blockfs(plt, rows, e):
 
 
 def plot_rehypar(plt, rows, e):
-    """Throughput and utilisation of ReHypar against first-fit, per configuration."""
+    """Throughput and utilisation of ReHypar against first-fit, per number of writers."""
+    cfgs = list(dict.fromkeys(r["config"] for r in rows))
+    groups = list(dict.fromkeys(r["threads"] for r in rows))
+
+    def get(key):
+        return lambda g, c: next((r.get(key) for r in rows if r["threads"] == g and r["config"] == c), None)
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
-    names = [r["config"] for r in rows]
-    axes[0].bar(names, [r.get("files_per_sec", 0) for r in rows])
-    axes[0].set_ylabel("files written durably per second")
-    axes[0].set_title("small synchronous file writes into an SSD file")
-    axes[1].bar(names, [r.get("utilisation", 0) for r in rows])
-    axes[1].set_ylabel("live data / held space")
-    axes[1].set_title("space utilisation, no deletes")
+    bars(axes[0], groups, cfgs, get("files_per_sec"), "files written durably per second")
+    bars(axes[1], groups, cfgs, get("utilisation"), "live bytes / held bytes (no deletes)", log=False)
     for ax in axes:
-        ax.grid(True, axis="y", alpha=0.3)
-        for lab in ax.get_xticklabels():
-            lab.set_rotation(15)
-            lab.set_fontsize(8)
+        ax.set_xticklabels([f"{g} writer(s)" for g in groups], fontsize=8)
+    axes[0].set_title("small synchronous file writes into an SSD file (seed 003)")
+    axes[1].set_title("space utilisation")
     return fig
 
 

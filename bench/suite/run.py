@@ -44,6 +44,7 @@ PROFILES = {
         nvm_bytes=16 * M, nvm_runtime_s=0.1, nvm_sweep="short",
         nvm_devices=("nvm", "hdd"),
         tier_bytes=64 * M, tier_requests=300, tier_rounds=1, tier_traces=["tpcc"], tier_qd=[8], tier_dirty_bytes=16 * M, tier_miss_writes=40,
+        rehypar_device_mib=64, rehypar_files=1000, rehypar_threads=[1, 16], rehypar_rounds=1, rehypar_window_ms=2,
     ),
     "quick": dict(
         attach_bytes=[256 * M, 1 * G], attach_files=5000, attach_sqlite_commits=1000, attach_kill_gap_s=1,
@@ -59,6 +60,7 @@ PROFILES = {
         nvm_bytes=256 * M, nvm_runtime_s=3,
         tier_bytes=1 * G, tier_requests=8000, tier_rounds=1, tier_traces=["hm_0", "websearch", "tpcc"],
         tier_qd=[8], tier_dirty_bytes=256 * M, tier_miss_writes=400,
+        rehypar_device_mib=256, rehypar_files=10000, rehypar_threads=[1, 16], rehypar_rounds=3, rehypar_window_ms=2,
     ),
     "full": dict(
         attach_bytes=[1 * G, 6 * G], attach_files=20000, attach_sqlite_commits=5000, attach_kill_gap_s=2,
@@ -75,10 +77,11 @@ PROFILES = {
         nvm_bytes=512 * M, nvm_runtime_s=8,
         tier_bytes=1 * G, tier_requests=None, tier_rounds=2, tier_traces=["hm_0", "websearch", "tpcc"],
         tier_qd=[8], tier_dirty_bytes=1 * G, tier_miss_writes=1000,
+        rehypar_device_mib=1024, rehypar_files=40000, rehypar_threads=[1, 16], rehypar_rounds=3, rehypar_window_ms=2,
     ),
 }
 ORDER = ("block", "replay", "file", "fileserver", "blockfs", "video", "warmup", "memory", "transport", "attach", "rbd",
-         "cache", "nvm", "seed002", "tier")
+         "cache", "nvm", "seed002", "tier", "rehypar")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 

@@ -3,7 +3,8 @@
 //!
 //! This is study code: no device of dhrd uses it. The SSD cache tier (`dhrd-tier`) caches
 //! fixed chunk slots and needs no allocator (docs/tiering.md says why); these allocators
-//! are measured against each other on allocation traces by `dhrd-bench rehypar`.
+//! are measured against each other on allocation traces by `dhrd-bench rehypar`, and
+//! ReHypar's write throughput against first-fit file writes by `dhrd-bench rehypar-io`.
 //!
 //! All of them work over one block address space and behind one trait,
 //! [`SpaceAllocator`]:

@@ -16,9 +16,10 @@
 //! - every live allocation inside a resident extent lies below its fill offset, which is
 //!   the start of the chunk MAP returned (or the extent's end when full);
 //! - a resident extent is in exactly one reuse list, the one keyed by the chunk at its fill
-//!   offset, if its unused remainder is at least `reuse_min_blocks` and its reuse window has
-//!   not expired; otherwise it is in none (sealed) and its remainder is lost until the
-//!   extent is wholly free;
+//!   offset, if its unused remainder is at least `reuse_min_blocks` and it is not sealed
+//!   (its reuse window, counted in allocations or ended by the caller's `seal`, has not
+//!   expired); otherwise it is in none and its remainder is lost until the extent is
+//!   wholly free;
 //! - each reuse list is ordered by non-increasing unused blocks, entries with equal unused
 //!   space in the order they joined (the paper: "in the decreasing order of the unused
 //!   space size").
@@ -266,6 +267,49 @@ impl ReHypar {
         &self.config
     }
 
+    /// The whole extent holding block `addr`, and whether it is still open: resident and
+    /// in a reuse list, so that later allocations may land in it. `None` for a block of a
+    /// clean extent or outside every section. A caller that fills extents in memory writes
+    /// one out once it is no longer open (the paper: "after either the entire chunks of
+    /// extents are filled with data or the time for which extents are allowed to stay at
+    /// memory for reuse is expired").
+    pub fn extent_at(&self, addr: BlockAddr) -> Option<(Extent, bool)> {
+        let sid = self.section_of(addr)?;
+        let sec = &self.sections[sid];
+        let x = ((addr.0 - sec.info.base.0) / sec.s()) as u32;
+        match sec.states[x as usize] {
+            ExtentState::Clean => None,
+            ExtentState::Resident(r) => Some((
+                Extent::new(sec.extent_addr(x), BlockCount(sec.s())),
+                r.listed.is_some(),
+            )),
+        }
+    }
+
+    /// Seals the extent holding `addr` now: its reuse window ended by the caller's clock
+    /// (the paper's time in memory, where `reuse_window_allocs` counts allocations). It
+    /// leaves its reuse list, its remainder is given up until the extent is wholly free,
+    /// and it is never listed again. True when it was open.
+    pub fn seal(&mut self, addr: BlockAddr) -> bool {
+        let Some(sid) = self.section_of(addr) else {
+            return false;
+        };
+        let sec = &mut self.sections[sid];
+        let x = ((addr.0 - sec.info.base.0) / sec.s()) as u32;
+        let ExtentState::Resident(r) = sec.states[x as usize] else {
+            return false;
+        };
+        if let Some(pos) = r.listed {
+            sec.unlink(x, pos);
+        }
+        sec.states[x as usize] = ExtentState::Resident(Resident {
+            listed: None,
+            sealed: true,
+            ..r
+        });
+        r.listed.is_some()
+    }
+
     pub fn sections(&self) -> Vec<SectionInfo> {
         self.sections.iter().map(|s| s.info).collect()
     }
@@ -326,9 +370,12 @@ impl ReHypar {
                 if r.since_tick == since {
                     if let Some(pos) = r.listed {
                         sec.unlink(x, pos);
-                        sec.states[x as usize] =
-                            ExtentState::Resident(Resident { listed: None, ..r });
                     }
+                    sec.states[x as usize] = ExtentState::Resident(Resident {
+                        listed: None,
+                        sealed: true,
+                        ..r
+                    });
                 }
             }
         }
@@ -449,6 +496,7 @@ impl ReHypar {
                 live_blocks: blocks,
                 since_tick: tick,
                 listed: None,
+                sealed: false,
             });
             if window {
                 self.resident_order.push_back((tick, sid, x));
@@ -545,7 +593,7 @@ impl SpaceAllocator for ReHypar {
             } else {
                 sec.states[x as usize] = ExtentState::Resident(r);
                 if self.config.free_policy == FreePolicy::RewindToLastLive {
-                    let listable = window_open(window, r.since_tick, self.tick);
+                    let listable = !r.sealed && window_open(window, r.since_tick, self.tick);
                     sec.rewind(x, &self.live, self.reuse_min, listable);
                 }
             }
@@ -756,6 +804,40 @@ mod tests {
         assert!(r.reuse_lists(0).is_empty(), "extent of {a} still listed");
         let b = r.allocate(BlockCount(3), None).unwrap();
         assert_ne!(b.start.0 / 64, a.start.0 / 64);
+        r.check_invariants().unwrap();
+    }
+
+    /// A caller that holds extents in memory and writes each one out when it seals (the
+    /// paper: when it is full or its time in memory expires) asks which extent a block is
+    /// in and whether it is still open, and seals one itself when its clock says so.
+    #[test]
+    fn an_extent_is_open_until_it_is_full_or_sealed() {
+        let mut r = one_section(64, 8, 4);
+        let a = r.allocate(BlockCount(5), None).unwrap();
+        let whole = Extent::new(BlockAddr(0), BlockCount(64));
+        assert_eq!(r.extent_at(a.start), Some((whole, true)));
+        assert!(r.seal(a.start));
+        assert!(!r.seal(a.start), "sealing twice");
+        assert_eq!(r.extent_at(a.start), Some((whole, false)));
+        // The next small file goes to a clean extent, not into the sealed one.
+        let b = r.allocate(BlockCount(5), None).unwrap();
+        assert_eq!(b.start, BlockAddr(64));
+        // A file that fills its extent leaves it closed at once.
+        let c = r.allocate(BlockCount(64), None).unwrap();
+        assert_eq!(r.extent_at(c.start).map(|(_, open)| open), Some(false));
+        assert_eq!(r.extent_at(BlockAddr(3 * 64)), None, "a clean extent");
+        r.check_invariants().unwrap();
+
+        // Freeing the tail of a sealed extent does not reopen it, even with rewinding.
+        let mut cfg = one_section(64, 8, 4).config().clone();
+        cfg.free_policy = FreePolicy::RewindToLastLive;
+        let mut r = ReHypar::new(cfg).unwrap();
+        let a = r.allocate(BlockCount(5), None).unwrap();
+        let b = r.allocate(BlockCount(5), None).unwrap();
+        assert!(r.seal(b.start));
+        r.free(b).unwrap();
+        assert_eq!(r.extent_at(a.start).map(|(_, open)| open), Some(false));
+        assert!(r.reuse_lists(0).is_empty());
         r.check_invariants().unwrap();
     }
 

@@ -15,6 +15,7 @@ mod fuse_transport;
 mod machine;
 mod metaops;
 mod rehypar;
+mod rehypar_io;
 mod replay;
 mod report;
 mod video;
@@ -50,6 +51,10 @@ enum Cmd {
     /// Fast-tier space allocators (ReHypar, extent first/best-fit, buckets) on the same
     /// allocation traces: utilisation and fragmentation as JSON on stdout.
     Rehypar(rehypar::RehyparArgs),
+    /// ReHypar's measured claim: small synchronous file writes packed into ReHypar extents
+    /// against first-fit per-file writes, into one device file: throughput and space
+    /// utilisation as JSON on stdout.
+    RehyparIo(rehypar_io::RehyparIoArgs),
     /// Replay an SPC, MSR or DiskSim block trace against a file or block device, with
     /// verification against a shadow copy (docs/replay.md).
     Replay(replay::ReplayArgs),
@@ -80,6 +85,7 @@ fn main() {
         Cmd::FuseTransport(a) => fuse_transport::run(a),
         Cmd::Metaops(a) => metaops::run(a),
         Cmd::Rehypar(a) => rehypar::run(a),
+        Cmd::RehyparIo(a) => rehypar_io::run(a),
         Cmd::Replay(a) => replay::run(a),
         Cmd::Video(a) => video::run(a),
     };

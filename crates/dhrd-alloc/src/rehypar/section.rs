@@ -21,6 +21,9 @@ pub(super) struct Resident {
     pub(super) since_tick: u64,
     /// The reuse list it is in, if any.
     pub(super) listed: Option<ChunkPos>,
+    /// Its reuse window ended (by the allocation count, or by the caller's clock through
+    /// `ReHypar::seal`): it never joins a list again, whatever is freed in it.
+    pub(super) sealed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +135,7 @@ impl Section {
         }
         r.fill = fill;
         let unused = BlockCount(s - fill.0);
-        if listable && unused >= reuse_min {
+        if listable && !r.sealed && unused >= reuse_min {
             if let Some(c) = self.info.geometry.chunk_at(fill) {
                 self.link(x, c.pos(), unused);
                 r.listed = Some(c.pos());
@@ -221,6 +224,9 @@ impl Section {
                     "extent {x}: fill {} but data up to {max_end}",
                     r.fill.0
                 ));
+            }
+            if r.sealed && r.listed.is_some() {
+                return bad(format!("sealed extent {x} is in a reuse list"));
             }
             if let Some(pos) = r.listed {
                 listed += 1;
