@@ -14,6 +14,7 @@ mod fileserver;
 mod fuse_transport;
 mod machine;
 mod metaops;
+mod rbdread;
 mod rehypar;
 mod rehypar_io;
 mod replay;
@@ -48,6 +49,9 @@ enum Cmd {
     /// Metadata rate (mdtest-like): threads create, stat and unlink empty files in
     /// directories of their own, on any directory: prints one JSON object on stdout.
     Metaops(metaops::MetaopsArgs),
+    /// The fair baseline of dhrd's load from Ceph RBD: a plain librbd client reads the
+    /// whole image into a fresh memfd with dhrd's request size and depth: prints JSON.
+    RbdRead(rbdread::RbdReadArgs),
     /// Fast-tier space allocators (ReHypar, extent first/best-fit, buckets) on the same
     /// allocation traces: utilisation and fragmentation as JSON on stdout.
     Rehypar(rehypar::RehyparArgs),
@@ -84,6 +88,7 @@ fn main() {
         Cmd::Fileserver(a) => fileserver::run(a),
         Cmd::FuseTransport(a) => fuse_transport::run(a),
         Cmd::Metaops(a) => metaops::run(a),
+        Cmd::RbdRead(a) => rbdread::run(a),
         Cmd::Rehypar(a) => rehypar::run(a),
         Cmd::RehyparIo(a) => rehypar_io::run(a),
         Cmd::Replay(a) => replay::run(a),

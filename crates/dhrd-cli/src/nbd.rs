@@ -24,7 +24,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 #[command(group = clap::ArgGroup::new("endpoint").required(true).args(["socket", "listen"]))]
@@ -104,6 +104,12 @@ pub struct NbdArgs {
     /// what is read (admission, read-ahead) and written (a pure cache).
     #[arg(long)]
     pub no_prefill: bool,
+    /// Touch every page of the RAM tier before the load starts (MADV_POPULATE_WRITE), so
+    /// the load writes into memory already there; the load is then timed from the end of
+    /// the pre-fault. For measuring the load apart from the cost of fresh RAM
+    /// (docs/rbd.md); it costs the same time, at the start.
+    #[arg(long)]
+    pub prefault_ram: bool,
     /// A file on non-volatile memory (a pmem/DAX mount) for writes: with --ram-kind nvm,
     /// a write is acknowledged once it is in this file and written back to the backing in
     /// the background; after a crash the dirty chunks are served from it and written back.
@@ -264,7 +270,15 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let sigset = block_signals()?;
     let scfg = server_config(&a)?;
     let security = Arc::new(crate::nbd_tls::Security::of(&scfg));
+    let started = Instant::now();
     let mut stack = open_stack(&a)?;
+    if a.prefault_ram {
+        // The load's own clock starts after the pre-fault: its cost is reported apart.
+        eprintln!(
+            "dhrd nbd: RAM pre-faulted in {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
     stack.notices().iter().for_each(crate::nvm::say);
     report_load_when_done(stack.object().clone());
     let target = Arc::new(EngineTarget::new(stack.object().clone(), a.read_only));
@@ -431,6 +445,10 @@ fn object_config(a: &NbdArgs) -> ObjectConfig {
             read_ahead: a.read_ahead,
             read_ahead_window_max_chunks: a.read_ahead_max_chunks,
             prefill: !a.no_prefill,
+        },
+        ram: dhrd_engine::RamOptions {
+            prefault: a.prefault_ram,
+            ..Default::default()
         },
         ..Default::default()
     }

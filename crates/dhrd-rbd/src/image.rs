@@ -12,7 +12,7 @@
 use crate::ffi::{self, ImageT, IoctxT, Lib, RadosT};
 use crate::hold::{self, boottime_ns, Hold};
 use crate::owner::OwnerRecord;
-use crate::{RbdError, RbdSpec};
+use crate::{RbdError, RbdOptions, RbdSpec};
 use parking_lot::{Mutex, RwLock};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::io;
@@ -376,4 +376,143 @@ pub(crate) fn take_lock(p: &Partial, spec: &RbdSpec, wait: Duration) -> Result<(
         }
         std::thread::sleep(LOCK_RETRY_PAUSE.min(wait.saturating_sub(started.elapsed())));
     }
+}
+
+/// Order (log2 of the object size) for images an open creates: 4 MiB, rbd's default.
+const CREATE_ORDER: c_int = 22;
+
+/// Connects to the cluster, opens the pool and the image (creating it when `opts` asks
+/// for a size and it is missing), with librbd's cache off: the handles of an open, before
+/// any lock or lease. `read_only` opens without taking part in the exclusive lock.
+pub(crate) fn open_handles(
+    lib: &'static Lib,
+    spec: &RbdSpec,
+    opts: &RbdOptions,
+    read_only: bool,
+) -> Result<Partial, RbdError> {
+    let mut p = connect(lib, opts)?;
+    open_image(&mut p, spec, opts, read_only)?;
+    Ok(p)
+}
+
+/// A cluster handle connected as `opts` says, with librbd's cache off.
+fn connect(lib: &'static Lib, opts: &RbdOptions) -> Result<Partial, RbdError> {
+    let name = cstring(&format!("client.{}", opts.id.as_deref().unwrap_or("admin")))?;
+    let cluster_name = cstring("ceph")?;
+    let mut p = Partial {
+        lib,
+        cluster: std::ptr::null_mut(),
+        ioctx: std::ptr::null_mut(),
+        image: std::ptr::null_mut(),
+    };
+    // SAFETY: out-pointer to a handle; valid C strings.
+    let r = unsafe { (lib.rados_create2)(&mut p.cluster, cluster_name.as_ptr(), name.as_ptr(), 0) };
+    if r < 0 {
+        p.cluster = std::ptr::null_mut();
+        return Err(ceph("creating the cluster handle", r.into()));
+    }
+    let conf = match &opts.conf {
+        Some(path) => Some(cstring(&path.to_string_lossy())?),
+        None => None,
+    };
+    // SAFETY: a created handle; null (search the default places) or a valid C string.
+    let r = unsafe {
+        (lib.rados_conf_read_file)(
+            p.cluster,
+            conf.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+        )
+    };
+    if r < 0 {
+        let which = opts.conf.as_ref().map_or(
+            String::from("the default ceph.conf ($CEPH_CONF, /etc/ceph/ceph.conf)"),
+            |c| c.display().to_string(),
+        );
+        return Err(ceph(format!("reading {which}"), r.into()));
+    }
+    // SAFETY: a created handle; null means the CEPH_ARGS variable.
+    let r = unsafe { (lib.rados_conf_parse_env)(p.cluster, std::ptr::null()) };
+    if r < 0 {
+        return Err(ceph("parsing CEPH_ARGS", r.into()));
+    }
+    // dhrd's RAM tier is the cache; librbd's would be a second, volatile one that
+    // acknowledges writes before the OSDs have them.
+    p.set("rbd_cache", "false")?;
+    p.set(
+        "client_mount_timeout",
+        &opts.connect_timeout.as_secs().max(1).to_string(),
+    )?;
+    if let Some(t) = opts.op_timeout {
+        let secs = t.as_secs().max(1).to_string();
+        p.set("rados_osd_op_timeout", &secs)?;
+        p.set("rados_mon_op_timeout", &secs)?;
+    }
+    // SAFETY: a configured handle.
+    let r = unsafe { (lib.rados_connect)(p.cluster) };
+    if r < 0 {
+        return Err(ceph("connecting to the Ceph cluster", r.into()));
+    }
+    Ok(p)
+}
+
+/// Opens the pool context and the image (creating the image when asked and missing).
+fn open_image(
+    p: &mut Partial,
+    spec: &RbdSpec,
+    opts: &RbdOptions,
+    read_only: bool,
+) -> Result<(), RbdError> {
+    let lib = p.lib;
+    let pool = cstring(&spec.pool)?;
+    // SAFETY: a connected handle; a valid C string; out-pointer.
+    let r = unsafe { (lib.rados_ioctx_create)(p.cluster, pool.as_ptr(), &mut p.ioctx) };
+    if r < 0 {
+        p.ioctx = std::ptr::null_mut();
+        return Err(ceph(format!("opening pool {:?}", spec.pool), r.into()));
+    }
+    if let Some(ns) = &spec.namespace {
+        let ns = cstring(ns)?;
+        // SAFETY: a live I/O context; a valid C string (copied by librados).
+        unsafe { (lib.rados_ioctx_set_namespace)(p.ioctx, ns.as_ptr()) };
+    }
+    let image = cstring(&spec.image)?;
+    let snap = match &spec.snapshot {
+        Some(s) => Some(cstring(s)?),
+        None => None,
+    };
+    let snap_ptr = snap.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    let open = |p: &mut Partial| -> c_int {
+        // SAFETY: a live I/O context; valid C strings or null; out-pointer.
+        unsafe {
+            if read_only {
+                (lib.rbd_open_read_only)(p.ioctx, image.as_ptr(), &mut p.image, snap_ptr)
+            } else {
+                (lib.rbd_open)(p.ioctx, image.as_ptr(), &mut p.image, snap_ptr)
+            }
+        }
+    };
+    let mut r = open(p);
+    if r == -libc::ENOENT && opts.create && !read_only {
+        if let Some(len) = opts.min_len.filter(|&n| n > 0) {
+            let mut order = CREATE_ORDER;
+            // SAFETY: a live I/O context; a valid C string; out-pointer.
+            let c = unsafe { (lib.rbd_create)(p.ioctx, image.as_ptr(), len, &mut order) };
+            if c < 0 && c != -libc::EEXIST {
+                return Err(ceph(
+                    format!("creating image {spec} of {len} bytes"),
+                    c.into(),
+                ));
+            }
+            r = open(p);
+        }
+    }
+    if r < 0 {
+        p.image = std::ptr::null_mut();
+        let hint = if r == -libc::ENOENT && !read_only && opts.min_len.is_none() {
+            " (give a size to create it)"
+        } else {
+            ""
+        };
+        return Err(ceph(format!("opening image {spec}{hint}"), r.into()));
+    }
+    Ok(())
 }

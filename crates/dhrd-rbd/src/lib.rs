@@ -36,9 +36,11 @@ mod ffi;
 mod hold;
 mod image;
 mod owner;
+mod reader;
 
 pub use backing::{RbdBacking, MARK_METADATA_KEY};
 pub use hold::lease_bound;
+pub use reader::BulkReader;
 
 use std::io;
 use std::path::PathBuf;

@@ -254,3 +254,33 @@ fn wrong_names_and_settings_get_clear_errors() {
     assert!(e.to_string().contains("rbd feature enable"), "{e}");
     c.remove_image(&name);
 }
+
+/// The benchmark's plain librbd reader (`dhrd-bench rbd-read`) reads exactly what was
+/// written, with pieces that do not divide the image and more of them than the depth, and
+/// opens read-only beside a writer that holds the lock.
+#[test]
+fn the_bulk_reader_reads_the_image_with_a_window_of_requests() {
+    let (c, _g) = cluster::shared();
+    let name = c.image_name("bulk");
+    let b = open_new(c, &name, 6 * MIB);
+    let mut want = vec![0u8; 6 * MIB as usize];
+    SplitMix64::new(0x5eed_0b01).fill(&mut want);
+    b.write_at(&want, 0)
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    b.sync().unwrap_or_else(|e| panic!("sync: {e}"));
+    let r = dhrd_rbd::BulkReader::open(&spec(&name), &opts(&c.conf))
+        .unwrap_or_else(|e| panic!("a read-only open beside the lock holder: {e}"));
+    assert_eq!(r.size_bytes(), 6 * MIB);
+    assert!(r.object_bytes().is_power_of_two());
+    for (piece, depth) in [(1 << 20, 16), (300_000, 3), (4096, 1)] {
+        let mut got = vec![0u8; 6 * MIB as usize - 100];
+        r.read_window(&mut got, 100, piece, depth)
+            .unwrap_or_else(|e| panic!("piece {piece} depth {depth}: {e}"));
+        assert!(
+            got == want[100..],
+            "piece {piece} depth {depth}: wrong bytes"
+        );
+    }
+    let mut past = vec![0u8; 4096];
+    assert!(r.read_window(&mut past, 6 * MIB - 1, 4096, 1).is_err());
+}
