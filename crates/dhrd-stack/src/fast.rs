@@ -10,8 +10,8 @@
 //! dirty ones unless adopted.
 
 use crate::{timed, Error, FastLayer, Layer, Layers, Notice, NvmLayer, Result};
-use dhrd_io::{Durable, FileBacking, FileOptions};
 use dhrd_engine::Durability;
+use dhrd_io::{Durable, FileBacking, FileOptions};
 use dhrd_tier::{LowerIdentity, WriteBack};
 use std::path::Path;
 use std::sync::Arc;
