@@ -64,7 +64,7 @@ pub struct MountArgs {
     pub readdirplus: dhrd_fuse::ReaddirPlus,
     /// Closed files whose objects (RAM tier, backing descriptor, memfd) are kept; beyond
     /// them, closed files up to 64 MiB stay in RAM as plain copies without descriptors.
-    #[arg(long, default_value_t = dhrd_fuse::objects::CLOSED_OBJECTS_MAX, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    #[arg(long, default_value_t = dhrd_fuse::engine::objects::CLOSED_OBJECTS_MAX, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub object_cache: usize,
     /// Do not walk the tree at mount to preload files (they load when first opened).
     #[arg(long)]
@@ -155,8 +155,8 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
             pin: !a.no_pin,
             readdirplus: a.readdirplus,
             object_cache: a.object_cache,
-            dir_fds_max: dhrd_fuse::nodes::DIR_FDS_MAX,
-            linger_max: dhrd_fuse::page_tier::LINGER_MAX,
+            dir_fds_max: dhrd_fuse::meta::nodes::DIR_FDS_MAX,
+            linger_max: dhrd_fuse::page::LINGER_MAX,
         },
         allow_other: a.allow_other,
         threads: a.threads.max(1),

@@ -494,7 +494,7 @@ fn the_sync_flag_follows_the_durability_mode() {
     fs::read(mnt.join("admins")).unwrap();
     assert!(flag("ours") && flag("admins"));
     // The mark is the daemon's own: on the backing file, not visible through the mount.
-    let mark = dhrd_fuse::page_tier::SYNC_MARK_XATTR;
+    let mark = dhrd_fuse::page::SYNC_MARK_XATTR;
     let on_backing = dhrd_io::xattr::get(&File::open(backing.join("ours")).unwrap(), mark);
     assert!(
         matches!(on_backing, Ok(Some(_))),

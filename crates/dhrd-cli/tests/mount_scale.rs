@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 
 const FILES: usize = 3000;
 // The test must overflow the engine's object cache to show it is bounded.
-const _: () = assert!(FILES > dhrd_fuse::objects::CLOSED_OBJECTS_MAX);
+const _: () = assert!(FILES > dhrd_fuse::engine::objects::CLOSED_OBJECTS_MAX);
 
 fn rss_kib(pid: u32) -> u64 {
     fs::read_to_string(format!("/proc/{pid}/status"))
@@ -75,14 +75,14 @@ fn memory_and_descriptors_stay_bounded(read_path: &str, fds_max: usize) {
 #[test]
 fn thousands_of_files_keep_memory_and_descriptors_bounded() {
     // Idle registrations are kept for the next open of their files, up to LINGER_MAX.
-    memory_and_descriptors_stay_bounded("pagecache", dhrd_fuse::page_tier::LINGER_MAX + 64);
+    memory_and_descriptors_stay_bounded("pagecache", dhrd_fuse::page::LINGER_MAX + 64);
 }
 
 #[test]
 fn thousands_of_files_keep_memory_and_descriptors_bounded_on_the_engine() {
     memory_and_descriptors_stay_bounded(
         "engine-direct",
-        3 * dhrd_fuse::objects::CLOSED_OBJECTS_MAX + 64,
+        3 * dhrd_fuse::engine::objects::CLOSED_OBJECTS_MAX + 64,
     );
 }
 

@@ -1,37 +1,30 @@
 //! FUSE frontend of dhrd: presents a backing directory as a file system whose files are
 //! served from RAM and written through to the backing directory before each write returns.
 //!
-//! Layers: `sys` (confined access to the backing directory), `config` (mount options),
-//! `fs` (state shared by the handlers, and what metadata and data requests share), `meta`
-//! (namespace, listings, xattrs), `data` (open files, on one of two data paths:
-//! `page_tier`, the backing files' page cache served by the kernel through passthrough,
-//! the default; `engine_tier` with `objects`, the engine's RAM copy per file over
-//! `dhrd_io::FileBacking`), `adapter` (the fuser adapter), `nodes` (inode table), `failures` (sticky sync failures), `killpriv` (which set-id
-//! bits a change must drop), `walk` (background warm-up), `daemon` (mount, control
+//! Modules: `sys` (confined access to the backing directory), `config` (mount options),
+//! `mount` (the state shared by the handlers, and the background walk), `meta` (namespace,
+//! listings, xattrs, and the node table), `data` (open files, on one of two data paths:
+//! `page`, the backing files' page cache served by the kernel through passthrough, the
+//! default; `engine`, the engine's RAM copy per file over `dhrd_io::FileBacking`),
+//! `durable` (group commit of metadata, sticky sync failures), `adapter` (the fuser
+//! adapter), `killpriv` (which set-id bits a change must drop), `daemon` (mount, control
 //! socket, signals), `status`, `stats`. See docs/fuse.md for the user-visible rules.
 
 pub mod adapter;
-pub mod commit;
 pub mod config;
 pub mod daemon;
 pub mod data;
-pub mod engine_tier;
+pub mod durable;
+pub mod engine;
 pub mod error;
-pub mod failures;
-pub mod fs;
 pub mod killpriv;
 pub mod meta;
-pub mod nodes;
-pub mod objects;
-pub mod page_tier;
+pub mod mount;
+pub mod page;
 pub mod stats;
 pub mod status;
 pub mod sys;
-pub mod walk;
 
 pub use config::{FsConfig, ReadPath, ReaddirPlus};
 pub use daemon::{control_request, default_mem_bytes, run, umount, MountConfig};
 pub use error::{FsError, Result};
-
-#[cfg(test)]
-mod core_tests;

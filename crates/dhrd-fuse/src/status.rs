@@ -10,7 +10,7 @@
 //! No state of its own and no crash semantics.
 
 use crate::data::Tier;
-use crate::fs::Shared;
+use crate::mount::Shared;
 use dhrd_io::Durable as _;
 use dhrd_pagecache::resident::ResidentStats;
 use dhrd_pagecache::{self as pagecache, CacheStat};

@@ -13,7 +13,7 @@
 
 use crate::data::Tier;
 use crate::error::{FsError, Result};
-use crate::fs::Shared;
+use crate::mount::Shared;
 use crate::sys::{self, BackingDir};
 use dhrd_pagecache::resident::{FileRef, Opener};
 use rustix::fs::OFlags;

@@ -19,7 +19,7 @@
 use crate::adapter::DhrdFs;
 use crate::config::FsConfig;
 use crate::error::{FsError, Result};
-use crate::fs::Shared;
+use crate::mount::Shared;
 use crate::status::{human, load_totals, status_json, status_text};
 use crate::sys::BackingDir;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
@@ -487,7 +487,7 @@ pub fn run(mut cfg: MountConfig) -> Result<()> {
             .name("dhrd-walk".into())
             .spawn(move || {
                 if preload {
-                    crate::walk::walk(sh2);
+                    crate::mount::walk::walk(sh2);
                 } else if let Some(crate::data::Tier::Page(t)) = sh2.wait_tier() {
                     t.resident.walk_done();
                 }

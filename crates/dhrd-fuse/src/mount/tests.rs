@@ -3,10 +3,10 @@
 //! step of a request fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use crate::commit::{SyncSet, FAIL_DUPS};
 use crate::config::{FsConfig, ReadPath, ReaddirPlus};
-use crate::fs::Shared;
-use crate::nodes::Ino;
+use crate::durable::commit::{SyncSet, FAIL_DUPS};
+use crate::meta::nodes::Ino;
+use crate::mount::Shared;
 use crate::sys::{BackingDir, FUSE_ROOT_INO};
 use dhrd_engine::Durability;
 use std::ffi::OsStr;

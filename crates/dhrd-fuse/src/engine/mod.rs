@@ -15,11 +15,13 @@
 //!
 //! Crash semantics: the engine's (docs/crash-model.md); nothing of its own.
 
+pub mod objects;
+
 use crate::config::{FsConfig, ReadPath, COPY_STEP_BYTES, PASSTHROUGH_LOAD_WAIT};
 use crate::data::{OpenReply, Register};
+use crate::engine::objects::{Obj, Objects, OpenKind, PassthroughChoice};
 use crate::error::{FsError, Result};
-use crate::fs::Shared;
-use crate::objects::{Obj, Objects, OpenKind, PassthroughChoice};
+use crate::mount::Shared;
 use crate::stats::FsStats;
 use crate::sys;
 use dhrd_engine::{Durability, RamBudget, Served};

@@ -24,13 +24,17 @@
 //! A crash between the backing operation and its fsync leaves whatever the backing file
 //! system recovers, which is either the old or the new state of that one operation.
 
-use crate::commit::{Committer, RoundSync, SyncSet};
+#[cfg(test)]
+mod tests;
+pub mod walk;
+
 use crate::config::{FsConfig, STAT_BLKSIZE};
 use crate::data::{Handle, Tier};
+use crate::durable::commit::{Committer, RoundSync, SyncSet};
 use crate::error::{FsError, Result};
 use crate::killpriv::{self, Caller, Fsetid};
+use crate::meta::nodes::{Fh, Ino, NodeTable};
 use crate::meta::DirHandle;
-use crate::nodes::{Fh, Ino, NodeTable};
 use crate::stats::FsStats;
 use crate::sys::{self, BackingDir};
 use dhrd_engine::{Durability, RamBudget};

@@ -4,13 +4,13 @@
 //!
 //! Crash semantics: none of its own (see `fs.rs`, `meta.rs`, `data.rs`).
 
-use crate::commit::SyncSet;
 use crate::config::{ReadPath, ReaddirPlus, ATTR_TTL, MAX_WRITE_BYTES, READDIRPLUS_BATCH_MAX};
 use crate::data::OpenReply;
+use crate::durable::commit::SyncSet;
 use crate::error::{FsError, Result};
-use crate::fs::{errno, Shared};
 use crate::killpriv::Caller;
-use crate::nodes::{Fh, Ino};
+use crate::meta::nodes::{Fh, Ino};
+use crate::mount::{errno, Shared};
 use crate::sys;
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -335,8 +335,9 @@ impl Filesystem for DhrdFs {
         };
         // Only an O_TRUNC open has something to make durable before the reply; a failed
         // sync closes the handle again (the kernel never learns of it).
-        let undo =
-            |sh: &Shared, (fh, _): (crate::nodes::Fh, OpenReply)| sh.release_file(FileHandle(fh.0));
+        let undo = |sh: &Shared, (fh, _): (crate::meta::nodes::Fh, OpenReply)| {
+            sh.release_file(FileHandle(fh.0))
+        };
         self.sh
             .reply_when_durable_or(set, r, undo, move |sh, r| match r {
                 Ok((fh, OpenReply::Plain(fl))) => reply.opened(FileHandle(fh.0), fl),
@@ -678,7 +679,7 @@ impl Filesystem for DhrdFs {
             )
         };
         // The kernel never gets the entry nor the handle: both go.
-        let undo = |sh: &Shared, (attr, fh, _): (FileAttr, crate::nodes::Fh, OpenReply)| {
+        let undo = |sh: &Shared, (attr, fh, _): (FileAttr, crate::meta::nodes::Fh, OpenReply)| {
             sh.release_file(FileHandle(fh.0));
             sh.entry_not_sent(&attr);
         };

@@ -19,17 +19,17 @@
 //! Crash semantics: those of the tier (see `page_tier.rs`, `engine_tier.rs` and
 //! docs/crash-model.md); this module adds none.
 
-use crate::commit::SyncSet;
 use crate::config::{ReadPath, COPY_REQUEST_BYTES_MAX};
-use crate::engine_tier::EngineTier;
+use crate::durable::commit::SyncSet;
+use crate::engine::objects::{Obj, OpenKind};
+use crate::engine::EngineTier;
 use crate::error::{FsError, Result};
-use crate::fs::Shared;
 use crate::killpriv::{Caller, Fsetid};
-use crate::nodes::{Fh, Ino};
-use crate::objects::{Obj, OpenKind};
-use crate::page_tier::{Opened, PageOpen, PageTier, Service};
+use crate::meta::nodes::{Fh, Ino};
+use crate::mount::walk::BackingOpener;
+use crate::mount::Shared;
+use crate::page::{Opened, PageOpen, PageTier, Service};
 use crate::sys;
-use crate::walk::BackingOpener;
 use dhrd_pagecache::reaper::{Reaper, REAPER_THREADS};
 use dhrd_pagecache::resident::{Resident, ResidentConfig};
 use fuser::{FileAttr, FileHandle, FopenFlags, OpenAccMode, OpenFlags, Request, TimeOrNow};

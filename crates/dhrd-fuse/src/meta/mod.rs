@@ -19,12 +19,14 @@
 //! A crash between the backing operation and its fsync leaves whatever the backing file
 //! system recovers, which is either the old or the new state of that one operation.
 
-use crate::commit::SyncSet;
+pub mod nodes;
+
 use crate::data::Tier;
+use crate::durable::commit::SyncSet;
 use crate::error::{FsError, Result};
-use crate::fs::{kind_of, kind_of_dirent, NewInode, Shared};
-use crate::nodes::{Fh, Ino};
-use crate::page_tier::PRIVATE_XATTR_PREFIX;
+use crate::meta::nodes::{Fh, Ino};
+use crate::mount::{kind_of, kind_of_dirent, NewInode, Shared};
+use crate::page::PRIVATE_XATTR_PREFIX;
 use crate::sys::{self, FUSE_ROOT_INO};
 use fuser::{FileAttr, FileType, RenameFlags, Request};
 use rustix::fs::{AtFlags, Mode, OFlags};

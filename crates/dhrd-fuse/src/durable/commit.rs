@@ -48,8 +48,8 @@
 //! Crash semantics: a crash before a round's syncs return may lose any change of that
 //! round, none of which was acknowledged; nothing acknowledged is lost.
 
+use crate::durable::failures::{Failures, InodeId};
 use crate::error::{FsError, Result};
-use crate::failures::{Failures, InodeId};
 use crate::sys;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
