@@ -46,16 +46,6 @@ pub struct Caller {
     pub pid: u32,
 }
 
-impl Caller {
-    pub fn of(req: &fuser::Request) -> Self {
-        Self {
-            uid: req.uid(),
-            gid: req.gid(),
-            pid: req.pid(),
-        }
-    }
-}
-
 /// What is known about the caller's CAP_FSETID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fsetid {

@@ -17,6 +17,7 @@ pub mod data;
 pub mod durable;
 pub mod engine;
 pub mod error;
+pub mod kernel;
 pub mod killpriv;
 pub mod meta;
 pub mod mount;

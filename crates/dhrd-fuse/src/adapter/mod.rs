@@ -5,12 +5,12 @@
 //! Crash semantics: none of its own (see `fs.rs`, `meta.rs`, `data.rs`).
 
 use crate::config::{ReadPath, ReaddirPlus, ATTR_TTL, MAX_WRITE_BYTES, READDIRPLUS_BATCH_MAX};
-use crate::data::OpenReply;
 use crate::durable::commit::SyncSet;
 use crate::error::{FsError, Result};
+use crate::kernel::{Attr, BackingId, FileKind, OpenReply, ReplyFlags, SetAttr, SetTime};
+use crate::kernel::{Fh, Ino};
 use crate::killpriv::Caller;
-use crate::meta::nodes::{Fh, Ino};
-use crate::mount::{errno, Shared};
+use crate::mount::Shared;
 use crate::sys;
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -35,29 +35,103 @@ fn passthrough_stack_depth(sh: &Shared) -> u32 {
     }
 }
 
+/// The caller's credentials as the core takes them.
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::NamedPipe => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::RegularFile => FileType::RegularFile,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: std::time::UNIX_EPOCH,
+        kind: kind(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
+    t.map(|t| match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(at) => SetTime::At(at),
+    })
+}
+
+fn fopen(f: ReplyFlags) -> FopenFlags {
+    FopenFlags::from_bits_retain(f.bits())
+}
+
+/// The fuser token inside a backing id this adapter made (`register`).
+fn fuser_backing(id: &BackingId) -> &fuser::BackingId {
+    #[allow(clippy::expect_used)] // only this adapter makes backing ids for this session
+    id.get::<fuser::BackingId>()
+        .expect("a backing id made by another transport")
+}
+
+/// The core's notices to the kernel, sent through the session's notifier.
+pub struct Notices(pub fuser::Notifier);
+
+impl crate::kernel::Invalidate for Notices {
+    fn inode_attrs(&self, ino: u64) {
+        // Offset -1: attributes only, no page cache, no inode lock. A failure leaves
+        // stale attributes, not a wrong file.
+        let _ = self.0.inval_inode(INodeNo(ino), -1, 0);
+    }
+}
+
 /// The `fuser::Filesystem` adapter; all state lives in [`Shared`].
 pub struct DhrdFs {
     pub sh: Arc<Shared>,
 }
 
 /// Replies to a request that creates a directory entry (mknod, mkdir, symlink, link).
-fn reply_new_entry(sh: &Shared, r: Result<FileAttr>, reply: ReplyEntry) {
+fn reply_new_entry(sh: &Shared, r: Result<Attr>, reply: ReplyEntry) {
     match r {
-        Ok(a) => reply.entry(&ATTR_TTL, &a, sh.generation(&a)),
-        Err(e) => reply.error(sh.count_err(&e)),
+        Ok(a) => reply.entry(&ATTR_TTL, &file_attr(&a), Generation(sh.generation(&a))),
+        Err(e) => reply.error(Errno::from_i32(sh.count_err(&e))),
     }
 }
 
 fn reply_empty(sh: &Shared, r: Result<()>, reply: ReplyEmpty) {
     match r {
         Ok(()) => reply.ok(),
-        Err(e) => reply.error(sh.count_err(&e)),
+        Err(e) => reply.error(Errno::from_i32(sh.count_err(&e))),
     }
 }
 
 impl DhrdFs {
     /// Runs a metadata request that makes a new entry, replying once it is durable.
-    fn new_entry(&self, reply: ReplyEntry, op: impl FnOnce(&mut SyncSet) -> Result<FileAttr>) {
+    fn new_entry(&self, reply: ReplyEntry, op: impl FnOnce(&mut SyncSet) -> Result<Attr>) {
         let mut set = SyncSet::default();
         let r = op(&mut set);
         self.sh
@@ -163,15 +237,21 @@ impl Filesystem for DhrdFs {
             .and_then(|_| self.sh.dir_fd(Ino(parent.0)))
             .and_then(|pfd| self.sh.lookup_in(Ino(parent.0), &pfd, name));
         match r {
-            Ok(attr) => reply.entry(&ATTR_TTL, &attr, self.sh.generation(&attr)),
+            Ok(attr) => reply.entry(
+                &ATTR_TTL,
+                &file_attr(&attr),
+                Generation(self.sh.generation(&attr)),
+            ),
             // A negative entry (node 0) that the kernel may keep as long as a positive one:
             // names appear only through this daemon (create, mkdir, link, rename...), and
             // the kernel replaces the negative dentry itself when they do. Saves a round
             // trip for every repeated probe of a missing name (PATH and include-path
             // searches, Python imports, build tools checking outputs).
-            Err(e) if errno(&e) == Errno::ENOENT => {
-                reply.entry(&ATTR_TTL, &self.sh.placeholder_attr(), Generation(0))
-            }
+            Err(e) if errno(&e) == Errno::ENOENT => reply.entry(
+                &ATTR_TTL,
+                &file_attr(&self.sh.placeholder_attr()),
+                Generation(0),
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -181,12 +261,12 @@ impl Filesystem for DhrdFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let r = match fh.and_then(|f| self.sh.handle_stat(f)) {
+        let r = match fh.and_then(|f| self.sh.handle_stat(Fh(f.0))) {
             Some(st) => Ok(st),
             None => self.sh.stat_node(Ino(ino.0)),
         };
         match r {
-            Ok(st) => reply.attr(&ATTR_TTL, &self.sh.attr(&st)),
+            Ok(st) => reply.attr(&ATTR_TTL, &file_attr(&self.sh.attr(&st))),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -211,21 +291,21 @@ impl Filesystem for DhrdFs {
     ) {
         self.sh.stats.setattrs.fetch_add(1, Ordering::Relaxed);
         let mut set = SyncSet::default();
-        let r = self.sh.do_setattr(
-            &mut set,
-            &Caller::of(req),
-            Ino(ino.0),
+        let change = SetAttr {
             mode,
             uid,
             gid,
             size,
-            atime,
-            mtime,
-            fh,
-        );
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+            fh: fh.map(|f| Fh(f.0)),
+        };
+        let r = self
+            .sh
+            .do_setattr(&mut set, &caller(req), Ino(ino.0), &change);
         self.sh.reply_when_durable(set, r, move |sh, r| match r {
-            Ok(a) => reply.attr(&ATTR_TTL, &a),
-            Err(e) => reply.error(sh.count_err(&e)),
+            Ok(a) => reply.attr(&ATTR_TTL, &file_attr(&a)),
+            Err(e) => reply.error(Errno::from_i32(sh.count_err(&e))),
         });
     }
 
@@ -253,7 +333,7 @@ impl Filesystem for DhrdFs {
     ) {
         self.new_entry(reply, |set| {
             self.sh
-                .do_mknod(set, req, Ino(parent.0), name, mode, umask, rdev)
+                .do_mknod(set, &caller(req), Ino(parent.0), name, mode, umask, rdev)
         });
     }
 
@@ -267,7 +347,8 @@ impl Filesystem for DhrdFs {
         reply: ReplyEntry,
     ) {
         self.new_entry(reply, |set| {
-            self.sh.do_mkdir(set, req, Ino(parent.0), name, mode, umask)
+            self.sh
+                .do_mkdir(set, &caller(req), Ino(parent.0), name, mode, umask)
         });
     }
 
@@ -293,7 +374,7 @@ impl Filesystem for DhrdFs {
     ) {
         self.new_entry(reply, |set| {
             self.sh
-                .do_symlink(set, req, Ino(parent.0), link_name, target)
+                .do_symlink(set, &caller(req), Ino(parent.0), link_name, target)
         });
     }
 
@@ -308,8 +389,14 @@ impl Filesystem for DhrdFs {
         reply: ReplyEmpty,
     ) {
         self.empty(reply, |set| {
-            self.sh
-                .do_rename(set, Ino(parent.0), name, Ino(newparent.0), newname, flags)
+            self.sh.do_rename(
+                set,
+                Ino(parent.0),
+                name,
+                Ino(newparent.0),
+                newname,
+                flags.bits(),
+            )
         });
     }
 
@@ -329,22 +416,21 @@ impl Filesystem for DhrdFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut set = SyncSet::default();
         let r = {
-            let register = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
+            let register =
+                |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd).map(BackingId::new);
             self.sh
-                .open_file(&mut set, req, Ino(ino.0), flags, &register)
+                .open_file(&mut set, &caller(req), Ino(ino.0), flags.0, &register)
         };
         // Only an O_TRUNC open has something to make durable before the reply; a failed
         // sync closes the handle again (the kernel never learns of it).
-        let undo = |sh: &Shared, (fh, _): (crate::meta::nodes::Fh, OpenReply)| {
-            sh.release_file(FileHandle(fh.0))
-        };
+        let undo = |sh: &Shared, (fh, _): (Fh, OpenReply)| sh.release_file(fh);
         self.sh
             .reply_when_durable_or(set, r, undo, move |sh, r| match r {
-                Ok((fh, OpenReply::Plain(fl))) => reply.opened(FileHandle(fh.0), fl),
+                Ok((fh, OpenReply::Plain(fl))) => reply.opened(FileHandle(fh.0), fopen(fl)),
                 Ok((fh, OpenReply::Passthrough(fl, id))) => {
-                    reply.opened_passthrough(FileHandle(fh.0), fl, &id)
+                    reply.opened_passthrough(FileHandle(fh.0), fopen(fl), fuser_backing(&id))
                 }
-                Err(e) => reply.error(sh.count_err(&e)),
+                Err(e) => reply.error(Errno::from_i32(sh.count_err(&e))),
             });
     }
 
@@ -359,9 +445,9 @@ impl Filesystem for DhrdFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.sh.do_read(fh, offset, size) {
+        match self.sh.do_read(Fh(fh.0), offset, size) {
             Ok(b) => reply.data(&b),
-            Err(e) => reply.error(self.sh.count_err(&e)),
+            Err(e) => reply.error(Errno::from_i32(self.sh.count_err(&e))),
         }
     }
 
@@ -382,10 +468,10 @@ impl Filesystem for DhrdFs {
         // (RWF_DSYNC, RWF_SYNC); the daemon honours them (data.rs, `WriteSync`).
         match self
             .sh
-            .do_write(&Caller::of(req), fh, offset, data, kill, flags.0)
+            .do_write(&caller(req), Fh(fh.0), offset, data, kill, flags.0)
         {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(self.sh.count_err(&e)),
+            Err(e) => reply.error(Errno::from_i32(self.sh.count_err(&e))),
         }
     }
 
@@ -414,7 +500,7 @@ impl Filesystem for DhrdFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.sh.release_file(fh);
+        self.sh.release_file(Fh(fh.0));
         reply.ok();
     }
 
@@ -426,7 +512,7 @@ impl Filesystem for DhrdFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.empty(reply, |set| self.sh.do_fsync(set, fh, datasync));
+        self.empty(reply, |set| self.sh.do_fsync(set, Fh(fh.0), datasync));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -438,7 +524,7 @@ impl Filesystem for DhrdFs {
             // READDIR round trip (`ls`, find, git status walking a tree again).
             Ok(fh) => reply.opened(
                 FileHandle(fh.0),
-                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                fopen(ReplyFlags::CACHE_DIR | ReplyFlags::KEEP_CACHE),
             ),
             Err(e) => reply.error(errno(&e)),
         }
@@ -461,8 +547,8 @@ impl Filesystem for DhrdFs {
             reply.error(Errno::EBADF);
             return;
         };
-        for (i, (ino, kind, name)) in d.entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+        for (i, (ino, k, name)) in d.entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, kind(*k), name) {
                 break;
             }
         }
@@ -483,7 +569,7 @@ impl Filesystem for DhrdFs {
             return;
         }
         // Copy one batch out so the directory lock is not held while stat'ing entries.
-        let batch: Vec<(u64, FileType, OsString)> = {
+        let batch: Vec<(u64, FileKind, OsString)> = {
             let dirs = self.sh.dirs.lock();
             let Some(d) = dirs.get(&Fh(fh.0)) else {
                 reply.error(Errno::EBADF);
@@ -507,11 +593,11 @@ impl Filesystem for DhrdFs {
             let next = offset + i as u64 + 1;
             if name == "." || name == ".." {
                 // The kernel links neither and counts no lookup for them.
-                let attr = FileAttr {
-                    ino: INodeNo(*eino),
+                let attr = file_attr(&Attr {
+                    ino: *eino,
                     kind: *kind,
                     ..self.sh.placeholder_attr()
-                };
+                });
                 if reply.add(INodeNo(*eino), next, name, &ATTR_TTL, &attr, Generation(0)) {
                     break;
                 }
@@ -526,29 +612,29 @@ impl Filesystem for DhrdFs {
             let attr = if st.st_dev == self.sh.dir.dev() {
                 self.sh.attr(&st)
             } else {
-                FileAttr {
-                    ino: INodeNo(0),
+                Attr {
+                    ino: 0,
                     kind: *kind,
                     ..self.sh.placeholder_attr()
                 }
             };
             if reply.add(
-                attr.ino,
+                INodeNo(attr.ino),
                 next,
                 name,
                 &ATTR_TTL,
-                &attr,
-                self.sh.generation(&attr),
+                &file_attr(&attr),
+                Generation(self.sh.generation(&attr)),
             ) {
                 break;
             }
-            if attr.ino.0 != 0 {
+            if attr.ino != 0 {
                 // Counted only once the entry is in the reply: the kernel takes one lookup
                 // reference per entry it receives.
                 self.sh
                     .nodes
                     .lock()
-                    .remember(Ino(attr.ino.0), Ino(ino.0), name);
+                    .remember(Ino(attr.ino), Ino(ino.0), name);
                 self.sh
                     .stats
                     .readdirplus_entries
@@ -567,7 +653,7 @@ impl Filesystem for DhrdFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        match self.sh.do_lseek(fh, offset, whence) {
+        match self.sh.do_lseek(Fh(fh.0), offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(&e)),
         }
@@ -666,10 +752,11 @@ impl Filesystem for DhrdFs {
     ) {
         let mut set = SyncSet::default();
         let r = {
-            let register = |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd);
+            let register =
+                |fd: std::os::fd::BorrowedFd<'_>| reply.open_backing(fd).map(BackingId::new);
             self.sh.create_file(
                 &mut set,
-                req,
+                &caller(req),
                 Ino(parent.0),
                 name,
                 mode,
@@ -679,24 +766,28 @@ impl Filesystem for DhrdFs {
             )
         };
         // The kernel never gets the entry nor the handle: both go.
-        let undo = |sh: &Shared, (attr, fh, _): (FileAttr, crate::meta::nodes::Fh, OpenReply)| {
-            sh.release_file(FileHandle(fh.0));
+        let undo = |sh: &Shared, (attr, fh, _): (Attr, Fh, OpenReply)| {
+            sh.release_file(fh);
             sh.entry_not_sent(&attr);
         };
         self.sh
             .reply_when_durable_or(set, r, undo, move |sh, r| match r {
-                Ok((attr, fh, OpenReply::Plain(fl))) => {
-                    reply.created(&ATTR_TTL, &attr, sh.generation(&attr), FileHandle(fh.0), fl)
-                }
+                Ok((attr, fh, OpenReply::Plain(fl))) => reply.created(
+                    &ATTR_TTL,
+                    &file_attr(&attr),
+                    Generation(sh.generation(&attr)),
+                    FileHandle(fh.0),
+                    fopen(fl),
+                ),
                 Ok((attr, fh, OpenReply::Passthrough(fl, id))) => reply.created_passthrough(
                     &ATTR_TTL,
-                    &attr,
-                    sh.generation(&attr),
+                    &file_attr(&attr),
+                    Generation(sh.generation(&attr)),
                     FileHandle(fh.0),
-                    fl,
-                    &id,
+                    fopen(fl),
+                    fuser_backing(&id),
                 ),
-                Err(e) => reply.error(sh.count_err(&e)),
+                Err(e) => reply.error(Errno::from_i32(sh.count_err(&e))),
             });
     }
 
@@ -712,10 +803,10 @@ impl Filesystem for DhrdFs {
     ) {
         match self
             .sh
-            .do_fallocate(&Caller::of(req), fh, offset, length, mode)
+            .do_fallocate(&caller(req), Fh(fh.0), offset, length, mode)
         {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.sh.count_err(&e)),
+            Err(e) => reply.error(Errno::from_i32(self.sh.count_err(&e))),
         }
     }
 
@@ -733,16 +824,16 @@ impl Filesystem for DhrdFs {
         reply: ReplyWrite,
     ) {
         match self.sh.do_copy_file_range(
-            &Caller::of(req),
-            fh_in,
+            &caller(req),
+            Fh(fh_in.0),
             offset_in,
-            fh_out,
+            Fh(fh_out.0),
             offset_out,
             len,
             flags.bits(),
         ) {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(self.sh.count_err(&e)),
+            Err(e) => reply.error(Errno::from_i32(self.sh.count_err(&e))),
         }
     }
 }

@@ -444,7 +444,9 @@ pub fn run(mut cfg: MountConfig) -> Result<()> {
     let mut session = fuser::Session::new(DhrdFs { sh: sh.clone() }, &mnt, &fcfg)
         .map_err(|e| setup(format!("mounting {}: {e}", mnt.display())))?;
     let unmounter = session.unmount_callable();
-    let _ = sh.notifier.set(session.notifier());
+    let _ = sh
+        .notifier
+        .set(Box::new(crate::adapter::Notices(session.notifier())));
 
     let (stop_tx, stop_rx) = mpsc::channel::<Stop>();
     {

@@ -24,17 +24,17 @@ use crate::durable::commit::SyncSet;
 use crate::engine::objects::{Obj, OpenKind};
 use crate::engine::EngineTier;
 use crate::error::{FsError, Result};
+use crate::kernel::{Attr, OpenReply, Register, ReplyFlags, SetAttr, SetTime, WriteSync};
+use crate::kernel::{Fh, Ino};
 use crate::killpriv::{Caller, Fsetid};
-use crate::meta::nodes::{Fh, Ino};
 use crate::mount::walk::BackingOpener;
 use crate::mount::Shared;
 use crate::page::{Opened, PageOpen, PageTier, Service};
 use crate::sys;
 use dhrd_pagecache::reaper::{Reaper, REAPER_THREADS};
 use dhrd_pagecache::resident::{Resident, ResidentConfig};
-use fuser::{FileAttr, FileHandle, FopenFlags, OpenAccMode, OpenFlags, Request, TimeOrNow};
 use std::ffi::OsStr;
-use std::io;
+
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -46,52 +46,12 @@ pub enum Tier {
     Engine(EngineTier),
 }
 
-/// What the reply to an open or create carries.
-pub enum OpenReply<B = fuser::BackingId> {
-    Plain(FopenFlags),
-    Passthrough(FopenFlags, Arc<B>),
-}
-
-/// Registers a descriptor with the kernel for passthrough (`ReplyOpen::open_backing`).
-pub type Register<'a> = &'a dyn Fn(BorrowedFd<'_>) -> io::Result<fuser::BackingId>;
-
 /// One open file.
 pub struct Handle {
     pub key: u64,
     pub data: HandleData,
     /// What the open's flags (O_DSYNC, O_SYNC) ask of every change made through it.
     pub sync: WriteSync,
-}
-
-/// What a change of file data asks of its own durability, beyond the mount's mode: the
-/// open's O_DSYNC or O_SYNC, or RWF_DSYNC / RWF_SYNC of one write (the kernel adds those
-/// to the write request's flags, `fuse_write_flags`). Opens the kernel serves itself
-/// (passthrough, or a page cache write followed by its own FSYNC) never need it; opens
-/// with FOPEN_DIRECT_IO leave the sync to the daemon (`fuse_direct_write_iter` calls no
-/// `generic_write_sync`), and so do fallocate, copy_file_range and truncate through any
-/// open, which always reach the daemon.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum WriteSync {
-    /// Durable per the mount's mode (at once in `sync` mode, else at a later fsync).
-    Mode,
-    /// O_DSYNC: the data, and the metadata needed to read it back, durable on return.
-    Data,
-    /// O_SYNC: the data and all of the inode's metadata durable on return.
-    File,
-}
-
-impl WriteSync {
-    /// From open(2) flags, or a write request's flags.
-    pub fn of_flags(flags: i32) -> Self {
-        // O_SYNC is __O_SYNC | O_DSYNC.
-        if flags & libc::O_SYNC == libc::O_SYNC {
-            WriteSync::File
-        } else if flags & libc::O_DSYNC != 0 {
-            WriteSync::Data
-        } else {
-            WriteSync::Mode
-        }
-    }
 }
 
 /// What a handle's requests use.
@@ -160,14 +120,14 @@ impl Shared {
     }
 
     /// The data of open handle `fh`.
-    pub(crate) fn handle(&self, fh: FileHandle) -> Result<(u64, HandleData)> {
+    pub(crate) fn handle(&self, fh: Fh) -> Result<(u64, HandleData)> {
         self.handle_sync(fh).map(|(key, data, _)| (key, data))
     }
 
     /// Like `handle`, with what the open asks of each change's durability.
-    pub(crate) fn handle_sync(&self, fh: FileHandle) -> Result<(u64, HandleData, WriteSync)> {
+    pub(crate) fn handle_sync(&self, fh: Fh) -> Result<(u64, HandleData, WriteSync)> {
         let handles = self.handles.read();
-        let h = handles.get(&Fh(fh.0)).ok_or(FsError::Errno(libc::EBADF))?;
+        let h = handles.get(&fh).ok_or(FsError::Errno(libc::EBADF))?;
         Ok((h.key, h.data.clone(), h.sync))
     }
 
@@ -182,22 +142,22 @@ impl Shared {
     pub(crate) fn open_file(
         &self,
         set: &mut SyncSet,
-        req: &Request,
+        caller: &Caller,
         ino: Ino,
-        flags: OpenFlags,
+        flags: i32,
         register: Register<'_>,
     ) -> Result<(Fh, OpenReply)> {
         let key = self.dir.backing_ino(ino.0);
-        let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // The kernel has checked write permission for O_TRUNC, whatever the access mode,
         // and passes it only once FUSE_ATOMIC_O_TRUNC is negotiated.
-        let truncate = flags.0 & libc::O_TRUNC != 0;
+        let truncate = flags & libc::O_TRUNC != 0;
         let (data, reply) = match self.tier() {
             Tier::Page(t) => {
                 let (open, reply) = t.open(
                     key,
-                    flags.0,
-                    writable.then(|| Caller::of(req)),
+                    flags,
+                    writable.then_some(*caller),
                     || {
                         let (file, st) = self.open_backing_file_stat(ino)?;
                         Ok(Opened {
@@ -223,7 +183,7 @@ impl Shared {
                 };
                 (
                     HandleData::Engine { obj, kind },
-                    OpenReply::Plain(FopenFlags::empty()),
+                    OpenReply::Plain(ReplyFlags::empty()),
                 )
             }
         };
@@ -231,18 +191,12 @@ impl Shared {
         // now (even when the file was empty already), set-id bits dropped, durable in sync
         // mode; after the open's own checks, so a refused open changes nothing.
         if truncate {
-            let done = self.do_setattr(
-                set,
-                &Caller::of(req),
-                ino,
-                None,
-                None,
-                None,
-                Some(0),
-                None,
-                Some(TimeOrNow::Now),
-                None,
-            );
+            let change = SetAttr {
+                size: Some(0),
+                mtime: Some(SetTime::Now),
+                ..SetAttr::default()
+            };
+            let done = self.do_setattr(set, caller, ino, &change);
             if let Err(e) = done {
                 self.release_data(key, data);
                 return Err(e);
@@ -251,7 +205,7 @@ impl Shared {
         }
         match data {
             HandleData::Page(open) => {
-                let fh = self.insert_handle(key, HandleData::Page(open), flags.0);
+                let fh = self.insert_handle(key, HandleData::Page(open), flags);
                 Ok((fh, reply))
             }
             HandleData::Engine { obj, .. } => {
@@ -259,7 +213,7 @@ impl Shared {
                     unreachable!("an engine handle on the page cache path");
                 };
                 let (kind, reply) = t.choose_reply(self, key, &obj, writable, register);
-                let fh = self.insert_handle(key, HandleData::Engine { obj, kind }, flags.0);
+                let fh = self.insert_handle(key, HandleData::Engine { obj, kind }, flags);
                 Ok((fh, reply))
             }
         }
@@ -270,15 +224,15 @@ impl Shared {
     pub(crate) fn create_file(
         &self,
         set: &mut SyncSet,
-        req: &Request,
+        caller: &Caller,
         parent: Ino,
         name: &OsStr,
         mode: u32,
         umask: u32,
         flags: i32,
         register: Register<'_>,
-    ) -> Result<(FileAttr, Fh, OpenReply)> {
-        let c = self.create_entry(set, req, parent, name, mode, umask, flags)?;
+    ) -> Result<(Attr, Fh, OpenReply)> {
+        let c = self.create_entry(set, caller, parent, name, mode, umask, flags)?;
         let key = c.key;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let (pfd, made) = (c.pfd, c.made);
@@ -290,7 +244,7 @@ impl Shared {
         };
         let r = match self.tier() {
             Tier::Page(t) => {
-                let writer = writable.then(|| Caller::of(req));
+                let writer = writable.then_some(*caller);
                 t.open(key, flags, writer, || Ok(opened), register)
                     .map(|(open, reply)| {
                         self.count_page_open(&open);
@@ -298,7 +252,7 @@ impl Shared {
                     })
             }
             Tier::Engine(t) => {
-                let label = self.display_name(Ino(c.attr.ino.0));
+                let label = self.display_name(Ino(c.attr.ino));
                 t.objects
                     .acquire(key, &label, true, || Ok(opened.file))
                     .map(|obj| {
@@ -334,8 +288,8 @@ impl Shared {
     }
 
     /// RELEASE: drops the handle and counts the close on its data path.
-    pub(crate) fn release_file(&self, fh: FileHandle) {
-        let h = self.handles.write().remove(&Fh(fh.0));
+    pub(crate) fn release_file(&self, fh: Fh) {
+        let h = self.handles.write().remove(&fh);
         if let Some(h) = h {
             self.release_data(h.key, h.data);
         }
@@ -349,7 +303,7 @@ impl Shared {
         }
     }
 
-    pub(crate) fn do_read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub(crate) fn do_read(&self, fh: Fh, offset: u64, size: u32) -> Result<Vec<u8>> {
         let (_, data) = self.handle(fh)?;
         let t = Instant::now();
         let (buf, served) = match data {
@@ -381,7 +335,7 @@ impl Shared {
     pub(crate) fn do_write(
         &self,
         caller: &Caller,
-        fh: FileHandle,
+        fh: Fh,
         offset: u64,
         data: &[u8],
         kill_suidgid: bool,
@@ -419,7 +373,7 @@ impl Shared {
     /// instance may have left dirty pages in the cache. In `sync` mode the sync joins
     /// `set` (the committer syncs it with concurrent requests', off the worker threads);
     /// otherwise it runs here, with a syncfs for the metadata.
-    pub(crate) fn do_fsync(&self, set: &mut SyncSet, fh: FileHandle, datasync: bool) -> Result<()> {
+    pub(crate) fn do_fsync(&self, set: &mut SyncSet, fh: Fh, datasync: bool) -> Result<()> {
         let (key, h) = self.handle(fh)?;
         let t = Instant::now();
         if matches!(h, HandleData::Page(_)) {
@@ -480,7 +434,7 @@ impl Shared {
     /// every write and hole punch reaches the backing file (or its page cache) before it
     /// is acknowledged, so the backing's extent map is the file's; asking it keeps sparse
     /// files sparse through `cp --sparse`, `tar -S` and the like.
-    pub(crate) fn do_lseek(&self, fh: FileHandle, offset: i64, whence: i32) -> Result<i64> {
+    pub(crate) fn do_lseek(&self, fh: Fh, offset: i64, whence: i32) -> Result<i64> {
         if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
             return Err(FsError::Errno(libc::EINVAL));
         }
@@ -499,7 +453,7 @@ impl Shared {
     pub(crate) fn do_fallocate(
         &self,
         caller: &Caller,
-        fh: FileHandle,
+        fh: Fh,
         offset: u64,
         length: u64,
         mode: i32,
@@ -543,9 +497,9 @@ impl Shared {
     pub(crate) fn do_copy_file_range(
         &self,
         caller: &Caller,
-        fh_in: FileHandle,
+        fh_in: Fh,
         offset_in: u64,
-        fh_out: FileHandle,
+        fh_out: Fh,
         offset_out: u64,
         len: u64,
         flags: u64,
@@ -607,7 +561,7 @@ impl Shared {
         ino: Ino,
         st: &libc::stat,
         size: u64,
-        fh: Option<FileHandle>,
+        fh: Option<Fh>,
         kill: bool,
     ) -> Result<()> {
         let key = self.dir.backing_ino(ino.0);
@@ -688,7 +642,7 @@ impl Shared {
     }
 
     /// GETATTR through an open handle.
-    pub(crate) fn handle_stat(&self, fh: FileHandle) -> Option<libc::stat> {
+    pub(crate) fn handle_stat(&self, fh: Fh) -> Option<libc::stat> {
         let (_, h) = self.handle(fh).ok()?;
         sys::fstat(data_fd(&h)).ok()
     }
@@ -826,28 +780,5 @@ fn data_fd(h: &HandleData) -> BorrowedFd<'_> {
     match h {
         HandleData::Page(o) => o.file.as_fd(),
         HandleData::Engine { obj, .. } => obj.backing().file().as_fd(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::WriteSync;
-
-    #[test]
-    fn write_sync_follows_o_sync_and_o_dsync() {
-        assert_eq!(WriteSync::of_flags(libc::O_RDWR), WriteSync::Mode);
-        assert_eq!(
-            WriteSync::of_flags(libc::O_WRONLY | libc::O_DSYNC),
-            WriteSync::Data
-        );
-        assert_eq!(
-            WriteSync::of_flags(libc::O_RDWR | libc::O_SYNC),
-            WriteSync::File
-        );
-        assert_eq!(
-            WriteSync::of_flags(libc::O_DIRECT | libc::O_DSYNC),
-            WriteSync::Data
-        );
-        assert!(WriteSync::File > WriteSync::Data && WriteSync::Data > WriteSync::Mode);
     }
 }

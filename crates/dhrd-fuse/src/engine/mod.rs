@@ -18,14 +18,14 @@
 pub mod objects;
 
 use crate::config::{FsConfig, ReadPath, COPY_STEP_BYTES, PASSTHROUGH_LOAD_WAIT};
-use crate::data::{OpenReply, Register};
 use crate::engine::objects::{Obj, Objects, OpenKind, PassthroughChoice};
 use crate::error::{FsError, Result};
+use crate::kernel::{OpenReply, Register, ReplyFlags};
 use crate::mount::Shared;
 use crate::stats::FsStats;
 use crate::sys;
 use dhrd_engine::{Durability, RamBudget, Served};
-use fuser::FopenFlags;
+
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -110,14 +110,14 @@ impl EngineTier {
                 sh.stats.opens_passthrough.fetch_add(1, Ordering::Relaxed);
                 (
                     OpenKind::Passthrough,
-                    OpenReply::Passthrough(FopenFlags::empty(), id),
+                    OpenReply::Passthrough(ReplyFlags::empty(), id),
                 )
             }
             Ok(PassthroughChoice::Joined(id)) => {
                 sh.stats.opens_direct.fetch_add(1, Ordering::Relaxed);
                 (
                     OpenKind::Passthrough,
-                    OpenReply::Passthrough(FopenFlags::FOPEN_DIRECT_IO, id),
+                    OpenReply::Passthrough(ReplyFlags::DIRECT_IO, id),
                 )
             }
             Ok(PassthroughChoice::Plain) => (
@@ -136,13 +136,13 @@ impl EngineTier {
     }
 
     /// Open flags of an open served by the daemon (or the mount's page cache).
-    pub(crate) fn data_open_flags(&self, stats: &FsStats) -> FopenFlags {
+    pub(crate) fn data_open_flags(&self, stats: &FsStats) -> ReplyFlags {
         if self.path == ReadPath::EngineCached {
             stats.opens_cached.fetch_add(1, Ordering::Relaxed);
-            FopenFlags::FOPEN_KEEP_CACHE
+            ReplyFlags::KEEP_CACHE
         } else {
             stats.opens_direct.fetch_add(1, Ordering::Relaxed);
-            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+            ReplyFlags::DIRECT_IO | ReplyFlags::PARALLEL_DIRECT_WRITES
         }
     }
 

@@ -30,6 +30,7 @@
 //! durable in the non-sync modes; in sync mode every write already is.
 
 use crate::error::{FsError, Result};
+use crate::kernel::BackingId;
 use crate::sys;
 use dhrd_engine::{HybridObject, ObjectConfig};
 use dhrd_io::{Durable as _, FileBacking, FileOptions};
@@ -61,7 +62,7 @@ struct Entry {
     closed_sig: Option<Signature>,
     /// Passthrough registration shared by all passthrough opens of this inode (the kernel
     /// requires one backing id per inode).
-    passthrough: Option<Arc<fuser::BackingId>>,
+    passthrough: Option<Arc<BackingId>>,
     /// Opens carrying the backing id (`OpenKind::Passthrough`), among `opens`.
     passthrough_opens: u32,
     /// Read-only opens without it (`OpenKind::PlainReader`), among `opens`. Like writers,
@@ -86,10 +87,10 @@ pub enum OpenKind {
 /// How one open of a regular file reaches its data (see `Objects::choose_passthrough`).
 pub enum PassthroughChoice {
     /// The kernel reads the memfd itself.
-    Pure(Arc<fuser::BackingId>),
+    Pure(Arc<BackingId>),
     /// Reads go to the daemon; the open carries the inode's backing id because the kernel
     /// demands it of every open while passthrough opens exist.
-    Joined(Arc<fuser::BackingId>),
+    Joined(Arc<BackingId>),
     /// No backing id: the direct or cached path.
     Plain,
 }
@@ -405,7 +406,7 @@ impl Objects {
         &self,
         key: u64,
         pure_ok: bool,
-        make: impl FnOnce(&Obj) -> std::io::Result<fuser::BackingId>,
+        make: impl FnOnce(&Obj) -> std::io::Result<BackingId>,
     ) -> std::io::Result<PassthroughChoice> {
         let mut g = self.inner.lock();
         let Some(e) = g.map.get_mut(&key) else {

@@ -24,11 +24,12 @@ pub mod nodes;
 use crate::data::Tier;
 use crate::durable::commit::SyncSet;
 use crate::error::{FsError, Result};
-use crate::meta::nodes::{Fh, Ino};
-use crate::mount::{kind_of, kind_of_dirent, NewInode, Shared};
+use crate::kernel::{Attr, DirEntry, FileKind};
+use crate::kernel::{Fh, Ino};
+use crate::killpriv::Caller;
+use crate::mount::{NewInode, Shared};
 use crate::page::PRIVATE_XATTR_PREFIX;
 use crate::sys::{self, FUSE_ROOT_INO};
-use fuser::{FileAttr, FileType, RenameFlags, Request};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -38,7 +39,7 @@ use std::os::unix::ffi::OsStrExt;
 /// Entries of an open directory, read once at its first READDIR (offsets are indexes into
 /// it).
 pub(crate) struct DirHandle {
-    pub(crate) entries: Vec<(u64, FileType, OsString)>,
+    pub(crate) entries: Vec<DirEntry>,
     /// The directory and its backing inode until the first READDIR reads it: when the
     /// kernel serves a listing from its cache (FOPEN_CACHE_DIR), none comes, and the
     /// backing directory is never read.
@@ -74,13 +75,13 @@ impl Shared {
     pub(crate) fn do_mknod(
         &self,
         set: &mut SyncSet,
-        req: &Request,
+        caller: &Caller,
         parent: Ino,
         name: &OsStr,
         mode: u32,
         umask: u32,
         rdev: u32,
-    ) -> Result<FileAttr> {
+    ) -> Result<Attr> {
         sys::check_name(name)?;
         let pfd = self.dir_fd(parent)?;
         let perm = Mode::from_raw_mode(mode & !umask & 0o7777);
@@ -92,7 +93,7 @@ impl Shared {
                     OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
                     perm,
                 )?;
-                self.chown_new(req, &pfd, Some(&fd), name, None)?;
+                self.chown_new(caller, &pfd, Some(&fd), name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
                 self.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
             }
@@ -109,7 +110,7 @@ impl Shared {
                     0
                 };
                 rustix::fs::mknodat(&pfd, name, ft, perm, dev)?;
-                self.chown_new(req, &pfd, None, name, None)?;
+                self.chown_new(caller, &pfd, None, name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
                 self.entry_durable(set, &pfd, NewInode::NoFd)?;
             }
@@ -121,12 +122,12 @@ impl Shared {
     pub(crate) fn do_mkdir(
         &self,
         set: &mut SyncSet,
-        req: &Request,
+        caller: &Caller,
         parent: Ino,
         name: &OsStr,
         mode: u32,
         umask: u32,
-    ) -> Result<FileAttr> {
+    ) -> Result<Attr> {
         sys::check_name(name)?;
         let pfd = self.dir_fd(parent)?;
         rustix::fs::mkdirat(&pfd, name, Mode::from_raw_mode(mode & !umask & 0o7777))?;
@@ -136,7 +137,7 @@ impl Shared {
             OFlags::RDONLY | OFlags::DIRECTORY,
             Mode::empty(),
         )?;
-        self.chown_new(req, &pfd, Some(&fd), name, None)?;
+        self.chown_new(caller, &pfd, Some(&fd), name, None)?;
         self.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
         self.lookup_in(parent, &pfd, name)
     }
@@ -179,15 +180,15 @@ impl Shared {
     pub(crate) fn do_symlink(
         &self,
         set: &mut SyncSet,
-        req: &Request,
+        caller: &Caller,
         parent: Ino,
         name: &OsStr,
         target: &std::path::Path,
-    ) -> Result<FileAttr> {
+    ) -> Result<Attr> {
         sys::check_name(name)?;
         let pfd = self.dir_fd(parent)?;
         rustix::fs::symlinkat(target, &pfd, name)?;
-        self.chown_new(req, &pfd, None, name, None)?;
+        self.chown_new(caller, &pfd, None, name, None)?;
         self.entry_durable(set, &pfd, NewInode::NoFd)?;
         self.lookup_in(parent, &pfd, name)
     }
@@ -199,7 +200,7 @@ impl Shared {
         name: &OsStr,
         newparent: Ino,
         newname: &OsStr,
-        flags: RenameFlags,
+        flags: u32,
     ) -> Result<()> {
         sys::check_name(name)?;
         sys::check_name(newname)?;
@@ -212,7 +213,7 @@ impl Shared {
         let nfd = npfd.as_ref().unwrap_or(&pfd);
         let moved = sys::stat_at(pfd.as_fd(), name)?;
         let replaced = sys::stat_at(nfd.as_fd(), newname).ok();
-        let rflags = rustix::fs::RenameFlags::from_bits_retain(flags.bits());
+        let rflags = rustix::fs::RenameFlags::from_bits_retain(flags);
         // Before the change, as for unlink.
         match &npfd {
             Some(n) => self.meta_durable(set, &[n, &pfd])?,
@@ -223,7 +224,7 @@ impl Shared {
         let mut nodes = self.nodes.lock();
         if let Some(r) = replaced {
             let r_ino = Ino(self.dir.fuse_ino(r.st_ino));
-            if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            if flags & libc::RENAME_EXCHANGE != 0 {
                 nodes.renamed(r_ino, newparent, newname, parent, name);
             } else if r_ino != moved_ino {
                 nodes.unlinked(r_ino, newparent, newname);
@@ -250,7 +251,7 @@ impl Shared {
         ino: Ino,
         newparent: Ino,
         newname: &OsStr,
-    ) -> Result<FileAttr> {
+    ) -> Result<Attr> {
         sys::check_name(newname)?;
         let npfd = self.dir_fd(newparent)?;
         let (fd, _) = self.node_fd(ino, OFlags::PATH)?;
@@ -268,7 +269,7 @@ impl Shared {
     pub(crate) fn create_entry(
         &self,
         set: &mut SyncSet,
-        req: &Request,
+        caller: &Caller,
         parent: Ino,
         name: &OsStr,
         mode: u32,
@@ -296,7 +297,7 @@ impl Shared {
         let mut looked_up = false;
         let r = (|| {
             if created {
-                let mut changed = self.chown_new(req, &pfd, Some(&fd), name, Some(&st))?;
+                let mut changed = self.chown_new(caller, &pfd, Some(&fd), name, Some(&st))?;
                 if perm.bits() & (libc::S_ISUID | libc::S_ISGID) != 0 {
                     self.restore_setid_bits(&pfd, name, perm)?;
                     changed = true;
@@ -309,7 +310,7 @@ impl Shared {
             // The entry from the descriptor's status: the name cannot lead elsewhere while
             // the kernel holds the parent's lock for this create.
             let attr = self.attr(&st);
-            self.nodes.lock().remember(Ino(attr.ino.0), parent, name);
+            self.nodes.lock().remember(Ino(attr.ino), parent, name);
             looked_up = true;
             Ok(attr)
         })();
@@ -402,12 +403,7 @@ impl Shared {
         }
     }
 
-    fn read_dir_entries(
-        &self,
-        ino: Ino,
-        fd: &OwnedFd,
-        self_ino: u64,
-    ) -> Result<Vec<(u64, FileType, OsString)>> {
+    fn read_dir_entries(&self, ino: Ino, fd: &OwnedFd, self_ino: u64) -> Result<Vec<DirEntry>> {
         let parent_ino = if ino.0 == FUSE_ROOT_INO {
             FUSE_ROOT_INO
         } else {
@@ -419,10 +415,10 @@ impl Shared {
         let mut entries = vec![
             (
                 self.dir.fuse_ino(self_ino),
-                FileType::Directory,
+                FileKind::Directory,
                 OsString::from("."),
             ),
-            (parent_ino, FileType::Directory, OsString::from("..")),
+            (parent_ino, FileKind::Directory, OsString::from("..")),
         ];
         let mut d = rustix::fs::Dir::read_from(fd)?;
         while let Some(ent) = d.read() {
@@ -433,7 +429,7 @@ impl Shared {
             }
             entries.push((
                 self.dir.fuse_ino(ent.ino()),
-                kind_of_dirent(ent.file_type()),
+                FileKind::of_dirent(ent.file_type()),
                 name.to_owned(),
             ));
         }
@@ -470,8 +466,8 @@ impl Shared {
             }
         }
         let st = self.stat_node(ino)?;
-        match kind_of(st.st_mode) {
-            FileType::RegularFile | FileType::Directory => Ok(Some(NodeFd::Own(
+        match FileKind::of_mode(st.st_mode) {
+            FileKind::RegularFile | FileKind::Directory => Ok(Some(NodeFd::Own(
                 self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?.0,
             ))),
             _ => Ok(None),
@@ -577,7 +573,7 @@ impl AsFd for NodeFd {
 /// What `create_entry` made: the new entry, its backing inode number and open backing
 /// file, whether this call created it, and the parent directory (for `undo_create`).
 pub(crate) struct Created {
-    pub(crate) attr: FileAttr,
+    pub(crate) attr: Attr,
     pub(crate) key: u64,
     /// The new inode's `st_mode`.
     pub(crate) mode: u32,

@@ -25,6 +25,7 @@
 //! Nothing here touches the disk; there are no crash semantics.
 
 use crate::error::{FsError, Result};
+use crate::kernel::Ino;
 use crate::sys::FUSE_ROOT_INO;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -39,14 +40,6 @@ pub const PATH_DEPTH_MAX: usize = 4096;
 /// kept ancestor (or the root) at each request, as every node was before; a directory the
 /// kernel forgets gives its slot back.
 pub const DIR_FDS_MAX: usize = 8192;
-
-/// A FUSE node id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Ino(pub u64);
-
-/// A FUSE file handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fh(pub u64);
 
 #[derive(Debug)]
 struct Node {

@@ -32,13 +32,14 @@ use crate::config::{FsConfig, STAT_BLKSIZE};
 use crate::data::{Handle, Tier};
 use crate::durable::commit::{Committer, RoundSync, SyncSet};
 use crate::error::{FsError, Result};
+use crate::kernel::{Attr, FileKind, Invalidate, SetAttr, SetTime};
+use crate::kernel::{Fh, Ino};
 use crate::killpriv::{self, Caller, Fsetid};
-use crate::meta::nodes::{Fh, Ino, NodeTable};
+use crate::meta::nodes::NodeTable;
 use crate::meta::DirHandle;
 use crate::stats::FsStats;
 use crate::sys::{self, BackingDir};
 use dhrd_engine::{Durability, RamBudget};
-use fuser::{Errno, FileAttr, FileHandle, FileType, INodeNo, Request, TimeOrNow};
 use parking_lot::{Condvar, Mutex, RwLock};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use std::collections::HashMap;
@@ -94,7 +95,7 @@ pub struct Shared {
     /// FUSE_ATOMIC_O_TRUNC accepted: OPEN carries O_TRUNC and the daemon truncates.
     pub atomic_o_trunc: AtomicBool,
     /// Sends cache invalidations to the kernel; set by the daemon once the session exists.
-    pub notifier: OnceLock<fuser::Notifier>,
+    pub notifier: OnceLock<Box<dyn Invalidate>>,
     /// Metadata changed since the last syncfs (non-sync modes).
     pub(crate) meta_dirty: AtomicBool,
     /// Syncs metadata changes in rounds, off the worker threads (`sync` mode).
@@ -105,31 +106,6 @@ pub struct Shared {
     pub(crate) daemon_is_root: bool,
 }
 
-pub(crate) fn kind_of(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        _ => FileType::RegularFile,
-    }
-}
-
-pub(crate) fn kind_of_dirent(t: rustix::fs::FileType) -> FileType {
-    use rustix::fs::FileType as T;
-    match t {
-        T::Directory => FileType::Directory,
-        T::Symlink => FileType::Symlink,
-        T::Fifo => FileType::NamedPipe,
-        T::Socket => FileType::Socket,
-        T::CharacterDevice => FileType::CharDevice,
-        T::BlockDevice => FileType::BlockDevice,
-        _ => FileType::RegularFile,
-    }
-}
-
 fn systime(sec: i64, nsec: i64) -> SystemTime {
     if sec >= 0 {
         UNIX_EPOCH + Duration::new(sec as u64, nsec.clamp(0, 999_999_999) as u32)
@@ -138,17 +114,17 @@ fn systime(sec: i64, nsec: i64) -> SystemTime {
     }
 }
 
-pub(crate) fn timestamp(t: Option<TimeOrNow>) -> rustix::fs::Timespec {
+pub(crate) fn timestamp(t: Option<SetTime>) -> rustix::fs::Timespec {
     match t {
         None => rustix::fs::Timespec {
             tv_sec: 0,
             tv_nsec: rustix::fs::UTIME_OMIT,
         },
-        Some(TimeOrNow::Now) => rustix::fs::Timespec {
+        Some(SetTime::Now) => rustix::fs::Timespec {
             tv_sec: 0,
             tv_nsec: rustix::fs::UTIME_NOW,
         },
-        Some(TimeOrNow::SpecificTime(st)) => {
+        Some(SetTime::At(st)) => {
             let (sec, nsec) = match st.duration_since(UNIX_EPOCH) {
                 Ok(d) => (d.as_secs() as i64, i64::from(d.subsec_nanos())),
                 Err(e) => (-(e.duration().as_secs() as i64), 0),
@@ -161,9 +137,6 @@ pub(crate) fn timestamp(t: Option<TimeOrNow>) -> rustix::fs::Timespec {
     }
 }
 
-pub(crate) fn errno(e: &FsError) -> Errno {
-    Errno::from_i32(e.errno())
-}
 impl Shared {
     pub fn new(dir: BackingDir, cfg: FsConfig) -> Result<Arc<Self>> {
         let budget = RamBudget::new(cfg.mem_bytes);
@@ -327,20 +300,20 @@ impl Shared {
     pub(crate) fn reply_entry_when_durable(
         self: &Arc<Self>,
         set: SyncSet,
-        r: Result<FileAttr>,
-        reply: impl FnOnce(&Shared, Result<FileAttr>) + Send + 'static,
+        r: Result<Attr>,
+        reply: impl FnOnce(&Shared, Result<Attr>) + Send + 'static,
     ) {
         self.reply_when_durable_or(set, r, |sh, attr| sh.entry_not_sent(&attr), reply)
     }
 
     /// The generation to send with entry `attr` (`NodeTable::generation`).
-    pub(crate) fn generation(&self, attr: &FileAttr) -> fuser::Generation {
-        fuser::Generation(self.nodes.lock().generation(Ino(attr.ino.0)))
+    pub(crate) fn generation(&self, attr: &Attr) -> u64 {
+        self.nodes.lock().generation(Ino(attr.ino))
     }
 
     /// The kernel will never get entry `attr` that was counted as looked up: the count goes.
-    pub(crate) fn entry_not_sent(&self, attr: &FileAttr) {
-        self.nodes.lock().forget(Ino(attr.ino.0), 1);
+    pub(crate) fn entry_not_sent(&self, attr: &Attr) {
+        self.nodes.lock().forget(Ino(attr.ino), 1);
     }
 
     /// Like `reply_when_durable`; when the sync fails, `undo` gets what the request made
@@ -457,25 +430,24 @@ impl Shared {
         Ok(fd)
     }
 
-    pub(crate) fn attr(&self, st: &libc::stat) -> FileAttr {
+    pub(crate) fn attr(&self, st: &libc::stat) -> Attr {
         let ino = self.dir.fuse_ino(st.st_ino);
-        let kind = kind_of(st.st_mode);
+        let kind = FileKind::of_mode(st.st_mode);
         let mut size = st.st_size as u64;
-        if kind == FileType::RegularFile {
+        if kind == FileKind::RegularFile {
             // The engine's RAM copy is authoritative for the size (ahead of the backing in
             // the non-sync modes); the page cache path's is the backing file's own.
             if let Some(len) = self.data_size(st.st_ino) {
                 size = len;
             }
         }
-        FileAttr {
-            ino: INodeNo(ino),
+        Attr {
+            ino,
             size,
             blocks: st.st_blocks as u64,
             atime: systime(st.st_atime, st.st_atime_nsec),
             mtime: systime(st.st_mtime, st.st_mtime_nsec),
             ctime: systime(st.st_ctime, st.st_ctime_nsec),
-            crtime: UNIX_EPOCH,
             kind,
             perm: (st.st_mode & 0o7777) as u16,
             nlink: st.st_nlink as u32,
@@ -483,41 +455,24 @@ impl Shared {
             gid: st.st_gid,
             rdev: sys::encode_fuse_rdev(st.st_rdev),
             blksize: STAT_BLKSIZE,
-            flags: 0,
         }
     }
 
     /// Attributes for an entry the kernel will not link: READDIRPLUS's ".", "..", an entry
     /// on another file system, and negative LOOKUP replies; node 0, nothing else is read.
-    pub(crate) fn placeholder_attr(&self) -> FileAttr {
-        FileAttr {
-            ino: INodeNo(0),
-            size: 0,
-            blocks: 0,
-            atime: UNIX_EPOCH,
-            mtime: UNIX_EPOCH,
-            ctime: UNIX_EPOCH,
-            crtime: UNIX_EPOCH,
-            kind: FileType::RegularFile,
-            perm: 0,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: STAT_BLKSIZE,
-            flags: 0,
-        }
+    pub(crate) fn placeholder_attr(&self) -> Attr {
+        Attr::placeholder(STAT_BLKSIZE)
     }
 
     /// Stats `parent/name`, records the node and returns its attributes.
-    pub(crate) fn lookup_in(&self, parent: Ino, pfd: &OwnedFd, name: &OsStr) -> Result<FileAttr> {
+    pub(crate) fn lookup_in(&self, parent: Ino, pfd: &OwnedFd, name: &OsStr) -> Result<Attr> {
         let st = sys::stat_at(pfd.as_fd(), name)?;
         if st.st_dev != self.dir.dev() {
             // Another file system mounted below the backing directory is not part of it.
             return Err(FsError::Errno(libc::EXDEV));
         }
         let attr = self.attr(&st);
-        self.nodes.lock().remember(Ino(attr.ino.0), parent, name);
+        self.nodes.lock().remember(Ino(attr.ino), parent, name);
         Ok(attr)
     }
 
@@ -585,7 +540,7 @@ impl Shared {
     /// owner changed (the inode's ctime then changed too).
     pub(crate) fn chown_new(
         &self,
-        req: &Request,
+        caller: &Caller,
         pfd: &OwnedFd,
         fd: Option<&OwnedFd>,
         name: &OsStr,
@@ -597,20 +552,20 @@ impl Shared {
         // The group the inode got equals the caller's: right whether or not the parent
         // is set-group-id (it would have given its own group, which is then the same).
         let gid = match made {
-            Some(st) if st.st_gid == req.gid() => st.st_gid,
+            Some(st) if st.st_gid == caller.gid => st.st_gid,
             _ => {
                 let pst = sys::fstat(pfd.as_fd())?;
                 if pst.st_mode & libc::S_ISGID != 0 {
                     pst.st_gid
                 } else {
-                    req.gid()
+                    caller.gid
                 }
             }
         };
-        if made.is_some_and(|st| st.st_uid == req.uid() && st.st_gid == gid) {
+        if made.is_some_and(|st| st.st_uid == caller.uid && st.st_gid == gid) {
             return Ok(false);
         }
-        let uid = Some(rustix::fs::Uid::from_raw(req.uid()));
+        let uid = Some(rustix::fs::Uid::from_raw(caller.uid));
         let gid = Some(rustix::fs::Gid::from_raw(gid));
         match fd {
             Some(fd) => rustix::fs::fchown(fd, uid, gid)?,
@@ -632,9 +587,9 @@ impl Shared {
     }
 
     /// Counts a failed request and gives its errno.
-    pub(crate) fn count_err(&self, e: &FsError) -> Errno {
+    pub(crate) fn count_err(&self, e: &FsError) -> i32 {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        errno(e)
+        e.errno()
     }
 
     /// Clears the set-id bits `caller` must drop (killpriv.rs) from the file behind `fd`,
@@ -657,36 +612,38 @@ impl Shared {
         self.meta_durable_now(&[&fd])?;
         // A write or fallocate does not make the kernel forget the cached mode (it
         // invalidates only size and times), so statx(STATX_MODE) would show the bits for
-        // up to ATTR_TTL. Offset -1: attributes only, no page cache, no inode lock, so this
-        // is safe while the kernel waits for this request. A failure leaves stale
-        // attributes, not a wrong file, and is not worth failing the request.
+        // up to ATTR_TTL. Attributes only (no page cache, no inode lock), so this is safe
+        // while the kernel waits for this request. A failure leaves stale attributes, not
+        // a wrong file, and is not worth failing the request.
         if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(self.dir.fuse_ino(f.ino)), -1, 0);
+            n.inode_attrs(self.dir.fuse_ino(f.ino));
         }
         Ok(())
     }
 
     // ----- operations, each returning a Result so the handlers stay one-liners -----
 
-    #[allow(clippy::too_many_arguments)] // mirrors the FUSE setattr request
     pub(crate) fn do_setattr(
         &self,
         set: &mut SyncSet,
         caller: &Caller,
         ino: Ino,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        fh: Option<FileHandle>,
-    ) -> Result<FileAttr> {
+        change: &SetAttr,
+    ) -> Result<Attr> {
+        let SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh,
+        } = *change;
         let st = self.stat_node(ino)?;
-        let kind = kind_of(st.st_mode);
+        let kind = FileKind::of_mode(st.st_mode);
         if let Some(size) = size {
-            if kind != FileType::RegularFile {
-                return Err(FsError::Errno(if kind == FileType::Directory {
+            if kind != FileKind::RegularFile {
+                return Err(FsError::Errno(if kind == FileKind::Directory {
                     libc::EISDIR
                 } else {
                     libc::EINVAL
@@ -698,10 +655,10 @@ impl Shared {
             mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some();
         if changes_inode {
             match kind {
-                FileType::RegularFile | FileType::Directory => {
+                FileKind::RegularFile | FileKind::Directory => {
                     let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
                     if let Some(m) = mode {
-                        if kind == FileType::RegularFile {
+                        if kind == FileKind::RegularFile {
                             self.chmod_file(fd.as_fd(), st.st_ino, st.st_gid, m)?;
                         } else {
                             rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;

@@ -5,7 +5,7 @@
 
 use crate::config::{FsConfig, ReadPath, ReaddirPlus};
 use crate::durable::commit::{SyncSet, FAIL_DUPS};
-use crate::meta::nodes::Ino;
+use crate::kernel::Ino;
 use crate::mount::Shared;
 use crate::sys::{BackingDir, FUSE_ROOT_INO};
 use dhrd_engine::Durability;
@@ -40,8 +40,7 @@ fn look_up(sh: &Shared, name: &str) -> Ino {
     Ino(sh
         .lookup_in(ROOT, &pfd, OsStr::new(name))
         .expect("lookup")
-        .ino
-        .0)
+        .ino)
 }
 
 /// Whether the node table still resolves `ino` to a path.
@@ -70,7 +69,7 @@ fn an_unlink_or_rename_failing_at_its_sync_leaves_the_node_table_as_the_backing(
         OsStr::new("moved"),
         ROOT,
         OsStr::new("renamed"),
-        fuser::RenameFlags::empty(),
+        0,
     );
     FAIL_DUPS.with(|f| f.set(false));
     assert!(unlink.is_err() && rename.is_err(), "{unlink:?} {rename:?}");

@@ -40,7 +40,7 @@
 //! synchronous write path); a failing write returns EIO to the application from the
 //! backing file system directly. Other modes: like the backing file system's own buffered
 //! writes (a write the daemon serves keeps the open's O_DSYNC / O_SYNC and the write's
-//! RWF_DSYNC / RWF_SYNC, `data::WriteSync`); `fsync` of a file runs `fdatasync`/`fsync` of its backing file, whatever this
+//! RWF_DSYNC / RWF_SYNC, `kernel::WriteSync`); `fsync` of a file runs `fdatasync`/`fsync` of its backing file, whatever this
 //! daemon instance wrote (a previous instance may have left dirty pages), and unmount runs
 //! `syncfs`.
 //! A sync of a backing file (or of the backing) that failed is sticky (failures.rs): every
@@ -49,13 +49,13 @@
 //! and their fsyncs fail.
 
 use crate::config::COPY_STEP_BYTES;
-use crate::data::{OpenReply, WriteSync};
 use crate::error::{FsError, Result};
+use crate::kernel::{OpenReply, ReplyFlags, WriteSync};
 use crate::killpriv::Caller;
 use dhrd_pagecache as pagecache;
 use dhrd_pagecache::reaper::Reaper;
 use dhrd_pagecache::resident::Resident;
-use fuser::FopenFlags;
+
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -157,9 +157,9 @@ pub struct Opened {
     pub fresh: bool,
 }
 
-/// The page-cache path's state. `B` is the kernel's backing-id token (`fuser::BackingId`;
+/// The page-cache path's state. `B` is the kernel's backing-id token (`kernel::BackingId`;
 /// tests use a plain number).
-pub struct PageTier<B = fuser::BackingId> {
+pub struct PageTier<B = crate::kernel::BackingId> {
     sync_mode: bool,
     regs: Mutex<Regs<B>>,
     pub resident: Resident,
@@ -304,11 +304,11 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         if let Some(c) = passthrough_writer {
             reg.passthrough_writers.push(c);
         }
-        let daemon_flags = FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+        let daemon_flags = ReplyFlags::DIRECT_IO | ReplyFlags::PARALLEL_DIRECT_WRITES;
         let (service, reply) = match (&reg.id, by_daemon) {
             (Some(id), false) => (
                 Service::Passthrough,
-                OpenReply::Passthrough(FopenFlags::empty(), id.clone()),
+                OpenReply::Passthrough(ReplyFlags::empty(), id.clone()),
             ),
             (Some(id), true) => (
                 Service::Daemon,
@@ -731,7 +731,7 @@ mod tests {
         assert_eq!(c.service, Service::Daemon);
         match rc {
             OpenReply::Passthrough(f, id) => {
-                assert!(f.contains(FopenFlags::FOPEN_DIRECT_IO));
+                assert!(f.contains(ReplyFlags::DIRECT_IO));
                 assert_eq!(*id, 1);
             }
             OpenReply::Plain(_) => panic!("O_DIRECT open lost the backing id"),
