@@ -10,7 +10,7 @@
 //! No state of its own and no crash semantics.
 
 use crate::data::Tier;
-use crate::mount::Shared;
+use crate::mount::Mount;
 use dhrd_io::Durable as _;
 use dhrd_pagecache::resident::ResidentStats;
 use dhrd_pagecache::{self as pagecache, CacheStat};
@@ -59,12 +59,12 @@ impl LoadTotals {
     }
 }
 
-pub fn load_totals(sh: &Shared) -> LoadTotals {
+pub fn load_totals(sh: &Mount) -> LoadTotals {
     match sh.tier_if_set() {
         Some(Tier::Page(t)) => {
-            let r = t.resident.stats();
+            let r = t.resident().stats();
             LoadTotals {
-                loaded: if sh.cfg.pin {
+                loaded: if sh.cfg().pin {
                     r.bytes_pinned
                 } else {
                     r.bytes_warmed
@@ -79,7 +79,7 @@ pub fn load_totals(sh: &Shared) -> LoadTotals {
                 complete: true,
                 ..LoadTotals::default()
             };
-            for o in t.objects.snapshot() {
+            for o in t.objects().snapshot() {
                 let p = o.progress();
                 l.over_budget += p.chunks_over_budget.saturating_mul(p.chunk_bytes);
                 // Chunks in RAM, not bytes copied by the loader: writes also fill chunks.
@@ -94,7 +94,7 @@ pub fn load_totals(sh: &Shared) -> LoadTotals {
                 }
             }
             // Complete only once the walk has found every file too.
-            l.complete &= sh.preload.done.load(Ordering::Acquire) || !sh.cfg.preload;
+            l.complete &= sh.preload().done.load(Ordering::Acquire) || !sh.cfg().preload;
             l
         }
         None => LoadTotals::default(),
@@ -102,7 +102,7 @@ pub fn load_totals(sh: &Shared) -> LoadTotals {
 }
 
 /// Page cache of the open files, summed (cachestat).
-fn open_files_cache(sh: &Shared) -> Option<CacheStat> {
+fn open_files_cache(sh: &Mount) -> Option<CacheStat> {
     let Some(Tier::Page(t)) = sh.tier_if_set() else {
         return None;
     };
@@ -120,7 +120,7 @@ fn open_files_cache(sh: &Shared) -> Option<CacheStat> {
 }
 
 /// The data path as one word for JSON and the read path line.
-fn data_path(sh: &Shared) -> &'static str {
+fn data_path(sh: &Mount) -> &'static str {
     match sh.tier_if_set() {
         Some(Tier::Page(_)) => "pagecache",
         Some(Tier::Engine(_)) => "engine",
@@ -129,17 +129,17 @@ fn data_path(sh: &Shared) -> &'static str {
 }
 
 /// Files (or the whole backing) that take no more writes, with the cause.
-fn read_only_causes(sh: &Shared) -> Vec<(String, String)> {
+fn read_only_causes(sh: &Mount) -> Vec<(String, String)> {
     // A sync that failed (failures.rs): files or the whole backing take no more syncs.
-    let failed = sh.committer.failures.first();
+    let failed = sh.committer().failures().first();
     let mut causes: Vec<(String, String)> = match sh.tier_if_set() {
         Some(Tier::Page(t)) => failed
             .clone()
-            .or_else(|| t.health(sh.dir.root_fd()))
+            .or_else(|| t.health(sh.dir().root_fd()))
             .map(|c| vec![("the backing file system".to_string(), c)])
             .unwrap_or_default(),
         Some(Tier::Engine(t)) => t
-            .objects
+            .objects()
             .snapshot()
             .iter()
             .filter_map(|o| {
@@ -158,7 +158,7 @@ fn read_only_causes(sh: &Shared) -> Vec<(String, String)> {
 }
 
 /// The text `dhrd status` prints.
-pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
+pub fn status_text(sh: &Mount, mountpoint: &Path, backing: &Path) -> String {
     let mut s = String::new();
     let l = load_totals(sh);
     // Pinned bytes count whole pages, found bytes do not: capped at 100%.
@@ -169,10 +169,10 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
         mountpoint.display(),
         backing.display()
     );
-    let _ = writeln!(s, "durability:      {}", sh.cfg.durability);
+    let _ = writeln!(s, "durability:      {}", sh.cfg().durability);
     let path_line = match sh.tier_if_set() {
         Some(Tier::Page(t)) => {
-            let ps = &t.stats;
+            let ps = t.stats();
             format!(
                 "page cache of the backing files, served by the kernel (passthrough); sync flags set {}, cleared {}, refused {}",
                 ps.sync_flags_set.load(Ordering::Relaxed),
@@ -180,24 +180,24 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
                 ps.sync_flag_failures.load(Ordering::Relaxed),
             )
         }
-        Some(Tier::Engine(t)) => format!("engine RAM copy per file, read path {}", t.path),
+        Some(Tier::Engine(t)) => format!("engine RAM copy per file, read path {}", t.path()),
         None => "not chosen yet".to_string(),
     };
     let _ = writeln!(s, "data path:       {path_line}");
-    if let Some(why) = sh.fallback.lock().as_deref() {
+    if let Some(why) = sh.fallback().as_deref() {
         let _ = writeln!(s, "fallback:        not on the page cache: {why}");
     }
     let _ = writeln!(
         s,
         "negotiated:      passthrough: {}, mmap on direct opens: {}, killpriv_v2: {}, atomic O_TRUNC: {}",
-        yes(sh.passthrough_negotiated.load(Ordering::Acquire)),
-        yes(sh.mmap_on_direct.load(Ordering::Acquire)),
-        yes(sh.killpriv_negotiated.load(Ordering::Acquire)),
-        yes(sh.atomic_o_trunc.load(Ordering::Acquire))
+        yes(sh.negotiated().passthrough),
+        yes(sh.negotiated().mmap_on_direct),
+        yes(sh.negotiated().killpriv_v2),
+        yes(sh.negotiated().atomic_o_trunc)
     );
     match sh.tier_if_set() {
         Some(Tier::Page(t)) => {
-            let r = t.resident.stats();
+            let r = t.resident().stats();
             let _ = writeln!(
                 s,
                 "warm-up:         {pct:.1}% in RAM ({} of {} found, {} of {} files), {}/s{}",
@@ -225,7 +225,7 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
         }
         _ => {
             let n = match sh.tier_if_set() {
-                Some(Tier::Engine(t)) => t.objects.len(),
+                Some(Tier::Engine(t)) => t.objects().len(),
                 _ => 0,
             };
             let _ = writeln!(
@@ -238,19 +238,19 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
             let _ = writeln!(
                 s,
                 "RAM:             {} in RAM of a {} budget; {} over the budget, served from the backing",
-                human(sh.budget.used_bytes()),
-                human(sh.budget.limit_bytes()),
+                human(sh.budget().used_bytes()),
+                human(sh.budget().limit_bytes()),
                 human(l.over_budget)
             );
         }
     }
-    let pre = &sh.preload;
+    let pre = sh.preload();
     let _ = writeln!(
         s,
         "tree walk:       {} ({} files, {} found)",
         if pre.done.load(Ordering::Acquire) {
             "done"
-        } else if sh.cfg.preload {
+        } else if sh.cfg().preload {
             "running"
         } else {
             "off"
@@ -258,14 +258,14 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
         pre.files_seen.load(Ordering::Relaxed),
         human(pre.bytes_seen.load(Ordering::Relaxed)),
     );
-    let c = &sh.committer;
+    let c = sh.committer().counts();
     let _ = writeln!(
         s,
         "metadata sync:   {} changes made durable in {} rounds, {} fsync/syncfs calls ({})",
-        c.sets.load(Ordering::Relaxed),
-        c.rounds.load(Ordering::Relaxed),
-        c.syncs.load(Ordering::Relaxed),
-        c.policy_name()
+        c.sets,
+        c.rounds,
+        c.syncs,
+        sh.committer().policy_name()
     );
     let failed = read_only_causes(sh);
     if failed.is_empty() {
@@ -280,22 +280,22 @@ pub fn status_text(sh: &Shared, mountpoint: &Path, backing: &Path) -> String {
             let _ = writeln!(s, "  {f}: {c}");
         }
     }
-    sh.stats.render(&mut s);
+    sh.stats().render(&mut s);
     s
 }
 
-fn render_ram(s: &mut String, sh: &Shared, r: &ResidentStats) {
+fn render_ram(s: &mut String, sh: &Mount, r: &ResidentStats) {
     let _ = writeln!(
         s,
         "RAM:             pinned {} in {} files of a {} budget; warm but not pinned {} in {} files{}; over the budget {} (served from the device)",
         human(r.bytes_pinned),
         r.files_pinned,
-        human(sh.budget.limit_bytes()),
+        human(sh.budget().limit_bytes()),
         human(r.bytes_unpinned),
         r.files_unpinned,
         match &r.pin_error {
             Some(e) => format!(" ({e})"),
-            None if !sh.cfg.pin => " (pinning off)".to_string(),
+            None if !sh.cfg().pin => " (pinning off)".to_string(),
             None => String::new(),
         },
         human(r.bytes_over_budget)
@@ -313,22 +313,22 @@ fn render_ram(s: &mut String, sh: &Shared, r: &ResidentStats) {
 
 /// What `dhrd status --json` prints: the same facts as [`status_text`] under stable field
 /// names (documented in docs/fuse.md; fields are only ever added).
-pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
+pub fn status_json(sh: &Mount, mountpoint: &Path, backing: &Path) -> Value {
     let l = load_totals(sh);
-    let pre = &sh.preload;
+    let pre = sh.preload();
     let walk_done = pre.done.load(Ordering::Acquire);
     let read_only: Vec<Value> = read_only_causes(sh)
         .into_iter()
         .map(|(f, c)| json!({"file": f, "cause": c}))
         .collect();
     let counters: Map<String, Value> = sh
-        .stats
+        .stats()
         .counters()
         .iter()
         .map(|(k, v)| ((*k).to_owned(), json!(v)))
         .collect();
     let latency: Map<String, Value> = sh
-        .stats
+        .stats()
         .latency_quantiles_us()
         .iter()
         .map(|(op, qs)| {
@@ -340,21 +340,22 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
         })
         .collect();
     let engine_objects = match sh.tier_if_set() {
-        Some(Tier::Engine(t)) => t.objects.len(),
+        Some(Tier::Engine(t)) => t.objects().len(),
         _ => 0,
     };
+    let commits = sh.committer().counts();
     let mut doc = json!({
         "mountpoint": mountpoint.display().to_string(),
         "backing": backing.display().to_string(),
-        "durability": sh.cfg.durability.to_string(),
+        "durability": sh.cfg().durability.to_string(),
         "read_path": match sh.tier_if_set() {
-            Some(Tier::Engine(t)) => t.path.to_string(),
+            Some(Tier::Engine(t)) => t.path().to_string(),
             Some(Tier::Page(_)) => "pagecache".to_string(),
-            None => sh.cfg.read_path.to_string(),
+            None => sh.cfg().read_path.to_string(),
         },
         "data_path": data_path(sh),
-        "fallback": sh.fallback.lock().clone(),
-        "passthrough_negotiated": sh.passthrough_negotiated.load(Ordering::Acquire),
+        "fallback": sh.fallback(),
+        "passthrough_negotiated": sh.negotiated().passthrough,
         "load": {
             "bytes_in_ram": l.loaded,
             "bytes_total": l.total,
@@ -369,8 +370,8 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
             "files_preloaded": pre.files_preloaded.load(Ordering::Relaxed),
         },
         "ram": {
-            "used_bytes": sh.budget.used_bytes(),
-            "budget_bytes": sh.budget.limit_bytes(),
+            "used_bytes": sh.budget().used_bytes(),
+            "budget_bytes": sh.budget().limit_bytes(),
             "over_budget_bytes": l.over_budget,
         },
         "read_only": !read_only.is_empty(),
@@ -378,17 +379,17 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
         "counters": counters,
         "latency": latency,
         "metadata_commit": {
-            "changes": sh.committer.sets.load(Ordering::Relaxed),
-            "rounds": sh.committer.rounds.load(Ordering::Relaxed),
-            "syncs": sh.committer.syncs.load(Ordering::Relaxed),
-            "policy": sh.committer.policy_name(),
+            "changes": commits.sets,
+            "rounds": commits.rounds,
+            "syncs": commits.syncs,
+            "policy": sh.committer().policy_name(),
         },
     });
     if let Some(Tier::Engine(t)) = sh.tier_if_set() {
         // Cache mode (SPEC M1-M3) and read-ahead, summed over the files' objects.
         let (mut ram, mut backing) = (0u64, 0u64);
         let mut c = [0u64; 6];
-        for o in t.objects.snapshot() {
+        for o in t.objects().snapshot() {
             let st = o.stats();
             ram += st.reads_ram;
             backing += st.reads_backing;
@@ -414,8 +415,8 @@ pub fn status_json(sh: &Shared, mountpoint: &Path, backing: &Path) -> Value {
         });
     }
     if let Some(Tier::Page(t)) = sh.tier_if_set() {
-        let r = t.resident.stats();
-        let ps = &t.stats;
+        let r = t.resident().stats();
+        let ps = t.stats();
         let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         doc["warmup"] = json!({
             "files_seen": r.files_seen,

@@ -267,11 +267,22 @@ pub struct Committer {
     toggle: std::sync::atomic::AtomicBool,
     /// Inodes and file systems that failed a sync: never synced again, their sets fail
     /// (failures.rs). Shared with the data requests, which record what they see too.
-    pub failures: Arc<Failures>,
+    failures: Failures,
     /// Rounds run and sets they covered, for status.
-    pub rounds: AtomicU64,
-    pub sets: AtomicU64,
-    pub syncs: AtomicU64,
+    rounds: AtomicU64,
+    sets: AtomicU64,
+    syncs: AtomicU64,
+}
+
+/// What the committer did so far, for status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Sets (changes) made durable.
+    pub sets: u64,
+    /// Rounds they were made durable in.
+    pub rounds: u64,
+    /// fsync and syncfs calls of those rounds.
+    pub syncs: u64,
 }
 
 impl Committer {
@@ -294,7 +305,7 @@ impl Committer {
             syncer,
             policy,
             toggle: std::sync::atomic::AtomicBool::new(false),
-            failures: Arc::new(Failures::default()),
+            failures: Failures::default(),
             rounds: AtomicU64::new(0),
             sets: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -323,6 +334,19 @@ impl Committer {
         q.sets.push((set, Box::new(done)));
         drop(q);
         self.cv.notify_one();
+    }
+
+    /// Inodes and file systems that failed a sync (failures.rs).
+    pub fn failures(&self) -> &Failures {
+        &self.failures
+    }
+
+    pub fn counts(&self) -> CommitCounts {
+        CommitCounts {
+            sets: self.sets.load(Ordering::Relaxed),
+            rounds: self.rounds.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+        }
     }
 
     /// How rounds are made durable on this backing (`RoundSync::name`).
@@ -774,7 +798,7 @@ mod tests {
             !run(one(&b)),
             "an inode of a file system whose syncfs failed"
         );
-        assert!(c.failures.first().is_some());
+        assert!(c.failures().first().is_some());
         c.shutdown();
     }
 

@@ -21,7 +21,6 @@ use crate::config::{FsConfig, ReadPath, COPY_STEP_BYTES, PASSTHROUGH_LOAD_WAIT};
 use crate::engine::objects::{Obj, Objects, OpenKind, PassthroughChoice};
 use crate::error::{FsError, Result};
 use crate::kernel::{OpenReply, Register, ReplyFlags};
-use crate::mount::Shared;
 use crate::stats::FsStats;
 use crate::sys;
 use dhrd_engine::{Durability, RamBudget, Served};
@@ -32,12 +31,19 @@ use std::sync::Arc;
 
 pub struct EngineTier {
     /// One of the engine read paths.
-    pub path: ReadPath,
-    pub objects: Objects,
+    path: ReadPath,
+    objects: Objects,
+    /// The kernel offers passthrough (INIT): read-only opens may read the memfd.
+    passthrough: bool,
 }
 
 impl EngineTier {
-    pub fn new(cfg: &FsConfig, path: ReadPath, budget: Arc<RamBudget>) -> std::io::Result<Self> {
+    pub fn new(
+        cfg: &FsConfig,
+        path: ReadPath,
+        budget: Arc<RamBudget>,
+        passthrough: bool,
+    ) -> std::io::Result<Self> {
         assert!(path.is_engine(), "the engine tier runs an engine read path");
         let loader = dhrd_engine::Loader::new(dhrd_engine::LoaderConfig {
             threads: cfg.loader_threads,
@@ -66,16 +72,27 @@ impl EngineTier {
         Ok(Self {
             path,
             objects: Objects::new(base, cfg.object_cache),
+            passthrough,
         })
+    }
+
+    /// The engine read path the mount runs.
+    pub fn path(&self) -> ReadPath {
+        self.path
+    }
+
+    /// The objects of the files (objects.rs).
+    pub fn objects(&self) -> &Objects {
+        &self.objects
     }
 
     /// Decides how one open (counted by `Objects::acquire`) reaches its data and counts it
     /// under that kind: passthrough to the memfd where the read path allows it (see
     /// `Objects::choose_passthrough` for the kernel's rules), else the direct or cached
     /// path.
-    pub(crate) fn choose_reply(
+    pub fn choose_reply(
         &self,
-        sh: &Shared,
+        stats: &FsStats,
         key: u64,
         obj: &Obj,
         writable: bool,
@@ -84,7 +101,7 @@ impl EngineTier {
         if writable {
             return (
                 OpenKind::Writer,
-                OpenReply::Plain(self.data_open_flags(&sh.stats)),
+                OpenReply::Plain(self.data_open_flags(stats)),
             );
         }
         // auto: only files nobody is meant to write (no write permission bits), because a
@@ -94,7 +111,7 @@ impl EngineTier {
             .map(|st| st.st_mode)
             .unwrap_or(0);
         let no_write_bits = mode & 0o222 == 0;
-        let pure_ok = sh.passthrough_negotiated.load(Ordering::Acquire)
+        let pure_ok = self.passthrough
             && match self.path {
                 ReadPath::EngineAuto => no_write_bits && obj.is_fully_loaded(),
                 ReadPath::EnginePassthrough => {
@@ -107,14 +124,14 @@ impl EngineTier {
             .choose_passthrough(key, pure_ok, |o| register(o.ram_fd()));
         match choice {
             Ok(PassthroughChoice::Pure(id)) => {
-                sh.stats.opens_passthrough.fetch_add(1, Ordering::Relaxed);
+                stats.opens_passthrough.fetch_add(1, Ordering::Relaxed);
                 (
                     OpenKind::Passthrough,
                     OpenReply::Passthrough(ReplyFlags::empty(), id),
                 )
             }
             Ok(PassthroughChoice::Joined(id)) => {
-                sh.stats.opens_direct.fetch_add(1, Ordering::Relaxed);
+                stats.opens_direct.fetch_add(1, Ordering::Relaxed);
                 (
                     OpenKind::Passthrough,
                     OpenReply::Passthrough(ReplyFlags::DIRECT_IO, id),
@@ -122,21 +139,21 @@ impl EngineTier {
             }
             Ok(PassthroughChoice::Plain) => (
                 OpenKind::PlainReader,
-                OpenReply::Plain(self.data_open_flags(&sh.stats)),
+                OpenReply::Plain(self.data_open_flags(stats)),
             ),
             Err(e) => {
                 // Served on the direct path: correct, only slower.
                 eprintln!("dhrd: passthrough registration failed ({e}); using the direct path");
                 (
                     OpenKind::PlainReader,
-                    OpenReply::Plain(self.data_open_flags(&sh.stats)),
+                    OpenReply::Plain(self.data_open_flags(stats)),
                 )
             }
         }
     }
 
     /// Open flags of an open served by the daemon (or the mount's page cache).
-    pub(crate) fn data_open_flags(&self, stats: &FsStats) -> ReplyFlags {
+    pub fn data_open_flags(&self, stats: &FsStats) -> ReplyFlags {
         if self.path == ReadPath::EngineCached {
             stats.opens_cached.fetch_add(1, Ordering::Relaxed);
             ReplyFlags::KEEP_CACHE
@@ -146,7 +163,7 @@ impl EngineTier {
         }
     }
 
-    pub(crate) fn read(obj: &Obj, offset: u64, size: u32) -> Result<(Vec<u8>, Served)> {
+    pub fn read(obj: &Obj, offset: u64, size: u32) -> Result<(Vec<u8>, Served)> {
         // Sized to what the file can return: a whole-file read of a small file often asks
         // for far more (1 MiB and up), and zeroing that per request is pure waste.
         let want = u64::from(size).min(obj.len().saturating_sub(offset));
@@ -156,7 +173,7 @@ impl EngineTier {
         Ok((buf, out.served))
     }
 
-    pub(crate) fn fallocate(obj: &Obj, offset: u64, length: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(obj: &Obj, offset: u64, length: u64, mode: i32) -> Result<()> {
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let end = offset
             .checked_add(length)
@@ -191,13 +208,7 @@ impl EngineTier {
     /// every durability mode keeps its meaning (in `sync` mode each step is durable
     /// before the next starts; a crash leaves a copied prefix, like a crash during `cp`).
     /// A failure after some bytes were copied returns the short count, as write(2) does.
-    pub(crate) fn copy(
-        src: &Obj,
-        offset_in: u64,
-        dst: &Obj,
-        offset_out: u64,
-        want: u64,
-    ) -> Result<u64> {
+    pub fn copy(src: &Obj, offset_in: u64, dst: &Obj, offset_out: u64, want: u64) -> Result<u64> {
         let mut buf = vec![0u8; want.min(COPY_STEP_BYTES) as usize];
         let mut done = 0u64;
         while done < want {

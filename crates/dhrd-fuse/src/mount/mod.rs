@@ -1,54 +1,46 @@
-//! The state every FUSE handler shares ([`Shared`]) and what metadata and data requests
-//! have in common: confined access to nodes, attributes, durability of metadata, set-id
-//! bits. The requests themselves are in `meta.rs` (namespace, listings, xattrs), `data.rs`
-//! (opens, reads, writes, on either data path) and `adapter.rs` (the fuser adapter).
+//! One mounted backing directory ([`Mount`]): the owner of the mount's state, and the
+//! request API a transport calls: requests in (`names`, `files`), replies out. Below it
+//! the namespace (`meta::Namespace`: nodes, names, attributes, listings, xattrs) and the
+//! file data (`data::Files`: open files on the page cache path or the engine), both on
+//! the durability policy (`durable::SyncPolicy`).
+//!
+//! A request that changes something makes its change, then hands its reply to
+//! `Durable::reply`, which sends it once the change is durable per the mode (in `sync` mode
+//! after the committer's round, off the transport's worker threads). A request that only
+//! reads replies by returning.
 //!
 //! Invariants:
-//! - The daemon is the only writer of the tree while mounted; the kernel caches entries and
-//!   attributes for `ATTR_TTL` because every change passes through here. The one change the
-//!   kernel does not expect is the set-id bits a write or fallocate drops (killpriv.rs); the
-//!   daemon invalidates the inode's cached attributes when it drops them.
-//! - Metadata: in `sync` durability every change (create, mkdir, mknod, symlink, link,
-//!   rename, unlink, rmdir, setattr, setxattr, removexattr, set-id bits dropped by a write,
-//!   truncate, chown or fallocate) is followed by `fsync` of the changed inode and of the
-//!   parent directory (both parents for rename) before the reply. Set-id bits are dropped
-//!   (in `sync` mode durably) before the data changes, so a crash cannot leave new content
-//!   with them still set. In `fsync` / `periodic:N` the backing file system is `syncfs`'ed
-//!   at fsync, fsyncdir, every period and at unmount instead.
-//! - In `sync` mode a metadata request's reply waits for the committer (commit.rs), which
-//!   syncs the changes of concurrent requests together, off the worker threads.
-//! - The data path (`Tier`) is chosen once, when the kernel's INIT says what it offers,
-//!   before any other request.
+//! - The data path is chosen once, at `init` (the kernel's INIT), before any other
+//!   request; nothing else changes what the mount negotiated.
+//! - A request that fails after giving the kernel something (a lookup counted, a handle
+//!   opened) takes it back before its error is sent: the kernel never learns of it.
+//! - Shutdown order: flush every file and sync the backing, unmount, then (`destroy`)
+//!   close every object; the first failure is kept (`final_error`).
 //!
-//! Crash semantics: a reply that reported success in `sync` mode is on the backing device.
-//! A crash between the backing operation and its fsync leaves whatever the backing file
-//! system recovers, which is either the old or the new state of that one operation.
+//! Crash semantics: a reply that reported success in `sync` mode is on the backing
+//! device; in the other modes per docs/crash-model.md. A crash between the backing
+//! operation and its sync leaves whatever the backing file system recovers, which is
+//! either the old or the new state of that one operation.
 
+mod files;
+mod names;
 #[cfg(test)]
 mod tests;
 pub mod walk;
 
-use crate::config::{FsConfig, STAT_BLKSIZE};
-use crate::data::{Handle, Tier};
-use crate::durable::commit::{Committer, RoundSync, SyncSet};
-use crate::error::{FsError, Result};
-use crate::kernel::{Attr, FileKind, Invalidate, SetAttr, SetTime};
-use crate::kernel::{Fh, Ino};
-use crate::killpriv::{self, Caller, Fsetid};
-use crate::meta::nodes::NodeTable;
-use crate::meta::DirHandle;
+use crate::config::{FsConfig, ReadPath};
+use crate::data::{Files, Tier};
+use crate::durable::commit::{Committer, SyncSet};
+use crate::durable::SyncPolicy;
+use crate::error::Result;
+use crate::kernel::{Invalidate, Negotiated};
+use crate::meta::Namespace;
 use crate::stats::FsStats;
-use crate::sys::{self, BackingDir};
+use crate::sys::BackingDir;
 use dhrd_engine::{Durability, RamBudget};
-use parking_lot::{Condvar, Mutex, RwLock};
-use rustix::fs::{AtFlags, Mode, OFlags};
-use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Progress of the background walk that finds and preloads files.
 #[derive(Default)]
@@ -59,292 +51,131 @@ pub struct PreloadState {
     pub done: AtomicBool,
 }
 
-/// The inode behind a new directory entry, for `Shared::entry_durable`.
-pub(crate) enum NewInode<'a> {
-    /// Open: fsync'ed by descriptor.
-    Fd(&'a dyn AsFd),
-    /// No descriptor can sync it (symlink, FIFO, socket, device node, a link count).
-    NoFd,
-}
-
-/// State shared by the FUSE handlers, the control socket and the background threads.
-pub struct Shared {
-    pub dir: Arc<BackingDir>,
-    pub cfg: FsConfig,
+/// One mounted backing directory: the state shared by the transport's workers, the
+/// control socket and the background threads.
+pub struct Mount {
+    cfg: FsConfig,
+    dir: Arc<BackingDir>,
     /// RAM budget of whichever data path runs: pinned page cache, or engine chunks.
-    pub budget: Arc<RamBudget>,
-    pub stats: FsStats,
-    pub preload: PreloadState,
-    /// The data path, chosen at INIT (`set_tier`); `tier_ready` wakes threads waiting for it.
-    tier: OnceLock<Tier>,
-    tier_ready: (Mutex<bool>, Condvar),
+    budget: Arc<RamBudget>,
+    stats: Arc<FsStats>,
+    sync: Arc<SyncPolicy>,
+    files: Arc<Files>,
+    ns: Namespace,
+    preload: PreloadState,
+    /// What INIT agreed on; set once, by `init`.
+    negotiated: OnceLock<Negotiated>,
     /// Why the mount does not run on the page cache though it was the default, if so.
-    pub fallback: Mutex<Option<String>>,
+    fallback: Mutex<Option<String>>,
     /// `sync` mode: whether the backing file system keeps FS_SYNC_FL (probed at start).
-    pub sync_flag_probe: std::result::Result<(), String>,
-    pub(crate) nodes: Mutex<NodeTable>,
-    pub(crate) handles: RwLock<HashMap<Fh, Handle>>,
-    pub(crate) dirs: Mutex<HashMap<Fh, DirHandle>>,
-    next_fh: AtomicU64,
-    pub shutdown: AtomicBool,
-    pub passthrough_negotiated: AtomicBool,
-    pub mmap_on_direct: AtomicBool,
-    /// FUSE_HANDLE_KILLPRIV_V2 negotiated: the kernel leaves dropping set-id bits on cached
-    /// writes, size changes, chown and fallocate to the daemon (killpriv.rs).
-    pub killpriv_negotiated: AtomicBool,
-    /// FUSE_ATOMIC_O_TRUNC accepted: OPEN carries O_TRUNC and the daemon truncates.
-    pub atomic_o_trunc: AtomicBool,
-    /// Sends cache invalidations to the kernel; set by the daemon once the session exists.
-    pub notifier: OnceLock<Box<dyn Invalidate>>,
-    /// Metadata changed since the last syncfs (non-sync modes).
-    pub(crate) meta_dirty: AtomicBool,
-    /// Syncs metadata changes in rounds, off the worker threads (`sync` mode).
-    pub committer: Arc<Committer>,
+    sync_flag_probe: std::result::Result<(), String>,
+    shutdown: AtomicBool,
     /// First failure of the flush at unmount; makes the daemon exit non-zero.
     final_error: Mutex<Option<String>>,
-    /// The daemon runs as root: it gives new inodes to their callers (`chown_new`).
-    pub(crate) daemon_is_root: bool,
 }
 
-fn systime(sec: i64, nsec: i64) -> SystemTime {
-    if sec >= 0 {
-        UNIX_EPOCH + Duration::new(sec as u64, nsec.clamp(0, 999_999_999) as u32)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs())
-    }
-}
-
-pub(crate) fn timestamp(t: Option<SetTime>) -> rustix::fs::Timespec {
-    match t {
-        None => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_OMIT,
-        },
-        Some(SetTime::Now) => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_NOW,
-        },
-        Some(SetTime::At(st)) => {
-            let (sec, nsec) = match st.duration_since(UNIX_EPOCH) {
-                Ok(d) => (d.as_secs() as i64, i64::from(d.subsec_nanos())),
-                Err(e) => (-(e.duration().as_secs() as i64), 0),
-            };
-            rustix::fs::Timespec {
-                tv_sec: sec,
-                tv_nsec: nsec as _,
-            }
-        }
-    }
-}
-
-impl Shared {
+impl Mount {
     pub fn new(dir: BackingDir, cfg: FsConfig) -> Result<Arc<Self>> {
+        let dir = Arc::new(dir);
         let budget = RamBudget::new(cfg.mem_bytes);
-        let mut nodes = NodeTable::with_dir_fds_max(cfg.dir_fds_max);
-        let root = dir
-            .root_fd()
-            .try_clone_to_owned()
-            .map_err(|e| FsError::io("dup of the backing root", e))?;
-        nodes.keep_dir(Ino(sys::FUSE_ROOT_INO), Arc::new(root));
-        let round_sync = RoundSync::for_fs(dir.root_fd());
+        let stats = Arc::new(FsStats::default());
+        let sync_mode = cfg.durability == Durability::Sync;
+        let sync = Arc::new(SyncPolicy::new(sync_mode, dir.clone(), stats.clone())?);
         // The page cache path needs the flag only to make writes durable (`sync` mode).
-        let sync_flag_probe = if cfg.durability == Durability::Sync {
+        let sync_flag_probe = if sync_mode {
             dhrd_pagecache::probe_sync_flag(dir.root_fd()).map_err(|e| {
                 format!("the backing file system does not keep the sync flag (FS_SYNC_FL): {e}")
             })
         } else {
             Ok(())
         };
+        let files = Arc::new(Files::new(
+            dir.clone(),
+            cfg.clone(),
+            budget.clone(),
+            sync.clone(),
+            stats.clone(),
+        ));
+        let ns = Namespace::new(
+            dir.clone(),
+            cfg.dir_fds_max,
+            sync.clone(),
+            files.clone(),
+            stats.clone(),
+        )?;
         Ok(Arc::new(Self {
-            dir: Arc::new(dir),
             cfg,
+            dir,
             budget,
-            stats: FsStats::default(),
+            stats,
+            sync,
+            files,
+            ns,
             preload: PreloadState::default(),
-            tier: OnceLock::new(),
-            tier_ready: (Mutex::new(false), Condvar::new()),
+            negotiated: OnceLock::new(),
             fallback: Mutex::new(None),
             sync_flag_probe,
-            nodes: Mutex::new(nodes),
-            handles: RwLock::new(HashMap::new()),
-            dirs: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
-            passthrough_negotiated: AtomicBool::new(false),
-            mmap_on_direct: AtomicBool::new(false),
-            killpriv_negotiated: AtomicBool::new(false),
-            atomic_o_trunc: AtomicBool::new(false),
-            notifier: OnceLock::new(),
-            meta_dirty: AtomicBool::new(false),
-            committer: Committer::start(round_sync)
-                .map_err(|e| FsError::Setup(format!("starting the metadata committer: {e}")))?,
             final_error: Mutex::new(None),
-            daemon_is_root: rustix::process::geteuid().is_root(),
         }))
     }
 
-    /// The data path. Set at INIT, which the kernel sends before any other request.
-    pub fn tier(&self) -> &Tier {
-        #[allow(clippy::expect_used)] // an invariant of the protocol, not an I/O outcome
-        self.tier
-            .get()
-            .expect("a request before INIT chose the data path")
+    /// Whether the transport should ask the kernel for passthrough: every path but
+    /// engine-direct and engine-cached can use it (the page cache path needs it;
+    /// engine-auto and engine-passthrough hand the kernel memfds).
+    pub fn wants_passthrough(&self) -> bool {
+        !matches!(
+            self.cfg.read_path,
+            ReadPath::EngineDirect | ReadPath::EngineCached
+        )
     }
 
-    /// The data path, if INIT has chosen it.
-    pub fn tier_if_set(&self) -> Option<&Tier> {
-        self.tier.get()
-    }
-
-    /// Sets the data path (once, at INIT) and wakes `wait_tier`.
-    pub(crate) fn set_tier(&self, t: Tier) {
-        let _ = self.tier.set(t);
-        let (m, cv) = &self.tier_ready;
-        *m.lock() = true;
-        cv.notify_all();
-    }
-
-    /// Waits until INIT has chosen the data path, or the mount is shutting down (None).
-    pub fn wait_tier(&self) -> Option<&Tier> {
-        let (m, cv) = &self.tier_ready;
-        let mut ready = m.lock();
-        while !*ready && !self.shutdown.load(Ordering::Acquire) {
-            cv.wait_for(&mut ready, Duration::from_millis(100));
+    /// INIT: what the kernel and the transport agreed on; chooses the data path (the page
+    /// cache where possible). Err: the mount cannot serve (the message says why).
+    pub fn init(&self, negotiated: Negotiated) -> std::result::Result<(), String> {
+        if self.negotiated.set(negotiated).is_err() {
+            return Err("INIT came twice".to_string());
         }
-        self.tier.get()
-    }
-
-    pub(crate) fn sync_mode(&self) -> bool {
-        self.cfg.durability == Durability::Sync
-    }
-
-    /// Makes a metadata change durable per the durability mode (see module header): in
-    /// `sync` mode the inodes behind `fds` join the request's `set`, which the committer
-    /// syncs before the reply (commit.rs); otherwise the next syncfs covers the change.
-    pub(crate) fn meta_durable(&self, set: &mut SyncSet, fds: &[&dyn AsFd]) -> Result<()> {
-        if self.sync_mode() {
-            set.fsync(fds)?;
-        } else {
-            self.meta_dirty.store(true, Ordering::Release);
+        let fallback = self
+            .files
+            .choose_tier(negotiated.passthrough, &self.sync_flag_probe)?;
+        if let Some(why) = fallback {
+            eprintln!(
+                "dhrd: {why}; file data is served by the engine (engine-auto) instead of the page cache"
+            );
+            *self.fallback.lock() = Some(why);
         }
         Ok(())
     }
 
-    /// Like `meta_durable` for a change that leaves data in the page cache too (a size
-    /// inside a page zeroes the rest of that page): in `sync` mode the files are fsync'ed
-    /// with their data, which a journal commit alone would not write (commit.rs).
-    pub(crate) fn data_durable(&self, set: &mut SyncSet, fds: &[&dyn AsFd]) -> Result<()> {
-        if self.sync_mode() {
-            set.fsync_data(fds)?;
-        } else {
-            self.meta_dirty.store(true, Ordering::Release);
+    /// DESTROY (unmount): every request is answered by now. Closes every file, syncs the
+    /// backing, and ends the committer once its queue is empty.
+    pub fn destroy(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        if let Err(e) = self.files.close_everything() {
+            self.record_final_error(format!("flushing file data at unmount failed: {e}"));
         }
-        Ok(())
+        self.sync.shutdown();
     }
 
-    /// Like `meta_durable` for a change whose inode cannot be synced by descriptor
-    /// (symlinks, FIFOs, link counts): a syncfs of the file system `fd` is on.
-    pub(crate) fn meta_durable_fs(&self, set: &mut SyncSet, fd: &dyn AsFd) -> Result<()> {
-        if self.sync_mode() {
-            set.syncfs(fd)?;
-        } else {
-            self.meta_dirty.store(true, Ordering::Release);
-        }
-        Ok(())
+    /// Where the core's notices to the kernel go, once the transport's session exists.
+    pub fn set_notices(&self, n: Box<dyn Invalidate>) {
+        self.files.set_notices(n);
     }
 
-    /// Makes a new directory entry durable per the mode: the entry's directory and the
-    /// new inode itself (on a backing without a journal nothing else writes the inode,
-    /// and an entry naming an unwritten inode reads back as corrupt). An inode that can
-    /// be fsync'ed by descriptor (`NewInode::Fd`: regular files, directories) joins the
-    /// set; one that cannot (symlinks, FIFOs, sockets, device nodes, and a new link,
-    /// whose count lives in its inode) asks for a syncfs, which covers the directory too.
-    pub(crate) fn entry_durable(
-        &self,
-        set: &mut SyncSet,
-        dir: &dyn AsFd,
-        new: NewInode<'_>,
-    ) -> Result<()> {
-        match new {
-            NewInode::Fd(fd) => self.meta_durable(set, &[fd, dir]),
-            NewInode::NoFd => self.meta_durable_fs(set, dir),
-        }
+    /// Flushes every file's data and syncs the backing (a signal, `dhrd umount`, the
+    /// periodic flusher). Returns the first error.
+    pub fn flush_all(&self) -> Result<()> {
+        self.files.flush_all()
     }
 
-    /// Like `meta_durable`, but synced before it returns: for a change that must be durable
-    /// before the next step of the same request (set-id bits before data, an undo).
-    pub(crate) fn meta_durable_now(&self, fds: &[&dyn AsFd]) -> Result<()> {
-        let mut set = SyncSet::default();
-        self.meta_durable(&mut set, fds)?;
-        if !set.is_empty() {
-            set.sync_now()?;
-            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
+    /// The mount is going away: background threads stop.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.store(true, Ordering::Release);
     }
 
-    /// Sends a reply once `set` is durable: `reply` gets `r`, or the sync's failure. The
-    /// worker that calls this is free at once (commit.rs).
-    pub(crate) fn reply_when_durable<T: Send + 'static>(
-        self: &Arc<Self>,
-        set: SyncSet,
-        r: Result<T>,
-        reply: impl FnOnce(&Shared, Result<T>) + Send + 'static,
-    ) {
-        self.reply_when_durable_or(set, r, |_, _| {}, reply)
-    }
-
-    /// `reply_when_durable` for a request that gives the kernel a new entry (mknod, mkdir,
-    /// symlink, link): its lookup was counted when the entry was looked up; if the sync
-    /// fails the kernel never gets the entry, so the lookup is taken back.
-    pub(crate) fn reply_entry_when_durable(
-        self: &Arc<Self>,
-        set: SyncSet,
-        r: Result<Attr>,
-        reply: impl FnOnce(&Shared, Result<Attr>) + Send + 'static,
-    ) {
-        self.reply_when_durable_or(set, r, |sh, attr| sh.entry_not_sent(&attr), reply)
-    }
-
-    /// The generation to send with entry `attr` (`NodeTable::generation`).
-    pub(crate) fn generation(&self, attr: &Attr) -> u64 {
-        self.nodes.lock().generation(Ino(attr.ino))
-    }
-
-    /// The kernel will never get entry `attr` that was counted as looked up: the count goes.
-    pub(crate) fn entry_not_sent(&self, attr: &Attr) {
-        self.nodes.lock().forget(Ino(attr.ino), 1);
-    }
-
-    /// Like `reply_when_durable`; when the sync fails, `undo` gets what the request made
-    /// (an open's handle, which the kernel will then never release) before the error is
-    /// sent.
-    pub(crate) fn reply_when_durable_or<T: Send + 'static>(
-        self: &Arc<Self>,
-        set: SyncSet,
-        r: Result<T>,
-        undo: impl FnOnce(&Shared, T) + Send + 'static,
-        reply: impl FnOnce(&Shared, Result<T>) + Send + 'static,
-    ) {
-        match r {
-            Err(e) => reply(self, Err(e)),
-            Ok(v) if set.is_empty() => reply(self, Ok(v)),
-            Ok(v) => {
-                let sh = self.clone();
-                self.committer.submit(set, move |sr| {
-                    sh.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
-                    match sr {
-                        Ok(()) => reply(&sh, Ok(v)),
-                        Err(e) => {
-                            // A failed sync of metadata: the change may not survive a
-                            // crash, and the caller is told so.
-                            undo(&sh, v);
-                            reply(&sh, Err(e))
-                        }
-                    }
-                });
-            }
-        }
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
     }
 
     /// Remembers the first unmount-time failure (reported by the daemon's exit status).
@@ -360,362 +191,121 @@ impl Shared {
         self.final_error.lock().clone()
     }
 
-    /// syncfs of the backing file system if metadata changed (non-sync modes).
-    pub fn sync_metadata(&self) -> Result<()> {
-        // A syncfs that failed once is never reported as covering anything again (C4):
-        // its error was reported to one descriptor only (failures.rs).
-        let failures = &self.committer.failures;
-        if failures.fs_has_failed(self.dir.dev()) {
-            return Err(FsError::io(
-                "syncfs of the backing file system failed before",
-                std::io::Error::from_raw_os_error(libc::EIO),
-            ));
+    pub fn cfg(&self) -> &FsConfig {
+        &self.cfg
+    }
+
+    pub fn dir(&self) -> &BackingDir {
+        &self.dir
+    }
+
+    pub fn budget(&self) -> &RamBudget {
+        &self.budget
+    }
+
+    pub fn stats(&self) -> &FsStats {
+        &self.stats
+    }
+
+    pub fn preload(&self) -> &PreloadState {
+        &self.preload
+    }
+
+    pub fn committer(&self) -> &Committer {
+        self.sync.committer()
+    }
+
+    /// What INIT agreed on (all false before it).
+    pub fn negotiated(&self) -> Negotiated {
+        self.negotiated.get().copied().unwrap_or_default()
+    }
+
+    /// Why the mount runs on the engine though the page cache was the default, if so.
+    pub fn fallback(&self) -> Option<String> {
+        self.fallback.lock().clone()
+    }
+
+    /// Whether the backing keeps the sync flag, in `sync` mode (Ok in other modes).
+    pub fn sync_flag_probe(&self) -> &std::result::Result<(), String> {
+        &self.sync_flag_probe
+    }
+
+    /// The data path, if INIT has chosen it.
+    pub fn tier_if_set(&self) -> Option<&Tier> {
+        self.files.tier_if_set()
+    }
+
+    /// Waits until INIT has chosen the data path, or the mount is shutting down (None).
+    pub fn wait_tier(&self) -> Option<&Tier> {
+        self.files.wait_tier(&self.shutdown)
+    }
+
+    /// Counts a failed request.
+    fn counted<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
-        if self.meta_dirty.swap(false, Ordering::AcqRel) {
-            if let Err(e) = sys::syncfs(self.dir.root_fd()) {
-                self.meta_dirty.store(true, Ordering::Release);
-                failures.fs_failed(self.dir.dev(), format!("syncfs: {e}"));
-                return Err(FsError::io("syncfs of the backing file system", e));
+        r
+    }
+
+    /// The outcome `r` of a request whose change `set` must make durable; `undo` takes
+    /// back what the request made if the sync fails.
+    fn durable<T>(
+        self: &Arc<Self>,
+        set: SyncSet,
+        r: Result<T>,
+        undo: impl FnOnce(&Mount, T) + Send + 'static,
+    ) -> Durable<T> {
+        Durable {
+            m: self.clone(),
+            set,
+            r,
+            undo: Box::new(undo),
+        }
+    }
+}
+
+/// The outcome of a request that changed something: its reply goes out once the change
+/// is durable per the mode (`Durable::reply`).
+#[must_use = "a request's outcome must be replied to"]
+pub struct Durable<T> {
+    m: Arc<Mount>,
+    set: SyncSet,
+    r: Result<T>,
+    undo: Undo<T>,
+}
+
+/// Takes back what a request made when its sync failed.
+type Undo<T> = Box<dyn FnOnce(&Mount, T) + Send>;
+
+impl<T: Send + 'static> Durable<T> {
+    /// Sends `r` to `reply` once the change is durable, or the sync's failure (then `undo`
+    /// gets what the request made, which the kernel will never learn of). The calling
+    /// worker is free at once (commit.rs). Failures are counted.
+    pub fn reply(self, reply: impl FnOnce(Result<T>) + Send + 'static) {
+        let Durable { m, set, r, undo } = self;
+        let stats = m.stats.clone();
+        let reply = move |r: Result<T>| {
+            if r.is_err() {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
             }
-            self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn new_fh(&self) -> Fh {
-        Fh(self.next_fh.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// Opens node `ino` confined and checks it is still the same backing inode. The path
-    /// is resolved from the nearest kept directory on it (nodes.rs), else from the root.
-    /// Always a descriptor of its own: an open directory's read position is its own.
-    pub(crate) fn node_fd(&self, ino: Ino, flags: OFlags) -> Result<(OwnedFd, libc::stat)> {
-        let a = self.nodes.lock().anchor(ino)?;
-        let base = match &a.dir {
-            Some(d) => d.as_fd(),
-            None => self.dir.root_fd(),
+            reply(r)
         };
-        let fd = sys::open_confined(base, a.rel.as_os_str(), flags, Mode::empty()).map_err(
-            |e| match e.raw_os_error() {
-                Some(libc::ENOENT) => FsError::Stale,
-                _ => FsError::io("open below the backing directory", e),
-            },
-        )?;
-        let st = sys::fstat(fd.as_fd())?;
-        self.check_same_node(ino, &st)?;
-        Ok((fd, st))
-    }
-
-    /// ESTALE unless `st` is node `ino`'s backing inode.
-    fn check_same_node(&self, ino: Ino, st: &libc::stat) -> Result<()> {
-        if self.dir.fuse_ino(st.st_ino) != ino.0 || st.st_dev != self.dir.dev() {
-            return Err(FsError::Stale);
-        }
-        Ok(())
-    }
-
-    /// The descriptor of directory `ino` (readable, so it can be fsync'ed), kept from its
-    /// first use while the node lives (nodes.rs): a lookup, create or unlink in it is then
-    /// one system call on the backing.
-    pub(crate) fn dir_fd(&self, ino: Ino) -> Result<Arc<OwnedFd>> {
-        if let Some(fd) = self.nodes.lock().kept_dir(ino) {
-            return Ok(fd);
-        }
-        let (fd, st) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(FsError::Errno(libc::ENOTDIR));
-        }
-        let fd = Arc::new(fd);
-        self.nodes.lock().keep_dir(ino, fd.clone());
-        Ok(fd)
-    }
-
-    pub(crate) fn attr(&self, st: &libc::stat) -> Attr {
-        let ino = self.dir.fuse_ino(st.st_ino);
-        let kind = FileKind::of_mode(st.st_mode);
-        let mut size = st.st_size as u64;
-        if kind == FileKind::RegularFile {
-            // The engine's RAM copy is authoritative for the size (ahead of the backing in
-            // the non-sync modes); the page cache path's is the backing file's own.
-            if let Some(len) = self.data_size(st.st_ino) {
-                size = len;
-            }
-        }
-        Attr {
-            ino,
-            size,
-            blocks: st.st_blocks as u64,
-            atime: systime(st.st_atime, st.st_atime_nsec),
-            mtime: systime(st.st_mtime, st.st_mtime_nsec),
-            ctime: systime(st.st_ctime, st.st_ctime_nsec),
-            kind,
-            perm: (st.st_mode & 0o7777) as u16,
-            nlink: st.st_nlink as u32,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            rdev: sys::encode_fuse_rdev(st.st_rdev),
-            blksize: STAT_BLKSIZE,
-        }
-    }
-
-    /// Attributes for an entry the kernel will not link: READDIRPLUS's ".", "..", an entry
-    /// on another file system, and negative LOOKUP replies; node 0, nothing else is read.
-    pub(crate) fn placeholder_attr(&self) -> Attr {
-        Attr::placeholder(STAT_BLKSIZE)
-    }
-
-    /// Stats `parent/name`, records the node and returns its attributes.
-    pub(crate) fn lookup_in(&self, parent: Ino, pfd: &OwnedFd, name: &OsStr) -> Result<Attr> {
-        let st = sys::stat_at(pfd.as_fd(), name)?;
-        if st.st_dev != self.dir.dev() {
-            // Another file system mounted below the backing directory is not part of it.
-            return Err(FsError::Errno(libc::EXDEV));
-        }
-        let attr = self.attr(&st);
-        self.nodes.lock().remember(Ino(attr.ino), parent, name);
-        Ok(attr)
-    }
-
-    /// Opens the backing file of regular-file node `ino` read-write (for either data path).
-    pub(crate) fn open_backing_file(&self, ino: Ino) -> Result<File> {
-        self.open_backing_file_stat(ino).map(|(f, _)| f)
-    }
-
-    /// `open_backing_file`, with the status the check took.
-    pub(crate) fn open_backing_file_stat(&self, ino: Ino) -> Result<(File, libc::stat)> {
-        let (fd, st) = self.node_fd(ino, OFlags::RDWR)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(FsError::Errno(libc::EINVAL));
-        }
-        Ok((File::from(fd), st))
-    }
-
-    pub(crate) fn display_name(&self, ino: Ino) -> String {
-        match self.nodes.lock().path(ino) {
-            Ok(p) => p.display().to_string(),
-            Err(_) => format!("inode {}", ino.0),
-        }
-    }
-
-    /// The backing inode's status of node `ino`, or of its open file when its name is
-    /// gone (an unlinked file that is still open). A kept directory is one `fstat`, a node
-    /// one name below a kept directory one `fstatat`; deeper ones are opened by path.
-    pub(crate) fn stat_node(&self, ino: Ino) -> Result<libc::stat> {
-        let r = (|| {
-            let a = self.nodes.lock().anchor(ino)?;
-            let base = match &a.dir {
-                Some(d) => d.as_fd(),
-                None => self.dir.root_fd(),
-            };
-            let mut parts = a.rel.components();
-            match (parts.next(), parts.next()) {
-                (None, _) => Ok(sys::fstat(base)?),
-                (Some(one), None) => {
-                    let st = sys::stat_at(base, one.as_os_str()).map_err(|e| {
-                        match e.raw_os_error() {
-                            Some(libc::ENOENT) => FsError::Stale,
-                            _ => FsError::from(e),
-                        }
-                    })?;
-                    self.check_same_node(ino, &st)?;
-                    Ok(st)
-                }
-                _ => self.node_fd(ino, OFlags::PATH).map(|(_, st)| st),
-            }
-        })();
         match r {
-            Err(FsError::Stale) => {
-                let key = self.dir.backing_ino(ino.0);
-                self.data_stat(key).ok_or(FsError::Stale)
-            }
-            r => r,
-        }
-    }
-
-    /// Gives a newly created inode to the caller (the daemon runs as root), inheriting the
-    /// group of a set-group-id parent directory as the kernel would. `made`: the new
-    /// inode's status, if the caller has it; then nothing is changed (and the parent not
-    /// even looked at) where the backing file system already gave the inode the right
-    /// owner: a root caller in an ordinary directory, most of all. Returns whether the
-    /// owner changed (the inode's ctime then changed too).
-    pub(crate) fn chown_new(
-        &self,
-        caller: &Caller,
-        pfd: &OwnedFd,
-        fd: Option<&OwnedFd>,
-        name: &OsStr,
-        made: Option<&libc::stat>,
-    ) -> Result<bool> {
-        if !self.daemon_is_root {
-            return Ok(false);
-        }
-        // The group the inode got equals the caller's: right whether or not the parent
-        // is set-group-id (it would have given its own group, which is then the same).
-        let gid = match made {
-            Some(st) if st.st_gid == caller.gid => st.st_gid,
-            _ => {
-                let pst = sys::fstat(pfd.as_fd())?;
-                if pst.st_mode & libc::S_ISGID != 0 {
-                    pst.st_gid
-                } else {
-                    caller.gid
-                }
-            }
-        };
-        if made.is_some_and(|st| st.st_uid == caller.uid && st.st_gid == gid) {
-            return Ok(false);
-        }
-        let uid = Some(rustix::fs::Uid::from_raw(caller.uid));
-        let gid = Some(rustix::fs::Gid::from_raw(gid));
-        match fd {
-            Some(fd) => rustix::fs::fchown(fd, uid, gid)?,
-            None => rustix::fs::chownat(pfd, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?,
-        }
-        Ok(true)
-    }
-
-    /// `chown` clears S_ISUID and S_ISGID of a non-directory even when root makes it, so a
-    /// node created with set-id bits on the caller's behalf gets them back after
-    /// `chown_new`. What the caller may not set the kernel has stripped already
-    /// (`vfs_prepare_mode`) before the request reached the daemon.
-    pub(crate) fn restore_setid_bits(&self, pfd: &OwnedFd, name: &OsStr, perm: Mode) -> Result<()> {
-        if perm.bits() & (libc::S_ISUID | libc::S_ISGID) == 0 || !self.daemon_is_root {
-            return Ok(());
-        }
-        let st = sys::stat_at(pfd.as_fd(), name)?;
-        sys::chmod_node(pfd.as_fd(), name, perm, st.st_ino)
-    }
-
-    /// Counts a failed request and gives its errno.
-    pub(crate) fn count_err(&self, e: &FsError) -> i32 {
-        self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        e.errno()
-    }
-
-    /// Clears the set-id bits `caller` must drop (killpriv.rs) from the file behind `fd`,
-    /// described by `f`, durably per the durability mode. Called before the change
-    /// itself, like the VFS does, so that a crash never leaves changed content with the
-    /// bits still set. Concurrent callers compute the same mode; a chmod cannot interleave
-    /// because the kernel holds the inode lock across both setattr and write.
-    pub(crate) fn drop_setid_bits(
-        &self,
-        fd: BorrowedFd<'_>,
-        f: sys::ModeOwner,
-        caller: &Caller,
-        fsetid: Fsetid,
-    ) -> Result<()> {
-        let kill = killpriv::bits_to_drop(f.mode, f.gid, caller, fsetid);
-        if kill == 0 {
-            return Ok(());
-        }
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(f.mode & 0o7777 & !kill))?;
-        self.meta_durable_now(&[&fd])?;
-        // A write or fallocate does not make the kernel forget the cached mode (it
-        // invalidates only size and times), so statx(STATX_MODE) would show the bits for
-        // up to ATTR_TTL. Attributes only (no page cache, no inode lock), so this is safe
-        // while the kernel waits for this request. A failure leaves stale attributes, not
-        // a wrong file, and is not worth failing the request.
-        if let Some(n) = self.notifier.get() {
-            n.inode_attrs(self.dir.fuse_ino(f.ino));
-        }
-        Ok(())
-    }
-
-    // ----- operations, each returning a Result so the handlers stay one-liners -----
-
-    pub(crate) fn do_setattr(
-        &self,
-        set: &mut SyncSet,
-        caller: &Caller,
-        ino: Ino,
-        change: &SetAttr,
-    ) -> Result<Attr> {
-        let SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-            fh,
-        } = *change;
-        let st = self.stat_node(ino)?;
-        let kind = FileKind::of_mode(st.st_mode);
-        if let Some(size) = size {
-            if kind != FileKind::RegularFile {
-                return Err(FsError::Errno(if kind == FileKind::Directory {
-                    libc::EISDIR
-                } else {
-                    libc::EINVAL
-                }));
-            }
-            self.data_set_len(set, caller, ino, &st, size, fh, mode.is_none())?;
-        }
-        let changes_inode =
-            mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some();
-        if changes_inode {
-            match kind {
-                FileKind::RegularFile | FileKind::Directory => {
-                    let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
-                    if let Some(m) = mode {
-                        if kind == FileKind::RegularFile {
-                            self.chmod_file(fd.as_fd(), st.st_ino, st.st_gid, m)?;
-                        } else {
-                            rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
-                        }
+            Err(e) => reply(Err(e)),
+            Ok(v) if set.is_empty() => reply(Ok(v)),
+            Ok(v) => {
+                let sync = m.sync.clone();
+                sync.submit(set, move |sr| match sr {
+                    Ok(()) => reply(Ok(v)),
+                    Err(e) => {
+                        // A failed sync: the change may not survive a crash, and the
+                        // caller is told so.
+                        undo(&m, v);
+                        reply(Err(e))
                     }
-                    if uid.is_some() || gid.is_some() {
-                        // The backing fchown (by root) drops S_ISUID and S_ISGID with
-                        // S_IXGRP itself; what depends on the caller is dropped here.
-                        if mode.is_none() {
-                            let f = sys::mode_owner(fd.as_fd())?;
-                            self.drop_setid_bits(fd.as_fd(), f, caller, Fsetid::LookUp)?;
-                        }
-                        rustix::fs::fchown(
-                            &fd,
-                            uid.map(rustix::fs::Uid::from_raw),
-                            gid.map(rustix::fs::Gid::from_raw),
-                        )?;
-                    }
-                    if atime.is_some() || mtime.is_some() {
-                        let ts = rustix::fs::Timestamps {
-                            last_access: timestamp(atime),
-                            last_modification: timestamp(mtime),
-                        };
-                        rustix::fs::futimens(&fd, &ts)?;
-                    }
-                    self.meta_durable(set, &[&fd])?;
-                }
-                _ => {
-                    // Symlinks, FIFOs, sockets: act on the name with NOFOLLOW in the parent.
-                    let (parent, name) = self.parent_and_name(ino)?;
-                    let pfd = self.dir_fd(parent)?;
-                    if let Some(m) = mode {
-                        let m = Mode::from_raw_mode(m & 0o7777);
-                        sys::chmod_node(pfd.as_fd(), &name, m, st.st_ino)?;
-                    }
-                    if uid.is_some() || gid.is_some() {
-                        rustix::fs::chownat(
-                            &pfd,
-                            &name,
-                            uid.map(rustix::fs::Uid::from_raw),
-                            gid.map(rustix::fs::Gid::from_raw),
-                            AtFlags::SYMLINK_NOFOLLOW,
-                        )?;
-                    }
-                    if atime.is_some() || mtime.is_some() {
-                        let ts = rustix::fs::Timestamps {
-                            last_access: timestamp(atime),
-                            last_modification: timestamp(mtime),
-                        };
-                        rustix::fs::utimensat(&pfd, &name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
-                    }
-                    // The inode of a symlink cannot be fsync'ed by descriptor; syncfs covers it.
-                    self.meta_durable_fs(set, &pfd)?;
-                }
+                });
             }
         }
-        let st = self.stat_node(ino)?;
-        Ok(self.attr(&st))
     }
 }

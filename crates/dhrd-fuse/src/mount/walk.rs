@@ -11,16 +11,15 @@
 //!
 //! Crash semantics: none; it writes nothing.
 
+use super::Mount;
 use crate::data::Tier;
 use crate::error::{FsError, Result};
-use crate::mount::Shared;
-use crate::sys::{self, BackingDir};
-use dhrd_pagecache::resident::{FileRef, Opener};
+use crate::sys;
+use dhrd_pagecache::resident::FileRef;
 use rustix::fs::OFlags;
 use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -31,42 +30,35 @@ use std::sync::Arc;
 /// files warm up when first opened instead).
 pub const WALK_DIRS_QUEUED_MAX: usize = 1 << 20;
 
-/// Opens walked files for the warm-up: confined, read-only, and only if the path still
-/// names the inode the walk found.
-pub struct BackingOpener(pub Arc<BackingDir>);
-
-impl Opener for BackingOpener {
-    fn open(&self, f: &FileRef) -> io::Result<File> {
-        let fd = self
-            .0
-            .open_rel(&f.path, OFlags::RDONLY | OFlags::NONBLOCK)?;
-        let st = sys::fstat(fd.as_fd())?;
-        if st.st_ino != f.key || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(io::Error::from_raw_os_error(libc::ESTALE));
-        }
-        Ok(File::from(fd))
+/// The walk thread: the walk once INIT has chosen the data path (`preload`), or without
+/// it the note to the warm-up that no walk will come.
+pub fn run(m: Arc<Mount>) {
+    if m.cfg().preload {
+        walk(m);
+    } else if let Some(Tier::Page(t)) = m.wait_tier() {
+        t.resident().walk_done();
     }
 }
 
 /// Breadth-first walk of the tree; hands each regular file to the data path.
-pub fn walk(sh: Arc<Shared>) {
+fn walk(sh: Arc<Mount>) {
     let Some(tier) = sh.wait_tier() else {
         return;
     };
     let mut queue: VecDeque<PathBuf> = VecDeque::new();
     queue.push_back(PathBuf::new());
     while let Some(rel) = queue.pop_front() {
-        if sh.shutdown.load(Ordering::Acquire) {
+        if sh.is_shutting_down() {
             break;
         }
-        let Ok(fd) = sh.dir.open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY) else {
+        let Ok(fd) = sh.dir().open_rel(&rel, OFlags::RDONLY | OFlags::DIRECTORY) else {
             continue;
         };
         let Ok(mut d) = rustix::fs::Dir::read_from(&fd) else {
             continue;
         };
         while let Some(Ok(ent)) = d.read() {
-            if sh.shutdown.load(Ordering::Acquire) {
+            if sh.is_shutting_down() {
                 break;
             }
             let name = OsStr::from_bytes(ent.file_name().to_bytes());
@@ -76,7 +68,7 @@ pub fn walk(sh: Arc<Shared>) {
             let Ok(st) = sys::stat_at(fd.as_fd(), name) else {
                 continue;
             };
-            if st.st_dev != sh.dir.dev() {
+            if st.st_dev != sh.dir().dev() {
                 continue;
             }
             match st.st_mode & libc::S_IFMT {
@@ -85,10 +77,10 @@ pub fn walk(sh: Arc<Shared>) {
                 }
                 libc::S_IFREG => {
                     let size = st.st_size as u64;
-                    sh.preload.files_seen.fetch_add(1, Ordering::Relaxed);
-                    sh.preload.bytes_seen.fetch_add(size, Ordering::Relaxed);
+                    sh.preload().files_seen.fetch_add(1, Ordering::Relaxed);
+                    sh.preload().bytes_seen.fetch_add(size, Ordering::Relaxed);
                     match tier {
-                        Tier::Page(t) => t.resident.submit_walked(
+                        Tier::Page(t) => t.resident().submit_walked(
                             FileRef {
                                 key: st.st_ino,
                                 path: rel.join(name),
@@ -103,36 +95,36 @@ pub fn walk(sh: Arc<Shared>) {
         }
     }
     if let Tier::Page(t) = tier {
-        t.resident.walk_done();
+        t.resident().walk_done();
     }
-    sh.preload.done.store(true, Ordering::Release);
+    sh.preload().done.store(true, Ordering::Release);
 }
 
 /// Engine path: creates the object of a walked file (the shared loader then fills it)
 /// while the closed-object cache and the RAM budget have room.
 fn engine_preload(
-    sh: &Shared,
+    sh: &Mount,
     dir: BorrowedFd<'_>,
     rel: &std::path::Path,
     name: &OsStr,
     st: &libc::stat,
 ) {
-    let Tier::Engine(t) = sh.tier() else {
+    let Some(Tier::Engine(t)) = sh.tier_if_set() else {
         return;
     };
     let size = st.st_size as u64;
-    if size == 0 || t.objects.is_known(st.st_ino) || !t.objects.has_room() {
+    if size == 0 || t.objects().is_known(st.st_ino) || !t.objects().has_room() {
         return;
     }
-    if sh.budget.used_bytes().saturating_add(size) > sh.budget.limit_bytes() {
+    if sh.budget().used_bytes().saturating_add(size) > sh.budget().limit_bytes() {
         return;
     }
     let label = rel.join(name).display().to_string();
-    let r = t.objects.touch(st.st_ino, &label, || {
+    let r = t.objects().touch(st.st_ino, &label, || {
         open_walked(dir, name, OFlags::RDWR, st.st_ino)
     });
     if r.is_ok() {
-        sh.preload.files_preloaded.fetch_add(1, Ordering::Relaxed);
+        sh.preload().files_preloaded.fetch_add(1, Ordering::Relaxed);
     }
 }
 

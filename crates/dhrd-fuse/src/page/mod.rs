@@ -48,6 +48,10 @@
 //! changes of it; passthrough writes of opens made before go on reaching the page cache,
 //! and their fsyncs fail.
 
+mod opener;
+
+pub use opener::BackingOpener;
+
 use crate::config::COPY_STEP_BYTES;
 use crate::error::{FsError, Result};
 use crate::kernel::{OpenReply, ReplyFlags, WriteSync};
@@ -162,8 +166,8 @@ pub struct Opened {
 pub struct PageTier<B = crate::kernel::BackingId> {
     sync_mode: bool,
     regs: Mutex<Regs<B>>,
-    pub resident: Resident,
-    pub stats: PageStats,
+    resident: Resident,
+    stats: PageStats,
     /// The first failure of the backing the daemon saw itself (an fsync, a write it
     /// served, a truncate): passthrough writes report theirs to the application only.
     failure: Mutex<Option<String>>,
@@ -187,6 +191,15 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             failure: Mutex::new(None),
             reaper,
         }
+    }
+
+    /// The warm-up and pinning of the files (dhrd_pagecache).
+    pub fn resident(&self) -> &Resident {
+        &self.resident
+    }
+
+    pub fn stats(&self) -> &PageStats {
+        &self.stats
     }
 
     /// Records a failure of the backing seen by the daemon (the first one is kept); ENOSPC
