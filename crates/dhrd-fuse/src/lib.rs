@@ -1,14 +1,25 @@
 //! FUSE frontend of dhrd: presents a backing directory as a file system whose files are
 //! served from RAM and written through to the backing directory before each write returns.
+//! See docs/fuse.md for the user-visible rules.
 //!
-//! Modules: `sys` (confined access to the backing directory), `config` (mount options),
-//! `mount` (the state shared by the handlers, and the background walk), `meta` (namespace,
-//! listings, xattrs, and the node table), `data` (open files, on one of two data paths:
-//! `page`, the backing files' page cache served by the kernel through passthrough, the
-//! default; `engine`, the engine's RAM copy per file over `dhrd_io::FileBacking`),
-//! `durable` (group commit of metadata, sticky sync failures), `adapter` (the fuser
-//! adapter), `killpriv` (which set-id bits a change must drop), `daemon` (mount, control
-//! socket, signals), `status`, `stats`. See docs/fuse.md for the user-visible rules.
+//! The layers, top down. A module imports only modules on lower floors, and files of its
+//! own folder without a circle among them (`tests/layers.rs` checks both from the `use`
+//! lines; fuser is named only in `adapter`):
+//!
+//! | floor | units | what |
+//! |---|---|---|
+//! | 9 | `daemon` | running a mount: checks, lock, control socket, signals, threads |
+//! | 8 | `adapter`, `status` | the transport over /dev/fuse (fuser); what `dhrd status` shows |
+//! | 7 | `mount` | the owner of a mount's state: requests in, replies out; the walk |
+//! | 6 | `meta` | the namespace: nodes, names, attributes, listings, xattrs |
+//! | 5 | `data` | the open files and the data path that serves them |
+//! | 4 | `page`, `engine` | the page cache path (the default) and the engine path |
+//! | 3 | `durable` | when a change is durable: the group commit, sticky failures |
+//! | 2 | `sys` | confined access to the backing directory |
+//! | 1 | `kernel`, `config`, `killpriv`, `error`, `stats` | request and reply types, options, set-id rules, the error, counters |
+//!
+//! A transport other than fuser goes beside `adapter`: it turns the kernel's requests into
+//! calls on `mount::Mount` and its replies into the kernel's, in the types of `kernel`.
 
 pub mod adapter;
 pub mod config;

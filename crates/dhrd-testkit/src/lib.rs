@@ -8,6 +8,8 @@
 //!
 //! Crash semantics: none.
 
+pub mod layers;
+
 use std::io::Write;
 
 /// Environment variable naming the file every skipped check is appended to.
