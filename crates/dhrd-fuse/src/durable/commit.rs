@@ -139,6 +139,47 @@ type Done = Box<dyn FnOnce(Result<()>) + Send>;
 /// One sync's outcome: Ok, or its errno.
 type Errno = std::result::Result<(), i32>;
 
+/// What a round names: the identity (device, inode) of every set's descriptors (None
+/// where fstat failed: that one is fsync'ed on its own), and the device of every set's
+/// syncfs request (None where there is none or fstat failed).
+struct Plan {
+    ids: Vec<Vec<Option<(u64, u64)>>>,
+    fs_devs: Vec<Option<u64>>,
+}
+
+impl Plan {
+    fn of(round: &[(SyncSet, Done)]) -> Self {
+        Plan {
+            ids: round
+                .iter()
+                .map(|(set, _)| set.fsync.iter().map(identity).collect())
+                .collect(),
+            fs_devs: round
+                .iter()
+                .map(|(set, _)| set.syncfs.as_ref().and_then(identity).map(|(dev, _)| dev))
+                .collect(),
+        }
+    }
+
+    fn distinct_inodes(&self) -> usize {
+        let all: std::collections::HashSet<(u64, u64)> =
+            self.ids.iter().flatten().flatten().copied().collect();
+        all.len()
+    }
+
+    /// Whether the round has a metadata change on the journal's file system `jdev` (data
+    /// sets fsync their inodes instead: a commit does not write other inodes' data).
+    fn touches_journal(&self, round: &[(SyncSet, Done)], jdev: u64) -> bool {
+        round
+            .iter()
+            .zip(self.ids.iter().zip(&self.fs_devs))
+            .any(|((set, _), (set_ids, fs_dev))| {
+                (!set.data && set_ids.iter().flatten().any(|(dev, _)| *dev == jdev))
+                    || *fs_dev == Some(jdev)
+            })
+    }
+}
+
 /// What the committer does to make an inode or a file system durable: `fsync` and
 /// `syncfs` of the descriptor (tests put a stalled or failing one in its place).
 pub trait Syncer: Send + Sync + 'static {
@@ -381,94 +422,42 @@ impl Committer {
     fn commit(&self, round: Vec<(SyncSet, Done)>) {
         self.rounds.fetch_add(1, Ordering::Relaxed);
         self.sets.fetch_add(round.len() as u64, Ordering::Relaxed);
-        // Identity (device, inode) of every descriptor; None where fstat failed (that one
-        // is fsync'ed on its own).
-        let ids: Vec<Vec<Option<(u64, u64)>>> = round
-            .iter()
-            .map(|(set, _)| set.fsync.iter().map(identity).collect())
-            .collect();
-        let distinct: std::collections::HashSet<(u64, u64)> =
-            ids.iter().flatten().flatten().copied().collect();
-        // The device of every set's syncfs request; None where there is none or fstat failed.
-        let fs_devs: Vec<Option<u64>> = round
-            .iter()
-            .map(|(set, _)| set.syncfs.as_ref().and_then(identity).map(|(dev, _)| dev))
-            .collect();
-        // File systems to syncfs: those a set asks for, and, when the round is worth it
-        // and cheap enough, every file system the round touches.
+        let plan = Plan::of(&round);
         // The file system whose journal one commit makes durable for everyone, if any:
         // syncfs requests there are covered by that commit.
         let journal = match &self.policy {
             RoundSync::JournalCommit(anchor) => identity(anchor).map(|(dev, _)| (dev, anchor)),
             _ => None,
         };
-        let mut fs: HashMap<u64, (&OwnedFd, Option<Errno>)> = HashMap::new();
-        for ((set, _), dev) in round.iter().zip(&fs_devs) {
-            if let (Some(fd), Some(dev)) = (&set.syncfs, *dev) {
-                if !matches!(journal, Some((jdev, _)) if jdev == dev) {
-                    fs.entry(dev).or_insert((fd, None));
-                }
-            }
-        }
-        let whole = matches!(self.policy, RoundSync::SyncfsWhenMany)
-            && distinct.len() >= SYNCFS_INODES_MIN
-            && self
-                .syncer
-                .dirty_bytes()
-                .is_some_and(|b| b <= SYNCFS_DIRTY_MAX_BYTES);
-        if whole {
-            for ((set, _), set_ids) in round.iter().zip(&ids) {
-                for (fd, id) in set.fsync.iter().zip(set_ids) {
-                    if let Some((dev, _)) = id {
-                        fs.entry(*dev).or_insert((fd, None));
-                    }
-                }
-            }
-        }
-        for (dev, (fd, r)) in fs.iter_mut() {
-            *r = Some(self.syncfs_dev(fd, *dev));
-        }
-        let fs_done: HashMap<u64, std::result::Result<(), i32>> = fs
-            .into_iter()
-            .filter_map(|(dev, (_, r))| r.map(|r| (dev, r)))
-            .collect();
-        let fs_result = |dev: u64| fs_done.get(&dev).copied();
-        // One journal commit for every metadata change of the round on the journal's file
-        // system (not for data: sets with data fsync their inodes below).
-        let journal_done =
-            journal.and_then(|(jdev, anchor)| {
-                let touched = round.iter().zip(ids.iter().zip(&fs_devs)).any(
-                    |((set, _), (set_ids, fs_dev))| {
-                        (!set.data && set_ids.iter().flatten().any(|(dev, _)| *dev == jdev))
-                            || *fs_dev == Some(jdev)
-                    },
-                );
-                touched.then(|| (jdev, self.journal_commit_dev(anchor, jdev)))
-            });
-        let journal_result = |dev: u64| match journal_done {
-            Some((jdev, r)) if jdev == dev => Some(r),
-            _ => None,
+        let fs_done = self.sync_file_systems(&round, &plan, journal.map(|(dev, _)| dev));
+        let journal_done = journal.and_then(|(jdev, anchor)| {
+            plan.touches_journal(&round, jdev)
+                .then(|| (jdev, self.journal_commit_dev(anchor, jdev)))
+        });
+        let covered = |dev: u64, data: bool| {
+            fs_done.get(&dev).copied().or(match journal_done {
+                Some((jdev, r)) if jdev == dev && !data => Some(r),
+                _ => None,
+            })
         };
         // Per inode: Ok, or the errno of its failed fsync.
-        let mut synced: HashMap<(u64, u64), std::result::Result<(), i32>> = HashMap::new();
+        let mut synced: HashMap<(u64, u64), Errno> = HashMap::new();
         let mut results = Vec::with_capacity(round.len());
-        for (((set, done), set_ids), dev) in round.into_iter().zip(&ids).zip(fs_devs) {
+        for (i, (set, done)) in round.into_iter().enumerate() {
             let mut r = Ok(());
             if let Some(fd) = &set.syncfs {
                 // A set that asked for a syncfs whose file system is unknown gets its own.
-                let one = match dev.and_then(|d| fs_result(d).or_else(|| journal_result(d))) {
+                let one = match plan.fs_devs[i].and_then(|d| covered(d, false)) {
                     Some(x) => x,
                     None => self.sync_fs_now(fd),
                 };
                 r = r.and(one);
             }
-            for (fd, id) in set.fsync.iter().zip(set_ids) {
+            for (fd, id) in set.fsync.iter().zip(&plan.ids[i]) {
                 let one = match id {
                     // Failed before: never reported as synced again (C4).
                     Some(id) if self.failures.failed(*id) => Err(libc::EIO),
-                    Some((dev, ino)) => match fs_result(*dev)
-                        .or_else(|| journal_result(*dev).filter(|_| !set.data))
-                    {
+                    Some((dev, ino)) => match covered(*dev, set.data) {
                         Some(x) => x,
                         None => *synced
                             .entry((*dev, *ino))
@@ -490,9 +479,46 @@ impl Committer {
         }
     }
 
+    /// The syncfs calls of a round: every file system a set asks for (but the journal's,
+    /// `journal_dev`, which its commit covers), and, when the round is worth it and cheap
+    /// enough, every file system the round touches. Their outcomes by device.
+    fn sync_file_systems(
+        &self,
+        round: &[(SyncSet, Done)],
+        plan: &Plan,
+        journal_dev: Option<u64>,
+    ) -> HashMap<u64, Errno> {
+        let mut fs: HashMap<u64, &OwnedFd> = HashMap::new();
+        for ((set, _), dev) in round.iter().zip(&plan.fs_devs) {
+            if let (Some(fd), Some(dev)) = (&set.syncfs, *dev) {
+                if journal_dev != Some(dev) {
+                    fs.entry(dev).or_insert(fd);
+                }
+            }
+        }
+        let whole = matches!(self.policy, RoundSync::SyncfsWhenMany)
+            && plan.distinct_inodes() >= SYNCFS_INODES_MIN
+            && self
+                .syncer
+                .dirty_bytes()
+                .is_some_and(|b| b <= SYNCFS_DIRTY_MAX_BYTES);
+        if whole {
+            for ((set, _), set_ids) in round.iter().zip(&plan.ids) {
+                for (fd, id) in set.fsync.iter().zip(set_ids) {
+                    if let Some((dev, _)) = id {
+                        fs.entry(*dev).or_insert(fd);
+                    }
+                }
+            }
+        }
+        fs.into_iter()
+            .map(|(dev, fd)| (dev, self.syncfs_dev(fd, dev)))
+            .collect()
+    }
+
     /// syncfs of file system `dev` (through `fd`), unless it failed before; a failure is
     /// recorded (failures.rs).
-    fn syncfs_dev(&self, fd: &OwnedFd, dev: u64) -> std::result::Result<(), i32> {
+    fn syncfs_dev(&self, fd: &OwnedFd, dev: u64) -> Errno {
         if self.failures.fs_has_failed(dev) {
             return Err(libc::EIO);
         }

@@ -20,6 +20,7 @@ use std::os::fd::AsFd;
 use std::time::UNIX_EPOCH;
 
 impl Namespace {
+    /// SETATTR of node `ino`: the size (data path), then the inode's own attributes.
     pub fn setattr(
         &self,
         set: &mut SyncSet,
@@ -27,18 +28,9 @@ impl Namespace {
         ino: Ino,
         change: &SetAttr,
     ) -> Result<Attr> {
-        let SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-            fh,
-        } = *change;
         let st = self.stat_node(ino)?;
         let kind = FileKind::of_mode(st.st_mode);
-        if let Some(size) = size {
+        if let Some(size) = change.size {
             if kind != FileKind::RegularFile {
                 return Err(FsError::Errno(if kind == FileKind::Directory {
                     libc::EISDIR
@@ -51,79 +43,104 @@ impl Namespace {
                 caller,
                 &st,
                 size,
-                fh,
-                mode.is_none(),
+                change.fh,
+                change.mode.is_none(),
                 || self.open_backing_file(ino),
                 || self.display_name(ino),
             )?;
         }
-        let changes_inode =
-            mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some();
+        let c = change;
+        let changes_inode = c.mode.is_some()
+            || c.uid.is_some()
+            || c.gid.is_some()
+            || c.atime.is_some()
+            || c.mtime.is_some();
         if changes_inode {
             match kind {
                 FileKind::RegularFile | FileKind::Directory => {
-                    let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
-                    if let Some(m) = mode {
-                        if kind == FileKind::RegularFile {
-                            self.files.chmod_file(fd.as_fd(), st.st_ino, st.st_gid, m)?;
-                        } else {
-                            rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
-                        }
-                    }
-                    if uid.is_some() || gid.is_some() {
-                        // The backing fchown (by root) drops S_ISUID and S_ISGID with
-                        // S_IXGRP itself; what depends on the caller is dropped here.
-                        if mode.is_none() {
-                            let f = sys::mode_owner(fd.as_fd())?;
-                            self.files
-                                .drop_setid_bits(fd.as_fd(), f, caller, Fsetid::LookUp)?;
-                        }
-                        rustix::fs::fchown(
-                            &fd,
-                            uid.map(rustix::fs::Uid::from_raw),
-                            gid.map(rustix::fs::Gid::from_raw),
-                        )?;
-                    }
-                    if atime.is_some() || mtime.is_some() {
-                        let ts = rustix::fs::Timestamps {
-                            last_access: timestamp(atime),
-                            last_modification: timestamp(mtime),
-                        };
-                        rustix::fs::futimens(&fd, &ts)?;
-                    }
-                    self.sync.meta_durable(set, &[&fd])?;
+                    self.set_attrs_by_fd(set, caller, ino, &st, change)?
                 }
-                _ => {
-                    // Symlinks, FIFOs, sockets: act on the name with NOFOLLOW in the parent.
-                    let (parent, name) = self.parent_and_name(ino)?;
-                    let pfd = self.dir_fd(parent)?;
-                    if let Some(m) = mode {
-                        let m = Mode::from_raw_mode(m & 0o7777);
-                        sys::chmod_node(pfd.as_fd(), &name, m, st.st_ino)?;
-                    }
-                    if uid.is_some() || gid.is_some() {
-                        rustix::fs::chownat(
-                            &pfd,
-                            &name,
-                            uid.map(rustix::fs::Uid::from_raw),
-                            gid.map(rustix::fs::Gid::from_raw),
-                            AtFlags::SYMLINK_NOFOLLOW,
-                        )?;
-                    }
-                    if atime.is_some() || mtime.is_some() {
-                        let ts = rustix::fs::Timestamps {
-                            last_access: timestamp(atime),
-                            last_modification: timestamp(mtime),
-                        };
-                        rustix::fs::utimensat(&pfd, &name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
-                    }
-                    // The inode of a symlink cannot be fsync'ed by descriptor; syncfs covers it.
-                    self.sync.meta_durable_fs(set, &pfd)?;
-                }
+                _ => self.set_attrs_by_name(set, ino, &st, change)?,
             }
         }
         let st = self.stat_node(ino)?;
         Ok(self.attr(&st))
+    }
+
+    /// Mode, owner and times of a regular file or directory, through a descriptor of it.
+    fn set_attrs_by_fd(
+        &self,
+        set: &mut SyncSet,
+        caller: &Caller,
+        ino: Ino,
+        st: &libc::stat,
+        c: &SetAttr,
+    ) -> Result<()> {
+        let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
+        if let Some(m) = c.mode {
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                self.files.chmod_file(fd.as_fd(), st.st_ino, st.st_gid, m)?;
+            } else {
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
+            }
+        }
+        if c.uid.is_some() || c.gid.is_some() {
+            // The backing fchown (by root) drops S_ISUID and S_ISGID with S_IXGRP
+            // itself; what depends on the caller is dropped here.
+            if c.mode.is_none() {
+                let f = sys::mode_owner(fd.as_fd())?;
+                self.files
+                    .drop_setid_bits(fd.as_fd(), f, caller, Fsetid::LookUp)?;
+            }
+            rustix::fs::fchown(
+                &fd,
+                c.uid.map(rustix::fs::Uid::from_raw),
+                c.gid.map(rustix::fs::Gid::from_raw),
+            )?;
+        }
+        if c.atime.is_some() || c.mtime.is_some() {
+            let ts = rustix::fs::Timestamps {
+                last_access: timestamp(c.atime),
+                last_modification: timestamp(c.mtime),
+            };
+            rustix::fs::futimens(&fd, &ts)?;
+        }
+        self.sync.meta_durable(set, &[&fd])
+    }
+
+    /// Mode, owner and times of a symlink, FIFO or socket: on the name, with NOFOLLOW,
+    /// in the parent.
+    fn set_attrs_by_name(
+        &self,
+        set: &mut SyncSet,
+        ino: Ino,
+        st: &libc::stat,
+        c: &SetAttr,
+    ) -> Result<()> {
+        let (parent, name) = self.parent_and_name(ino)?;
+        let pfd = self.dir_fd(parent)?;
+        if let Some(m) = c.mode {
+            let m = Mode::from_raw_mode(m & 0o7777);
+            sys::chmod_node(pfd.as_fd(), &name, m, st.st_ino)?;
+        }
+        if c.uid.is_some() || c.gid.is_some() {
+            rustix::fs::chownat(
+                &pfd,
+                &name,
+                c.uid.map(rustix::fs::Uid::from_raw),
+                c.gid.map(rustix::fs::Gid::from_raw),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        if c.atime.is_some() || c.mtime.is_some() {
+            let ts = rustix::fs::Timestamps {
+                last_access: timestamp(c.atime),
+                last_modification: timestamp(c.mtime),
+            };
+            rustix::fs::utimensat(&pfd, &name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
+        }
+        // The inode of a symlink cannot be fsync'ed by descriptor; syncfs covers it.
+        self.sync.meta_durable_fs(set, &pfd)
     }
 
     /// READLINK.

@@ -1,0 +1,189 @@
+//! The text `dhrd status` prints, section by section.
+//!
+//! No state of its own and no crash semantics.
+
+use super::facts::{human, load_totals, open_files_cache, read_only_causes, yes, LoadTotals};
+use crate::data::Tier;
+use crate::mount::Mount;
+use crate::page::PageTier;
+use dhrd_pagecache::resident::ResidentStats;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+/// The text `dhrd status` prints.
+pub fn status_text(sh: &Mount, mountpoint: &Path, backing: &Path) -> String {
+    let mut s = String::new();
+    let l = load_totals(sh);
+    let _ = writeln!(
+        s,
+        "mount:           {} (backing {})",
+        mountpoint.display(),
+        backing.display()
+    );
+    let _ = writeln!(s, "durability:      {}", sh.cfg().durability);
+    render_path(&mut s, sh);
+    match sh.tier_if_set() {
+        Some(Tier::Page(t)) => render_page(&mut s, sh, t, &l),
+        _ => render_engine(&mut s, sh, &l),
+    }
+    render_walk_and_sync(&mut s, sh);
+    render_read_only(&mut s, sh);
+    sh.stats().render(&mut s);
+    s
+}
+
+/// The data path, why it is not the default, and what INIT negotiated.
+fn render_path(s: &mut String, sh: &Mount) {
+    let path_line = match sh.tier_if_set() {
+        Some(Tier::Page(t)) => {
+            let ps = t.stats();
+            format!(
+                "page cache of the backing files, served by the kernel (passthrough); sync flags set {}, cleared {}, refused {}",
+                ps.sync_flags_set.load(Ordering::Relaxed),
+                ps.sync_flags_cleared.load(Ordering::Relaxed),
+                ps.sync_flag_failures.load(Ordering::Relaxed),
+            )
+        }
+        Some(Tier::Engine(t)) => format!("engine RAM copy per file, read path {}", t.path()),
+        None => "not chosen yet".to_string(),
+    };
+    let _ = writeln!(s, "data path:       {path_line}");
+    if let Some(why) = sh.fallback().as_deref() {
+        let _ = writeln!(s, "fallback:        not on the page cache: {why}");
+    }
+    let _ = writeln!(
+        s,
+        "negotiated:      passthrough: {}, mmap on direct opens: {}, killpriv_v2: {}, atomic O_TRUNC: {}",
+        yes(sh.negotiated().passthrough),
+        yes(sh.negotiated().mmap_on_direct),
+        yes(sh.negotiated().killpriv_v2),
+        yes(sh.negotiated().atomic_o_trunc)
+    );
+}
+
+/// The walk's progress and the committer's rounds.
+fn render_walk_and_sync(s: &mut String, sh: &Mount) {
+    let pre = sh.preload();
+    let _ = writeln!(
+        s,
+        "tree walk:       {} ({} files, {} found)",
+        if pre.done.load(Ordering::Acquire) {
+            "done"
+        } else if sh.cfg().preload {
+            "running"
+        } else {
+            "off"
+        },
+        pre.files_seen.load(Ordering::Relaxed),
+        human(pre.bytes_seen.load(Ordering::Relaxed)),
+    );
+    let c = sh.committer().counts();
+    let _ = writeln!(
+        s,
+        "metadata sync:   {} changes made durable in {} rounds, {} fsync/syncfs calls ({})",
+        c.sets,
+        c.rounds,
+        c.syncs,
+        sh.committer().policy_name()
+    );
+}
+
+/// What takes no more writes, and why.
+fn render_read_only(s: &mut String, sh: &Mount) {
+    let failed = read_only_causes(sh);
+    if failed.is_empty() {
+        let _ = writeln!(s, "read-only:       no");
+    } else {
+        let _ = writeln!(
+            s,
+            "read-only:       {} file(s) after backing failures:",
+            failed.len()
+        );
+        for (f, c) in failed {
+            let _ = writeln!(s, "  {f}: {c}");
+        }
+    }
+}
+
+/// Warm-up, RAM and open files of the page cache path.
+fn render_page(s: &mut String, sh: &Mount, t: &PageTier, l: &LoadTotals) {
+    // Pinned bytes count whole pages, found bytes do not: capped at 100%.
+    let pct = (l.fraction() * 100.0).min(100.0);
+    let r = t.resident().stats();
+    let _ = writeln!(
+        s,
+        "warm-up:         {pct:.1}% in RAM ({} of {} found, {} of {} files), {}/s{}",
+        human(l.loaded),
+        human(l.total),
+        r.files_warmed,
+        r.files_seen,
+        human(r.rate_bytes_per_s() as u64),
+        match r.complete_after_s {
+            Some(t) if r.complete => format!(", complete after {t:.1} s"),
+            _ => String::new(),
+        }
+    );
+    render_ram(s, sh, &r);
+    if let Some(c) = open_files_cache(sh) {
+        let _ = writeln!(
+            s,
+            "open files:      {} inodes; page cache {}, dirty {}, under writeback {}",
+            t.open_inodes(),
+            human(c.cached_bytes()),
+            human(c.dirty_pages * dhrd_io::PAGE_BYTES),
+            human(c.writeback_pages * dhrd_io::PAGE_BYTES)
+        );
+    }
+}
+
+/// Load and RAM of the engine path.
+fn render_engine(s: &mut String, sh: &Mount, l: &LoadTotals) {
+    // Pinned bytes count whole pages, found bytes do not: capped at 100%.
+    let pct = (l.fraction() * 100.0).min(100.0);
+    let n = match sh.tier_if_set() {
+        Some(Tier::Engine(t)) => t.objects().len(),
+        _ => 0,
+    };
+    let _ = writeln!(
+        s,
+        "load:            {pct:.1}% of cached files in RAM ({} of {}, {n} objects){}",
+        human(l.loaded),
+        human(l.total),
+        if l.complete { ", complete" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "RAM:             {} in RAM of a {} budget; {} over the budget, served from the backing",
+        human(sh.budget().used_bytes()),
+        human(sh.budget().limit_bytes()),
+        human(l.over_budget)
+    );
+}
+
+fn render_ram(s: &mut String, sh: &Mount, r: &ResidentStats) {
+    let _ = writeln!(
+        s,
+        "RAM:             pinned {} in {} files of a {} budget; warm but not pinned {} in {} files{}; over the budget {} (served from the device)",
+        human(r.bytes_pinned),
+        r.files_pinned,
+        human(sh.budget().limit_bytes()),
+        human(r.bytes_unpinned),
+        r.files_unpinned,
+        match &r.pin_error {
+            Some(e) => format!(" ({e})"),
+            None if !sh.cfg().pin => " (pinning off)".to_string(),
+            None => String::new(),
+        },
+        human(r.bytes_over_budget)
+    );
+    if let Some((from, to)) = r.map_count.raised {
+        let _ = writeln!(
+            s,
+            "                 vm.max_map_count raised from {from} to {to} (a mapping per pinned file)"
+        );
+    }
+    if let Some(why) = &r.map_count.refused {
+        let _ = writeln!(s, "                 pins limited to {}: {why}", r.pins_max);
+    }
+}
