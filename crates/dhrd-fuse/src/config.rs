@@ -135,7 +135,7 @@ impl fmt::Display for ReaddirPlus {
     }
 }
 
-/// Options of the file system (the mount options live in `daemon.rs`).
+/// Options of the file system (the mount options live in `adapter/session.rs`).
 #[derive(Debug, Clone)]
 pub struct FsConfig {
     pub durability: Durability,
@@ -159,7 +159,7 @@ pub struct FsConfig {
     /// limit at start).
     pub dir_fds_max: usize,
     /// Page cache path: registrations kept after their last close
-    /// (`page_tier::LINGER_MAX`; lowered to fit the descriptor limit at start).
+    /// (`page::LINGER_MAX`; lowered to fit the descriptor limit at start).
     pub linger_max: usize,
 }
 

@@ -18,7 +18,7 @@
 //! places already; the daemon still acts only on that inode, never through a link.
 //!
 //! Crash semantics: this module only performs single system calls; the callers decide when
-//! to `fsync` what (see `fs.rs`).
+//! to `fsync` what (see `durable`).
 
 use crate::error::{FsError, Result};
 use rustix::fs::{Mode, OFlags, ResolveFlags};

@@ -144,7 +144,7 @@ impl Files {
     }
 
     /// COPY_FILE_RANGE inside the mount, done by the daemon in steps so that every
-    /// durability mode keeps its meaning (see `page_tier::PageTier::copy` and
+    /// durability mode keeps its meaning (see `PageTier::copy` and
     /// `EngineTier::copy`). The kernel has already refused overlapping ranges of one file
     /// and copies between mounts.
     #[allow(clippy::too_many_arguments)] // mirrors the FUSE copy_file_range request

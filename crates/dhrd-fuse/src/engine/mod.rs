@@ -51,7 +51,7 @@ impl EngineTier {
             ..Default::default()
         })?;
         // periodic:N: the engine would start one flusher thread per object; with thousands
-        // of files the daemon runs a single flusher over all objects instead (daemon.rs)
+        // of files the daemon runs a single flusher over all objects instead (daemon/threads.rs)
         // and the objects themselves use `fsync` semantics.
         let object_durability = match cfg.durability {
             Durability::Periodic(_) => Durability::Fsync,

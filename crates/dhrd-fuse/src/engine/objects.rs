@@ -1,7 +1,7 @@
 //! The engine data path's cache of hybrid objects, one per regular file whose data is
 //! (being) held in the engine's RAM tier (a memfd per file). Used when the mount runs on
 //! the engine (`--read-path engine-*`, or a kernel or backing file system that cannot pass
-//! files through, see `page_tier.rs`).
+//! files through, see `page`).
 //!
 //! Invariants:
 //! - At most one `HybridObject` exists per backing inode (the map is keyed by the backing

@@ -462,7 +462,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
 
     /// Runs `f` with the callers holding writable passthrough opens of inode `key` (none
     /// if it has no registration), under the table's lock: no open can be passed through
-    /// for writing meanwhile. For a chmod that adds a set-id bit (data.rs).
+    /// for writing meanwhile. For a chmod that adds a set-id bit (`Files::chmod_file`).
     pub fn with_passthrough_writers<R>(&self, key: u64, f: impl FnOnce(&[Caller]) -> R) -> R {
         let regs = self.regs.lock();
         let writers = regs
