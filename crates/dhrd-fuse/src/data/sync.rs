@@ -1,5 +1,6 @@
-//! Syncs and size changes of files: FSYNC, the size part of SETATTR (truncate, and
-//! open with O_TRUNC), and the flushes of every file (period, unmount).
+//! Syncs and size changes of files: FSYNC (the file, and the directory entries that name
+//! it), the size part of SETATTR (truncate, and open with O_TRUNC), and the flushes of
+//! every file (period, unmount).
 //!
 //! Invariants: a sync of a page cache path file that failed once never reports success
 //! again (C4, failures.rs); a new size is durable before the reply in `sync` mode and
@@ -23,7 +24,8 @@ impl Files {
     /// passthrough and shared mappings never pass the daemon, and a previous daemon
     /// instance may have left dirty pages in the cache. In `sync` mode the sync joins
     /// `set` (the committer syncs it with concurrent requests', off the worker threads);
-    /// otherwise it runs here, with a syncfs for the metadata.
+    /// otherwise it runs here, and then the directory entries that name the file
+    /// (`SyncPolicy::sync_names`), not a syncfs of the whole backing.
     pub fn fsync(&self, set: &mut SyncSet, fh: Fh, datasync: bool) -> Result<()> {
         let (key, h, _) = self.handles.get(fh)?;
         let t = Instant::now();
@@ -69,13 +71,19 @@ impl Files {
                     return Err(e);
                 }
             }
-            HandleData::Engine { obj, .. } => obj.flush()?,
+            HandleData::Engine { obj, .. } => {
+                // The object's writes and size (fdatasync); fsync also wants the inode's
+                // other attributes (a chmod, times), which only the backing file holds.
+                obj.flush()?;
+                if !datasync && !self.sync.sync_mode() {
+                    sys::fsync(obj.backing().file().as_fd())
+                        .map_err(|e| FsError::io("fsync of the backing file", e))?;
+                }
+            }
         }
-        if !self.sync.sync_mode() {
-            // Attribute changes of this file and the entry that names it.
-            self.sync.changed();
-            self.sync.sync_metadata()?;
-        }
+        // The directory entries that name the file, if they changed since their last
+        // sync (fsync and periodic modes; in `sync` mode they are durable already).
+        self.sync.sync_names(&[key])?;
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.stats.fsync_latency.record(t.elapsed());
         Ok(())

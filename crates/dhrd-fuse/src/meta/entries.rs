@@ -21,7 +21,7 @@
 
 use super::Namespace;
 use crate::durable::commit::SyncSet;
-use crate::durable::NewInode;
+use crate::durable::{DirRef, NewInode};
 use crate::error::{FsError, Result};
 use crate::kernel::{Attr, Ino};
 use crate::killpriv::Caller;
@@ -30,8 +30,17 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 impl Namespace {
+    /// Directory node `ino`, open as `fd`, as the durability policy takes it.
+    fn dir_ref<'a>(&self, ino: Ino, fd: &'a Arc<OwnedFd>) -> DirRef<'a> {
+        DirRef {
+            ino: self.dir.backing_ino(ino.0),
+            fd,
+        }
+    }
+
     #[allow(clippy::too_many_arguments)] // mirrors the FUSE request
     pub fn mknod(
         &self,
@@ -56,7 +65,8 @@ impl Namespace {
                 )?;
                 self.chown_new(caller, &pfd, Some(&fd), name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
-                self.sync.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
+                let dir = self.dir_ref(parent, &pfd);
+                self.sync.entry_durable(set, dir, name, NewInode::Fd(&fd))?;
             }
             libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK => {
                 // Device nodes: the kernel lets only callers with CAP_MKNOD (in the initial
@@ -73,7 +83,8 @@ impl Namespace {
                 rustix::fs::mknodat(&pfd, name, ft, perm, dev)?;
                 self.chown_new(caller, &pfd, None, name, None)?;
                 self.restore_setid_bits(&pfd, name, perm)?;
-                self.sync.entry_durable(set, &pfd, NewInode::NoFd)?;
+                let dir = self.dir_ref(parent, &pfd);
+                self.sync.entry_durable(set, dir, name, NewInode::NoFd)?;
             }
             _ => return Err(FsError::Errno(libc::EINVAL)),
         }
@@ -99,7 +110,8 @@ impl Namespace {
             Mode::empty(),
         )?;
         self.chown_new(caller, &pfd, Some(&fd), name, None)?;
-        self.sync.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
+        let dir = self.dir_ref(parent, &pfd);
+        self.sync.entry_durable(set, dir, name, NewInode::Fd(&fd))?;
         self.lookup_in(parent, &pfd, name)
     }
 
@@ -115,8 +127,9 @@ impl Namespace {
         // The sync joins the set before the change: nothing may fail between the change
         // and the node table's update (a failure after it would report an unlink that
         // happened as failed, and leave the table naming the old entry).
-        self.sync.meta_durable(set, &[&pfd])?;
+        self.sync.before_entries_change(set, &[&pfd])?;
         rustix::fs::unlinkat(&pfd, name, flags)?;
+        self.sync.unlinked(self.dir_ref(parent, &pfd));
         let ino = Ino(self.dir.fuse_ino(st.st_ino));
         // A directory has one link that counts; anything else is gone with its last.
         let last = dir || st.st_nlink <= 1;
@@ -144,7 +157,8 @@ impl Namespace {
         let pfd = self.dir_fd(parent)?;
         rustix::fs::symlinkat(target, &pfd, name)?;
         self.chown_new(caller, &pfd, None, name, None)?;
-        self.sync.entry_durable(set, &pfd, NewInode::NoFd)?;
+        let dir = self.dir_ref(parent, &pfd);
+        self.sync.entry_durable(set, dir, name, NewInode::NoFd)?;
         self.lookup_in(parent, &pfd, name)
     }
 
@@ -171,15 +185,19 @@ impl Namespace {
         let rflags = rustix::fs::RenameFlags::from_bits_retain(flags);
         // Before the change, as for unlink.
         match &npfd {
-            Some(n) => self.sync.meta_durable(set, &[n, &pfd])?,
-            None => self.sync.meta_durable(set, &[&pfd])?,
+            Some(n) => self.sync.before_entries_change(set, &[n, &pfd])?,
+            None => self.sync.before_entries_change(set, &[&pfd])?,
         }
         rustix::fs::renameat_with(&pfd, name, nfd, newname, rflags)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let dirs = (self.dir_ref(parent, &pfd), self.dir_ref(newparent, nfd));
+        let back = replaced.as_ref().filter(|_| exchange).map(|r| (name, r));
+        self.sync.renamed(dirs, newname, &moved, back);
         let moved_ino = Ino(self.dir.fuse_ino(moved.st_ino));
         let mut nodes = self.nodes.lock();
         if let Some(r) = replaced {
             let r_ino = Ino(self.dir.fuse_ino(r.st_ino));
-            if flags & libc::RENAME_EXCHANGE != 0 {
+            if exchange {
                 nodes.renamed(r_ino, newparent, newname, parent, name);
             } else if r_ino != moved_ino {
                 nodes.unlinked(r_ino, newparent, newname);
@@ -212,7 +230,8 @@ impl Namespace {
         let (fd, _) = self.node_fd(ino, OFlags::PATH)?;
         rustix::fs::linkat(&fd, "", &npfd, newname, AtFlags::EMPTY_PATH)?;
         // The link count lives in the inode, which may be of any type.
-        self.sync.entry_durable(set, &npfd, NewInode::NoFd)?;
+        let dir = self.dir_ref(newparent, &npfd);
+        self.sync.entry_durable(set, dir, newname, NewInode::NoFd)?;
         self.lookup_in(newparent, &npfd, newname)
     }
 
@@ -261,7 +280,8 @@ impl Namespace {
                     st = sys::fstat(fd.as_fd())?;
                 }
             }
-            self.sync.entry_durable(set, &pfd, NewInode::Fd(&fd))?;
+            let dir = self.dir_ref(parent, &pfd);
+            self.sync.entry_durable(set, dir, name, NewInode::Fd(&fd))?;
             // The entry from the descriptor's status: the name cannot lead elsewhere while
             // the kernel holds the parent's lock for this create.
             let attr = self.attr(&st);

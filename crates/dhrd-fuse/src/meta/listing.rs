@@ -4,8 +4,9 @@
 //! in the reply (the kernel takes one reference per entry it receives), and never for
 //! ".", ".." or entries on another file system (node 0, which the kernel does not link).
 //!
-//! Crash semantics: FSYNCDIR makes the directory's entries durable (in `sync` mode they
-//! are already); the rest only reads.
+//! Crash semantics: FSYNCDIR makes the directory's entries durable, and the names of the
+//! directories above it that are new too (in `sync` mode they are already); the rest
+//! only reads.
 
 use super::dir_handles::Unread;
 use super::Namespace;
@@ -179,13 +180,14 @@ impl Namespace {
     /// FSYNCDIR: the directory's entries durable; in `sync` mode they are at every
     /// change already, and the directory joins `set` like any change.
     pub fn fsync_dir(&self, set: &mut SyncSet, ino: Ino) -> Result<()> {
-        let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let (fd, st) = self.node_fd(ino, OFlags::RDONLY | OFlags::DIRECTORY)?;
         if self.sync.sync_mode() {
             set.fsync(&[&fd])
         } else {
+            // The directory itself (changes a previous daemon made are not recorded),
+            // then its recorded entries and the new directories above it.
             sys::fsync(fd.as_fd()).map_err(FsError::from)?;
-            self.sync.changed();
-            self.sync.sync_metadata()
+            self.sync.sync_names(&[st.st_ino])
         }
     }
 

@@ -11,6 +11,7 @@
 
 use super::Namespace;
 use crate::durable::commit::SyncSet;
+use crate::durable::DirRef;
 use crate::error::{FsError, Result};
 use crate::kernel::{Attr, FileKind, Ino, SetAttr, SetTime};
 use crate::killpriv::{Caller, Fsetid};
@@ -139,8 +140,12 @@ impl Namespace {
             };
             rustix::fs::utimensat(&pfd, &name, &ts, AtFlags::SYMLINK_NOFOLLOW)?;
         }
-        // The inode of a symlink cannot be fsync'ed by descriptor; syncfs covers it.
-        self.sync.meta_durable_fs(set, &pfd)
+        // The inode of a symlink cannot be fsync'ed by descriptor (see `node_changed`).
+        let dir = DirRef {
+            ino: self.dir.backing_ino(parent.0),
+            fd: &pfd,
+        };
+        self.sync.node_changed(set, dir, &name, st.st_ino)
     }
 
     /// READLINK.

@@ -80,7 +80,12 @@ impl Mount {
         let budget = RamBudget::new(cfg.mem_bytes);
         let stats = Arc::new(FsStats::default());
         let sync_mode = cfg.durability == Durability::Sync;
-        let sync = Arc::new(SyncPolicy::new(sync_mode, dir.clone(), stats.clone())?);
+        let sync = Arc::new(SyncPolicy::new(
+            sync_mode,
+            dir.clone(),
+            stats.clone(),
+            cfg.dir_fds_max,
+        )?);
         // The page cache path needs the flag only to make writes durable (`sync` mode).
         let sync_flag_probe = if sync_mode {
             dhrd_pagecache::probe_sync_flag(dir.root_fd()).map_err(|e| {
@@ -213,6 +218,11 @@ impl Mount {
 
     pub fn committer(&self) -> &Committer {
         self.sync.committer()
+    }
+
+    /// Directories and entries whose changes are not durable yet (non-sync modes).
+    pub fn unsynced(&self) -> (usize, usize) {
+        self.sync.unsynced()
     }
 
     /// What INIT agreed on (all false before it).

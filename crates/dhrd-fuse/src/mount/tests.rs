@@ -296,3 +296,37 @@ fn readdirplus_counts_only_the_entries_the_reply_took() {
     }
     m.releasedir(fh);
 }
+
+/// In `fsync` mode an fsync makes durable the directory entries that name its file, and
+/// those naming the directories above it, and leaves every other change recorded for its
+/// own fsync (instead of a syncfs of the whole backing).
+#[test]
+fn an_fsync_syncs_the_names_of_its_file_and_leaves_the_others() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let m = mount_with(d.path(), Durability::Fsync, ReadPath::PageCache);
+    let a = reply(m.mkdir(&CALLER, ROOT, OsStr::new("a"), 0o755, 0)).expect("mkdir a");
+    let b = reply(m.mkdir(&CALLER, ROOT, OsStr::new("b"), 0o755, 0)).expect("mkdir b");
+    let flags = libc::O_RDWR | libc::O_CREAT;
+    let create = |dir: Ino, name: &str| {
+        let r = m.create(&CALLER, dir, OsStr::new(name), 0o644, 0, flags, &register);
+        reply(r).expect("create").1
+    };
+    let f = create(Ino(a.attr.ino), "f");
+    let g = create(Ino(b.attr.ino), "g");
+    assert_eq!(
+        m.unsynced(),
+        (3, 4),
+        "the root, a and b, naming a, b, f and g"
+    );
+    reply(m.fsync(f, false)).expect("fsync f");
+    assert_eq!(m.unsynced(), (1, 1), "b and its entry g are left");
+    reply(m.fsync(g, true)).expect("fdatasync g");
+    assert_eq!(m.unsynced(), (0, 0));
+    for fh in [f, g] {
+        m.release(fh);
+    }
+    reply(m.unlink(Ino(b.attr.ino), OsStr::new("g"), false)).expect("unlink");
+    assert_eq!(m.unsynced(), (1, 0), "b lost an entry");
+    reply(m.fsyncdir(Ino(b.attr.ino))).expect("fsyncdir");
+    assert_eq!(m.unsynced(), (0, 0));
+}

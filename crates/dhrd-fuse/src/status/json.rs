@@ -101,6 +101,8 @@ fn common(sh: &Mount, mountpoint: &Path, backing: &Path) -> Value {
             "rounds": commits.rounds,
             "syncs": commits.syncs,
             "policy": sh.committer().policy_name(),
+            "unsynced_directories": sh.unsynced().0,
+            "unsynced_entries": sh.unsynced().1,
         },
     })
 }

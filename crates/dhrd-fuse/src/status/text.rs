@@ -87,6 +87,13 @@ fn render_walk_and_sync(s: &mut String, sh: &Mount) {
         c.syncs,
         sh.committer().policy_name()
     );
+    if sh.cfg().durability != dhrd_engine::Durability::Sync {
+        let (dirs, entries) = sh.unsynced();
+        let _ = writeln!(
+            s,
+            "names to sync:   {dirs} directories with changes not yet durable ({entries} new entries)"
+        );
+    }
 }
 
 /// What takes no more writes, and why.
