@@ -269,9 +269,9 @@ fn survivors(backing: &Path, how: How, direct: bool) -> usize {
 /// The cases of one read path, in groups that each get a mount of their own: every way,
 /// through plain and O_DIRECT opens (mmap, copy_file_range and fallocate through plain
 /// opens only: O_DIRECT changes nothing there that the daemon sees). An fsync in the
-/// fsync modes ends with a syncfs of the backing (for the metadata), which would cover
-/// every other case's writes too: each such case is a group of its own, so that none can
-/// hide another's loss.
+/// fsync modes syncs its file and the names of it; where a name needs a syncfs of the
+/// backing (a fallback, docs/crash-model.md) it would cover every other case's writes
+/// too: each such case is a group of its own, so that none can hide another's loss.
 fn groups(read_path: &str) -> Vec<Vec<(How, bool)>> {
     let mut alone = Vec::new();
     let mut rest = Vec::new();
@@ -531,4 +531,130 @@ fn create_like_then_cut(mode: &str) -> Vec<String> {
             }),
     );
     lost
+}
+
+/// What `fsync` mode promises for names (docs/crash-model.md): an fsync'd file survives
+/// with its name, and with the names of the new directories above it; an fsync'd
+/// directory keeps its entries (symlinks and FIFOs too); a renamed file fsync'd after the
+/// rename is found under its new name only (the directory it left is synced too); a hard link fsync'd through the new name
+/// keeps both names. The fsyncs sync only what names the file, not the backing file
+/// system: on the journal-less backing a file created alongside and never synced is lost
+/// (on a journalled one the journal commit of the fsync may carry it, which is allowed).
+fn names_survive_a_power_cut(journal: bool, read_path: &str) -> Vec<String> {
+    let s = Scratch::new(&format!(
+        "cut-names-{}-{read_path}",
+        if journal { "j" } else { "nj" }
+    ));
+    let disk = if journal {
+        LoopFs::new(&s)
+    } else {
+        LoopFs::journal_less(&s)
+    };
+    let backing = disk.mnt.join("backing");
+    for d in ["from", "moved", "links", "elsewhere"] {
+        fs::create_dir_all(backing.join(d)).expect("dir");
+    }
+    fs::write(backing.join("orig"), b"orig").expect("orig");
+    fs::write(backing.join("from/old"), b"old").expect("old");
+    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
+    assert!(ok, "sync: {out}");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(
+        &backing,
+        &mnt,
+        &["--quiet", "--durability", "fsync", "--read-path", read_path],
+    );
+    let write_synced = |rel: &str| {
+        let mut f = File::create(m.path(rel)).unwrap_or_else(|e| panic!("create {rel}: {e}"));
+        std::io::Write::write_all(&mut f, rel.as_bytes()).expect("write");
+        f.sync_all().unwrap_or_else(|e| panic!("fsync {rel}: {e}"));
+    };
+    let fsync_dir = |rel: &str| {
+        File::open(m.path(rel))
+            .and_then(|d| d.sync_all())
+            .unwrap_or_else(|e| panic!("fsyncdir {rel}: {e}"));
+    };
+    // Symlinks and FIFOs cannot be opened for fsync: on a backing without a journal their
+    // directory's sync is a syncfs (the fallback), so they come first.
+    std::os::unix::fs::symlink("target", m.path("links/symlink")).expect("symlink");
+    let fifo = std::ffi::CString::new(m.path("links/fifo").into_os_string().into_encoded_bytes())
+        .expect("path");
+    // SAFETY: mkfifo of a path the test owns.
+    check_io(
+        unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) } as isize,
+        "mkfifo",
+    );
+    fsync_dir("links");
+    // Never synced: made before the fsyncs below, which would cover it if they synced the
+    // whole backing.
+    fs::write(m.path("elsewhere/bystander"), b"bystander").expect("bystander");
+    write_synced("new");
+    fs::create_dir(m.path("dir")).expect("mkdir");
+    write_synced("dir/inner");
+    fsync_dir(".");
+    fs::create_dir_all(m.path("nested/deeper")).expect("mkdir -p");
+    write_synced("nested/deeper/file");
+    // An old file moved between two old directories: ext4 itself writes the directory
+    // that gets the new entry at the file's fsync (the inode is marked as newly named),
+    // but not the one that loses the old entry.
+    fs::rename(m.path("from/old"), m.path("moved/renamed")).expect("rename");
+    File::open(m.path("moved/renamed"))
+        .and_then(|f| f.sync_all())
+        .expect("fsync after rename");
+    fs::hard_link(m.path("orig"), m.path("hard")).expect("link");
+    File::open(m.path("hard"))
+        .and_then(|f| f.sync_all())
+        .expect("fsync of the new link");
+    disk.cut();
+    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
+    drop(m);
+    disk.remount();
+    let mut lost = Vec::new();
+    let content = |rel: &str| fs::read(backing.join(rel)).ok();
+    for rel in ["new", "dir/inner", "nested/deeper/file"] {
+        if content(rel).as_deref() != Some(rel.as_bytes()) {
+            lost.push(format!("{rel}: {:?}", content(rel)));
+        }
+    }
+    if content("moved/renamed").as_deref() != Some(b"old".as_slice()) {
+        lost.push(format!("moved/renamed: {:?}", content("moved/renamed")));
+    }
+    if backing.join("from/old").exists() {
+        lost.push("from/old: still there after its rename was fsync'd".into());
+    }
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if fs::read_link(backing.join("links/symlink")).ok() != Some("target".into()) {
+        lost.push("links/symlink".into());
+    }
+    if !fs::symlink_metadata(backing.join("links/fifo")).is_ok_and(|m| m.file_type().is_fifo()) {
+        lost.push("links/fifo".into());
+    }
+    let nlink = fs::metadata(backing.join("hard")).map(|m| m.nlink()).ok();
+    if content("hard").as_deref() != Some(b"orig".as_slice()) || nlink != Some(2) {
+        lost.push(format!("hard: {:?}, {nlink:?} links", content("hard")));
+    }
+    let kind = if journal {
+        "journalled"
+    } else {
+        "journal-less"
+    };
+    let bystander = backing.join("elsewhere/bystander").exists();
+    eprintln!("{kind} {read_path}: the never-synced bystander survived: {bystander}");
+    if !journal && bystander {
+        lost.push("elsewhere/bystander survived: an fsync synced the whole backing".into());
+    }
+    lost.into_iter()
+        .map(|l| format!("{kind} {read_path}: {l}"))
+        .collect()
+}
+
+#[test]
+fn fsynced_names_survive_a_power_cut_in_fsync_mode() {
+    let mut failures = Vec::new();
+    for journal in [true, false] {
+        for read_path in ["pagecache", "engine-direct"] {
+            failures.extend(names_survive_a_power_cut(journal, read_path));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
