@@ -13,6 +13,7 @@ use crate::error::{FsError, Result};
 use crate::kernel::{Fh, WriteSync};
 use crate::killpriv::{Caller, Fsetid};
 use crate::sys;
+use dhrd_io::Durable as _;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
@@ -76,8 +77,14 @@ impl Files {
                 // other attributes (a chmod, times), which only the backing file holds.
                 obj.flush()?;
                 if !datasync && !self.sync.sync_mode() {
-                    sys::fsync(obj.backing().file().as_fd())
-                        .map_err(|e| FsError::io("fsync of the backing file", e))?;
+                    if let Err(e) = sys::fsync(obj.backing().file().as_fd()) {
+                        // Reported once per open file description: like the syncfs this
+                        // replaces, a failure fails every later sync of the mount (C4).
+                        let e = FsError::io("fsync of the backing file", e);
+                        let what = format!("fsync of {}: {e}", obj.backing().describe());
+                        self.sync.failures().fs_failed(self.dir.dev(), what);
+                        return Err(e);
+                    }
                 }
             }
         }

@@ -42,6 +42,10 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+/// Directories with changes not yet durable recorded at least, however low the
+/// descriptor limit (`SyncPolicy::new`); past the bound an fsync is a syncfs.
+pub const UNSYNCED_DIRS_MIN: usize = 16;
+
 /// Progress of the background walk that finds and preloads files.
 #[derive(Default)]
 pub struct PreloadState {
@@ -80,11 +84,14 @@ impl Mount {
         let budget = RamBudget::new(cfg.mem_bytes);
         let stats = Arc::new(FsStats::default());
         let sync_mode = cfg.durability == Durability::Sync;
+        // Directories with changes not yet durable hold a descriptor each, shared with the
+        // node table's while it keeps the directory: a quarter of its bound besides.
+        let unsynced_dirs_max = (cfg.dir_fds_max / 4).max(UNSYNCED_DIRS_MIN);
         let sync = Arc::new(SyncPolicy::new(
             sync_mode,
             dir.clone(),
             stats.clone(),
-            cfg.dir_fds_max,
+            unsynced_dirs_max,
         )?);
         // The page cache path needs the flag only to make writes durable (`sync` mode).
         let sync_flag_probe = if sync_mode {
