@@ -80,13 +80,17 @@ impl SyncPolicy {
     ) -> Result<Self> {
         let committer = Committer::start(RoundSync::for_fs(dir.root_fd()))
             .map_err(|e| FsError::Setup(format!("starting the metadata committer: {e}")))?;
+        let unsynced = Unsynced::new(dirs_max);
+        // What a previous daemon changed (killed before its unmount's syncfs) is in no
+        // record: the first sync of names after the mount is a syncfs, once.
+        unsynced.lost();
         Ok(Self {
             sync_mode,
             journal: sys::journal(dir.root_fd()),
             dir,
             committer,
             meta_dirty: AtomicBool::new(false),
-            unsynced: Unsynced::new(dirs_max),
+            unsynced,
             stats,
         })
     }
