@@ -143,6 +143,18 @@ NBDKIT="nbds+unix:///?socket=$WORK/nbdkit.sock"
 HOME=$WORK/home nbdcopy "$WORK/data.img" "$NBDKIT"
 fio_run "nbdkit memory tls" "$NBDKIT" read 1m 4
 
+# The same 4 KiB comparison on nbdkit (--tls=on serves both kinds of client): what TLS
+# costs a C server with the same client on the same cores, the reference for 1.
+nbdkit --foreground --unix "$WORK/nbdkit-on.sock" --tls=on --tls-certificates "$PKI" \
+  memory "$SIZE" >"$WORK/nbdkit-on.log" 2>&1 &
+PIDS+=($!)
+wait_sock "$WORK/nbdkit-on.sock"
+HOME=$WORK/home nbdcopy "$WORK/data.img" "nbd+unix:///?socket=$WORK/nbdkit-on.sock"
+for qd in 1 8; do
+  fio_run "nbdkit memory plain" "nbd+unix:///?socket=$WORK/nbdkit-on.sock" randread 4k "$qd"
+  fio_run "nbdkit memory tls" "nbds+unix:///?socket=$WORK/nbdkit-on.sock" randread 4k "$qd"
+done
+
 # 3: a sparse export, DATA_PERCENT% data in 1 MiB pieces spread evenly, the rest holes.
 python3 - "$WORK/sparse.img" "$(numfmt --from=iec "$SPARSE_SIZE")" "$DATA_PERCENT" <<'PY'
 import os, sys
@@ -199,6 +211,9 @@ for qd in (1, 8):
     t, p = find("dhrd tls", "randread", qd), find("dhrd plain", "randread", qd)
     if t and p and p["iops"]:
         ratios[f"randread_4k_qd{qd}_tls_vs_plain"] = round(t["iops"] / p["iops"], 3)
+    t, p = find("nbdkit memory tls", "randread", qd), find("nbdkit memory plain", "randread", qd)
+    if t and p and p["iops"]:
+        ratios[f"nbdkit_randread_4k_qd{qd}_tls_vs_plain"] = round(t["iops"] / p["iops"], 3)
 t, n = find("dhrd tls", "read", 4), find("nbdkit memory tls", "read", 4)
 if t and n and n["mib_s"]:
     ratios["seqread_1m_tls_vs_nbdkit_memory_tls"] = round(t["mib_s"] / n["mib_s"], 3)
@@ -210,6 +225,7 @@ for r in rows:
         lines.append(f"| {r['test']} | {r['rw']} {r['bs']} QD{r['qd']} | {r['iops']} | {r['mib_s']} | {r['lat_us_p99']} |")
 lines.append("")
 targets = {"randread_4k_qd1_tls_vs_plain": ">= 0.8", "randread_4k_qd8_tls_vs_plain": ">= 0.9",
+           "nbdkit_randread_4k_qd1_tls_vs_plain": "reference", "nbdkit_randread_4k_qd8_tls_vs_plain": "reference",
            "seqread_1m_tls_vs_nbdkit_memory_tls": ">= 1.0"}
 lines += ["| ratio | value | target |", "|---|---|---|"]
 lines += [f"| {k} | {v} | {targets.get(k, '')} |" for k, v in ratios.items()]

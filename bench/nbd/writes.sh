@@ -55,7 +55,7 @@ trap cleanup EXIT
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "git: $(git -C "$ROOT" rev-parse --short HEAD) dirty: $([ -z "$(git -C "$ROOT" status --porcelain -- crates bench)" ] && echo no || echo yes)"
+  echo "git: $(git -C "$ROOT" rev-parse --short HEAD) dirty: $([ -z "$(git -C "$ROOT" status --porcelain -- crates bench ':!bench/results')" ] && echo no || echo yes)"
   echo "kernel: $(uname -srm)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x $(nproc)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -103,6 +103,21 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
+# The protocol's own cost with the same client: nbdkit's memory plugin (no device, no
+# sync) at each depth. At QD 1 a request costs the device's latency plus this round trip,
+# so raw_lat / (raw_lat + floor_lat) bounds any NBD server's ratio on this machine.
+if command -v nbdkit >/dev/null; then
+  nbdkit --foreground --unix "$WORK/nbdkit.sock" memory "$SIZE" >/dev/null 2>&1 &
+  NBDKIT_PID=$!
+  for _ in $(seq 1 100); do [ -S "$WORK/nbdkit.sock" ] && break; sleep 0.1; done
+  for qd in 1 8 32; do
+    # shellcheck disable=SC2086 # FIO is a list of words
+    fio --name=w $FIO --ioengine=nbd --iodepth="$qd" \
+      --uri="nbd+unix:///?socket=$WORK/nbdkit.sock" --size="$SIZE" > "$OUT/floor-nbdkit-qd$qd.json"
+  done
+  kill "$NBDKIT_PID"; wait "$NBDKIT_PID" 2>/dev/null || true
+fi
+
 python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics as st, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -144,6 +159,24 @@ for x in rows:
     lines.append(f"| {x['what']} | {n} | {x['raw_iops_median']:.0f} | {x['raw_lat_us_median']:.0f} | "
                  f"{x['dhrd_iops_median']:.0f} | {x['dhrd_lat_us_median']:.0f} | {x['ratio_median']:.2f}x | "
                  f"{' '.join('%.2f' % r for r in x['ratio_per_round'])} | {x['target']} |")
+floor = {}
+for qd in (1, 8, 32):
+    f = os.path.join(out, f'floor-nbdkit-qd{qd}.json')
+    if os.path.exists(f):
+        floor[qd] = fio(f'floor-nbdkit-qd{qd}')
+if floor:
+    lines += ['', '| protocol floor: nbdkit memory, same client | QD | IOPS | lat us | bound on an NBD server at this QD |',
+              '|---|---|---|---|---|']
+    for x in rows:
+        qd = x.get('qd')
+        if qd in floor:
+            iops, lat = floor[qd]
+            bound = x['raw_lat_us_median'] / (x['raw_lat_us_median'] + lat) if qd == 1 else None
+            x['floor_nbdkit_memory'] = {'iops': iops, 'lat_us': lat, 'qd1_bound': bound}
+            lines.append(f"| nbdkit memory | {qd} | {iops:.0f} | {lat:.0f} | "
+                         f"{'%.2fx (raw lat / (raw lat + this))' % bound if bound else '-'} |")
+    json.dump({'rounds': rounds, 'rows': rows}, open(os.path.join(out, 'results.json'), 'w'),
+              indent=1)
 open(os.path.join(out, 'table.md'), 'w').write('\n'.join(lines) + '\n')
 print('\n'.join(lines))
 PY
