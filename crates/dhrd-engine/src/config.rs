@@ -1,8 +1,11 @@
-//! Options of an object and of the loader. Every bound is a named constant here.
+//! Options of an object. Every bound is a named constant here; the loader's own options
+//! and bounds are in `loader.rs` (re-exported here), which imports nothing from this file.
 
 use crate::ahead::{ReadAhead, WINDOW_MAX_CHUNKS_DEFAULT};
 use crate::cache::{Admission, CachePolicy};
+// The loader's own options live beside it; they are named here with the object's.
 use crate::loader::{LoadGate, Loader};
+pub use crate::loader::{LoaderConfig, LOADER_THREADS_DEFAULT, LOADER_THREADS_MAX};
 use dhrd_io::RamBudget;
 use std::fmt;
 use std::str::FromStr;
@@ -13,16 +16,6 @@ use std::time::Duration;
 /// `docs/design.md` (load rate flat from 1 MiB up, write blocking on a loading chunk grows
 /// with chunk size).
 pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
-/// Default number of loader threads (each has one bulk read outstanding). Four reads in
-/// flight loaded a cold 2 GiB file 1.4x to 1.6x faster than two on this project's test
-/// machine (2 vCPUs, virtio disk; interleaved runs, 1.7/2.2 s against 2.7/3.1 s, with
-/// `cp` into tmpfs at 2.9/2.5 s); the threads sleep at nice 10 once the load is done.
-pub const LOADER_THREADS_DEFAULT: usize = 4;
-pub const LOADER_THREADS_MAX: usize = 64;
-/// Retry back-off for chunks that failed to load (I9): base, doubling, capped.
-pub const LOAD_RETRY_BASE: Duration = Duration::from_millis(100);
-pub const LOAD_RETRY_MAX: Duration = Duration::from_secs(30);
-pub const LOAD_RETRY_ATTEMPTS_MAX: u32 = 10;
 /// Largest object the RAM tier can map (virtual address space is 128 TiB on x86-64).
 pub const OBJECT_BYTES_MAX: u64 = 1 << 46;
 /// Demand-priority queue bound per object (I10); more demands are dropped, the
@@ -103,29 +96,6 @@ pub struct RamOptions {
     /// (zeroing, and on a VM the host's) moves to the open. For measuring the load
     /// pipeline apart from fresh RAM; it costs the same time, earlier.
     pub prefault: bool,
-}
-
-/// Background loader options (I8, I9).
-#[derive(Debug, Clone)]
-pub struct LoaderConfig {
-    pub threads: usize,
-    /// Optional cap on the load rate.
-    pub rate_bytes_per_s: Option<u64>,
-    pub retry_base: Duration,
-    pub retry_max: Duration,
-    pub retry_attempts_max: u32,
-}
-
-impl Default for LoaderConfig {
-    fn default() -> Self {
-        Self {
-            threads: LOADER_THREADS_DEFAULT,
-            rate_bytes_per_s: None,
-            retry_base: LOAD_RETRY_BASE,
-            retry_max: LOAD_RETRY_MAX,
-            retry_attempts_max: LOAD_RETRY_ATTEMPTS_MAX,
-        }
-    }
 }
 
 /// Cache mode and read-ahead (SPEC M1-M3, M2, M5; `cache.rs`, `ahead.rs`).

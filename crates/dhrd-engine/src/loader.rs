@@ -13,13 +13,46 @@
 //!
 //! Crash semantics: the loader only reads the backing; a crash during a load loses nothing.
 
-use crate::config::LoaderConfig;
 use crate::units::ChunkIndex;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+/// Default number of loader threads (each has one bulk read outstanding). Four reads in
+/// flight loaded a cold 2 GiB file 1.4x to 1.6x faster than two on this project's test
+/// machine (2 vCPUs, virtio disk; interleaved runs, 1.7/2.2 s against 2.7/3.1 s, with
+/// `cp` into tmpfs at 2.9/2.5 s); the threads sleep at nice 10 once the load is done.
+pub const LOADER_THREADS_DEFAULT: usize = 4;
+pub const LOADER_THREADS_MAX: usize = 64;
+/// Retry back-off for chunks that failed to load (I9): base, doubling, capped.
+pub const LOAD_RETRY_BASE: Duration = Duration::from_millis(100);
+pub const LOAD_RETRY_MAX: Duration = Duration::from_secs(30);
+pub const LOAD_RETRY_ATTEMPTS_MAX: u32 = 10;
+
+/// Background loader options (I8, I9).
+#[derive(Debug, Clone)]
+pub struct LoaderConfig {
+    pub threads: usize,
+    /// Optional cap on the load rate.
+    pub rate_bytes_per_s: Option<u64>,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub retry_attempts_max: u32,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        Self {
+            threads: LOADER_THREADS_DEFAULT,
+            rate_bytes_per_s: None,
+            retry_base: LOAD_RETRY_BASE,
+            retry_max: LOAD_RETRY_MAX,
+            retry_attempts_max: LOAD_RETRY_ATTEMPTS_MAX,
+        }
+    }
+}
 
 /// Why a chunk is being loaded: it decides whether the load may evict (cache mode) and
 /// how it is counted.
@@ -114,7 +147,7 @@ impl std::fmt::Debug for Loader {
 
 impl Loader {
     pub fn new(cfg: LoaderConfig) -> std::io::Result<Self> {
-        let threads = cfg.threads.clamp(1, crate::config::LOADER_THREADS_MAX);
+        let threads = cfg.threads.clamp(1, LOADER_THREADS_MAX);
         let shared = Arc::new(Shared {
             q: Mutex::new(Queue {
                 targets: VecDeque::new(),
