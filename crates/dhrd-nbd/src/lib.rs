@@ -39,6 +39,7 @@ pub mod server;
 mod socket;
 pub mod target;
 mod tls;
+mod wait;
 
 pub use engine::EngineTarget;
 pub use error::NbdError;

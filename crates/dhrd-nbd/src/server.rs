@@ -979,8 +979,9 @@ fn negotiate(
             ));
         }
         drop(writer);
-        match tls.accept(reader.into_inner(), deadline) {
+        match tls.accept(reader.into_inner().into_plain_fd()?, deadline) {
             Ok((s, about)) => {
+                let s = Stream::Tls(s);
                 shared.tls_sessions.fetch_add(1, Ordering::Relaxed);
                 if cfg.verbose {
                     eprintln!("dhrd nbd: TLS session: {about}");

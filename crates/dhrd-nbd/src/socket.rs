@@ -16,9 +16,10 @@
 //! Crash semantics: none; this only moves bytes between the socket and memory.
 
 use crate::tls::TlsStream;
+use crate::wait::poll_fd;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -28,46 +29,6 @@ pub(crate) enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
     Tls(TlsStream),
-}
-
-/// Waits until `events` are ready on `fd`, or `deadline` passes (TimedOut); with no
-/// deadline, as long as it takes.
-pub(crate) fn poll_fd(
-    fd: RawFd,
-    events: libc::c_short,
-    deadline: Option<Instant>,
-) -> io::Result<()> {
-    loop {
-        let ms = match deadline {
-            None => -1,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::ErrorKind::TimedOut.into());
-                }
-                libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000))
-                    .unwrap_or(libc::c_int::MAX)
-            }
-        };
-        let mut pfd = libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        match rc {
-            // Ready, or hung up / in error: the next call on the socket reports which.
-            1.. => return Ok(()),
-            0 => {}
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
 }
 
 /// A deadline `t` from now, as a TLS stream keeps it.
@@ -107,6 +68,19 @@ impl Stream {
             Stream::Unix(s) => s.as_raw_fd(),
             Stream::Tcp(s) => s.as_raw_fd(),
             Stream::Tls(s) => s.raw_fd(),
+        }
+    }
+
+    /// The plain socket, for a TLS handshake to take over; a TLS stream is refused (no
+    /// session runs over another).
+    pub(crate) fn into_plain_fd(self) -> io::Result<OwnedFd> {
+        match self {
+            Stream::Unix(s) => Ok(s.into()),
+            Stream::Tcp(s) => Ok(s.into()),
+            Stream::Tls(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "TLS is already running on this connection",
+            )),
         }
     }
 

@@ -27,7 +27,7 @@
 //!
 //! Crash semantics: none; this only moves bytes.
 
-use crate::socket::{poll_fd, Stream};
+use crate::wait::poll_fd;
 use crate::NbdError;
 use openssl::pkey::PKey;
 use openssl::ssl::{
@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -174,10 +174,10 @@ impl TlsServer {
     /// encrypted stream and a description of the session for the log.
     pub(crate) fn accept(
         &self,
-        plain: Stream,
+        plain: OwnedFd,
         deadline: Instant,
-    ) -> Result<(Stream, String), NbdError> {
-        let fd = plain.raw_fd();
+    ) -> Result<(TlsStream, String), NbdError> {
+        let fd = plain.as_raw_fd();
         let ssl = Ssl::new(&self.ctx).map_err(|e| tls_err("session", e))?;
         let s = match ssl.accept(Raw(plain)) {
             Ok(s) => s,
@@ -200,7 +200,7 @@ impl TlsServer {
             Err(e) => return Err(handshake_failed(e)),
         };
         let about = describe(s.ssl());
-        Ok((Stream::Tls(TlsStream::new(s, fd)), about))
+        Ok((TlsStream::new(s, fd), about))
     }
 }
 
@@ -304,14 +304,14 @@ fn warn_if_readable_by_others(path: &Path, what: &str) {
 
 /// The socket under a TLS session: non-blocking calls only (MSG_DONTWAIT), so OpenSSL
 /// never blocks while the session lock is held; `WouldBlock` makes it ask to be retried.
-struct Raw(Stream);
+struct Raw(OwnedFd);
 
 impl Read for Raw {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: recv into a buffer we own, on our open socket.
         let n = unsafe {
             libc::recv(
-                self.0.raw_fd(),
+                self.0.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 libc::MSG_DONTWAIT,
@@ -329,7 +329,7 @@ impl Write for Raw {
         // SAFETY: send from a buffer we borrow, on our open socket; no SIGPIPE.
         let n = unsafe {
             libc::send(
-                self.0.raw_fd(),
+                self.0.as_raw_fd(),
                 buf.as_ptr().cast(),
                 buf.len(),
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
