@@ -6,7 +6,7 @@
 //!
 //! Each case writes 4 KiB records into a file of its own with one of the ways applications
 //! ask for durability (O_DSYNC, O_SYNC, RWF_DSYNC, RWF_SYNC, fsync, fdatasync, syncfs,
-//! msync, and fallocate and copy_file_range under O_SYNC/O_DSYNC), through a plain open
+//! msync, and fallocate, ftruncate and copy_file_range under O_SYNC/O_DSYNC), through a plain open
 //! (passed through to the kernel on the page cache path) and through an O_DIRECT open
 //! (served by the daemon), on the page cache path and on the engine (direct and cached
 //! opens). Every write acknowledged under a durability contract (docs/crash-model.md) must
@@ -56,11 +56,14 @@ enum How {
     DsyncCopy,
     /// fallocate (growing the file) of a file opened O_SYNC.
     OsyncFallocate,
+    /// ftruncate (growing the file) of a file opened O_DSYNC: a SETATTR carrying the
+    /// handle, which ext4 itself would not sync; docs/crash-model.md promises it.
+    DsyncTruncate,
     /// Writes, no sync at all: the negative control.
     Plain,
 }
 
-const HOWS: [How; 11] = [
+const HOWS: [How; 12] = [
     How::Dsync,
     How::Osync,
     How::RwfDsync,
@@ -71,6 +74,7 @@ const HOWS: [How; 11] = [
     How::Msync,
     How::DsyncCopy,
     How::OsyncFallocate,
+    How::DsyncTruncate,
     How::Plain,
 ];
 
@@ -174,7 +178,7 @@ fn run_case(mnt: &Path, how: How, direct: bool) {
         custom |= libc::O_DIRECT;
     }
     match how {
-        How::Dsync | How::DsyncCopy => custom |= libc::O_DSYNC,
+        How::Dsync | How::DsyncCopy | How::DsyncTruncate => custom |= libc::O_DSYNC,
         How::Osync | How::OsyncFallocate => custom |= libc::O_SYNC,
         _ => {}
     }
@@ -226,6 +230,10 @@ fn run_case(mnt: &Path, how: How, direct: bool) {
             let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, (REC * RECS) as i64) };
             check_io(r as isize, "fallocate");
         }
+        How::DsyncTruncate => {
+            f.set_len((REC * RECS) as u64)
+                .expect("ftruncate through the O_DSYNC open");
+        }
         _ => {
             for i in 0..RECS {
                 buf.bytes().copy_from_slice(&record(&name, i));
@@ -251,14 +259,14 @@ fn run_case(mnt: &Path, how: How, direct: bool) {
     }
 }
 
-/// Records of a case found intact on the backing after the cut (for the fallocate case:
-/// RECS when the size survived, else 0).
+/// Records of a case found intact on the backing after the cut (for the fallocate and
+/// truncate cases: RECS when the size survived, else 0).
 fn survivors(backing: &Path, how: How, direct: bool) -> usize {
     let name = name_of(how, direct);
     let Ok(data) = fs::read(backing.join(&name)) else {
         return 0;
     };
-    if how == How::OsyncFallocate {
+    if matches!(how, How::OsyncFallocate | How::DsyncTruncate) {
         return if data.len() >= REC * RECS { RECS } else { 0 };
     }
     (0..RECS)
@@ -277,7 +285,12 @@ fn groups(read_path: &str) -> Vec<Vec<(How, bool)>> {
     let mut rest = Vec::new();
     for how in HOWS {
         for direct in [false, true] {
-            if direct && matches!(how, How::Msync | How::DsyncCopy | How::OsyncFallocate) {
+            if direct
+                && matches!(
+                    how,
+                    How::Msync | How::DsyncCopy | How::OsyncFallocate | How::DsyncTruncate
+                )
+            {
                 continue;
             }
             // msync of a passed-through mapping syncs the backing file itself; on the
