@@ -229,3 +229,35 @@ fn what_a_killed_daemon_left_is_undone_by_the_next_attach_or_a_detach() {
     assert!(!super_options(&disk.mnt).split(',').any(|o| o == "sync"));
     assert_eq!(record_of(&disk.mnt), None);
 }
+
+/// `dhrd detach DIR` returns only once the daemon holds nothing of the file system: a
+/// single `umount` right after it succeeds (no retry). The daemon is the test's child, so
+/// the test does not reap it first: a zombie holds no files, a live process would.
+#[test]
+fn the_file_system_is_free_when_detach_returns() {
+    let s = Scratch::new("attach-detach-umount");
+    let disk = LoopFs::new(&s);
+    let dir = disk.mnt.join("data");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("f"), vec![7u8; 1 << 20]).unwrap();
+    let mut a = Attach::start(&dir, &["--durability", "sync"]);
+    a.wait_warm();
+    let o = std::process::Command::new(attach_common::dhrd())
+        .arg("detach")
+        .arg(&dir)
+        .output()
+        .expect("detach");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (ok, out) = sh(&format!("umount {}", disk.mnt.display()));
+    let child = a.child.take();
+    if let Some(mut c) = child {
+        let _ = c.wait();
+    }
+    assert!(ok, "umount right after detach: {out}");
+    let (ok, out) = sh(&format!(
+        "mount -o loop {} {}",
+        disk.img.display(),
+        disk.mnt.display()
+    ));
+    assert!(ok, "mount again for the cleanup: {out}");
+}
