@@ -26,25 +26,6 @@ import lib
 from lib import BenchError, log, run
 
 
-def _timed(fn):
-    t = time.monotonic()
-    fn()
-    return time.monotonic() - t
-
-
-def _read_all(root):
-    n = 0
-    for d, _, files in os.walk(root):
-        for f in files:
-            with open(os.path.join(d, f), "rb") as fh:
-                while True:
-                    b = fh.read(1 << 20)
-                    if not b:
-                        break
-                    n += len(b)
-    return n
-
-
 def _warmup(ctx, rows, ratios):
     ws, p = ctx.ws, ctx.p
     for nbytes in p["attach_bytes"]:
@@ -52,7 +33,7 @@ def _warmup(ctx, rows, ratios):
         plain = os.path.join(ws.disk, "attach-vmtouch")
         configs.place(ws, plain, files)
         lib.drop_caches()
-        vm_s = _timed(lambda: run(["vmtouch", "-tq", plain]))
+        vm_s = lib.timed(lambda: run(["vmtouch", "-tq", plain]))
         shutil.rmtree(plain, ignore_errors=True)
         a = configs.DhrdAttach(ws, "fsync")
         os.makedirs(a.path, exist_ok=True)
@@ -132,13 +113,13 @@ def _archive(ctx, rows, ratios):
             root = a.dir
             stop = a.stop
         try:
-            ext = _timed(lambda: run(["tar", "-xf", tar, "-C", root]))
-            reread = _timed(lambda: _read_all(root))
+            ext = lib.timed(lambda: run(["tar", "-xf", tar, "-C", root]))
+            reread = lib.timed(lambda: lib.read_tree(root))
             db = os.path.join(root, "bench.db")
             commits = p["attach_sqlite_commits"]
             script = ("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT);"
                       + "".join(f"INSERT INTO t(v) VALUES('{'x' * 100}');" for _ in range(commits)))
-            sq = _timed(lambda: subprocess.run(["sqlite3", db], input=script, text=True, check=True,
+            sq = lib.timed(lambda: subprocess.run(["sqlite3", db], input=script, text=True, check=True,
                                                stdout=subprocess.DEVNULL))
         finally:
             stop()

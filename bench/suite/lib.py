@@ -205,6 +205,60 @@ def proc_status(pid):
     return st
 
 
+def as_postgres(cmd, **kw):
+    """Runs `cmd` as the `postgres` user (PostgreSQL refuses to run as root)."""
+    return run(["runuser", "-u", "postgres", "--"] + cmd, **kw)
+
+
+def pg_tool(name):
+    """The path of PostgreSQL's `name` (initdb, pg_ctl: not on PATH in Debian)."""
+    p = shutil.which(name)
+    if p:
+        return p
+    for v in sorted(os.listdir("/usr/lib/postgresql"), reverse=True) if os.path.isdir("/usr/lib/postgresql") else []:
+        c = f"/usr/lib/postgresql/{v}/bin/{name}"
+        if os.access(c, os.X_OK):
+            return c
+    raise BenchError(f"not installed: {name}")
+
+
+def proc_cpu_s(pid):
+    """CPU seconds (user + system, every thread) process `pid` has used so far, from
+    /proc/PID/stat; None without a pid or once the process is gone."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields are counted after its end.
+    fields = stat[stat.rindex(")") + 2:].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(fn):
+    """Seconds `fn()` took."""
+    t = time.monotonic()
+    fn()
+    return time.monotonic() - t
+
+
+def read_tree(root):
+    """Reads every file under `root` to its end, as an application would; returns the bytes."""
+    n = 0
+    for d, _, files in os.walk(root):
+        for f in files:
+            with open(os.path.join(d, f), "rb") as fh:
+                while True:
+                    b = fh.read(1 << 20)
+                    if not b:
+                        break
+                    n += len(b)
+    return n
+
+
 def machine(disk_dir):
     """What the run ran on, for the report."""
 

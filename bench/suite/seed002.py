@@ -52,7 +52,7 @@ import subprocess
 import time
 
 import lib
-from lib import BenchError, log, run
+from lib import BenchError, as_postgres, log, pg_tool, run
 
 K, M, G = 1 << 10, 1 << 20, 1 << 30
 CONFIGS = ("dhrd-cache", "dhrd-nvm", "dhrd-no-prefill", "no-ram", "nbdkit-cache")
@@ -237,21 +237,6 @@ def dfsio(stack, p):
         shutil.rmtree(d)
         os.sync()
     return rows
-
-
-def as_postgres(cmd, **kw):
-    return run(["runuser", "-u", "postgres", "--"] + cmd, **kw)
-
-
-def pg_tool(name):
-    p = shutil.which(name)
-    if p:
-        return p
-    for v in sorted(os.listdir("/usr/lib/postgresql"), reverse=True) if os.path.isdir("/usr/lib/postgresql") else []:
-        c = f"/usr/lib/postgresql/{v}/bin/{name}"
-        if os.access(c, os.X_OK):
-            return c
-    raise BenchError(f"not installed: {name}")
 
 
 def oltp(stack, ctx, p):
