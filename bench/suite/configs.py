@@ -87,6 +87,12 @@ def unmount_loop(mnt, loop):
     return None
 
 
+def wait_exit(pid, what):
+    """Waits until process `pid` (if any) has exited, so that nothing it held stays open."""
+    if pid:
+        lib.wait_for(lambda: lib.process_gone(pid), lib.MOUNT_WAIT_S * 3, what, 0.01)
+
+
 def is_mounted(path):
     return subprocess.run(["mountpoint", "-q", path]).returncode == 0
 
@@ -187,6 +193,8 @@ class Dhrd(Config):
             run([self.ws.dhrd, "umount", self.mnt], check=False, timeout=300)
             if is_mounted(self.mnt):
                 run(["fusermount3", "-uz", self.mnt], check=False)
+        # The daemon may still hold backing files after the mount is gone.
+        wait_exit(self.pid, "dhrd mount daemon after unmount")
         self.pid = None
 
     def stop(self):
@@ -270,6 +278,10 @@ class DhrdAttach(Config):
 
     def detach(self):
         run([self.ws.dhrd, "detach", self.path], check=False, timeout=600)
+        # `dhrd detach` returns once the control socket is gone, which the daemon removes
+        # before it has closed the directory's files: a file system unmounted right after
+        # would still be busy.
+        wait_exit(self.pid, "dhrd attach daemon after detach")
         self.pid = None
 
     def stop(self):

@@ -238,6 +238,17 @@ def proc_cpu_s(pid):
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
+def process_gone(pid):
+    """True once process `pid` has exited: no longer in /proc, or a zombie (which holds no
+    files any more) that nobody reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2:].split()[0] == "Z"
+
+
 def timed(fn):
     """Seconds `fn()` took."""
     t = time.monotonic()
