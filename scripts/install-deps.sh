@@ -26,7 +26,7 @@ fi
 # the TLS tests' certificates and keys.
 packages=(fuse3 libfuse3-dev fio nbdkit libnbd-bin python3-libnbd nbdfuse qemu-utils sqlite3
           libssl-dev gnutls-bin openssl
-          e2fsprogs xfsprogs util-linux pkg-config python3-matplotlib vmtouch postmark postgresql
+          e2fsprogs xfsprogs util-linux pkg-config python3-matplotlib vmtouch postmark postgresql git
           ceph-mon ceph-osd ceph-mgr ceph-common librbd1 systemd man-db binutils dpkg-dev)
 missing=()
 for p in "${packages[@]}"; do

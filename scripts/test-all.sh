@@ -77,7 +77,7 @@ if [ "$(id -u)" = 0 ]; then
   SMOKE=$(mktemp -d /tmp/dhrd-suite-smoke.XXXXXX)
   /usr/bin/python3 bench/suite/run.py tiny --out "$SMOKE" \
     --dhrd "$TARGET/debug/dhrd" --dhrd-bench "$TARGET/debug/dhrd-bench"
-  for f in report.md results.json block.png file.png fileserver.png blockfs.png video.png warmup.png memory.png rbd.png cache.png nvm.png seed002.png tier.png rehypar.png; do
+  for f in report.md results.json block.png file.png fileserver.png blockfs.png video.png warmup.png memory.png rbd.png cache.png nvm.png seed002.png tier.png rehypar.png apps.png; do
     [ -s "$SMOKE/$f" ] || { echo "bench suite smoke: $f missing in $SMOKE" >&2; exit 1; }
   done
   rm -rf "$SMOKE"

@@ -15,6 +15,7 @@ report never compares a durable write with a volatile one without saying so.
 | tmpfs | a tmpfs mount (RAM disk without durability) | never |
 | tmpfs-copyback | tmpfs filled by `cp -a` from the disk, copied back at stop (log2ram's way) | at copy-back |
 | ext4-fsync | the disk's ext4, buffered, fsync after every write, cold cache | on return |
+| plain | a directory on the disk's file system, used as applications use it (their own fsyncs) | at fsync |
 | ext4-buffered | the disk's ext4, buffered, no fsync (Filebench's default) | at writeback |
 | ext4-direct | the disk's ext4 with O_DIRECT; writes O_DIRECT+O_DSYNC | on return |
 | ext4-vmtouch | ext4 with the files preloaded by `vmtouch -t`; writes fsync'd | on return |
@@ -410,6 +411,34 @@ class Ext4(Config):
         return lib.tree_resident_bytes(self.dir_path)
 
 
+class Plain(Config):
+    """A directory on the disk's file system, used as it is: the applications' own fsyncs
+    make their data durable, the guarantee of dhrd's `fsync` mode (the baseline of the
+    applications experiment)."""
+
+    name = "plain"
+    durable = "at fsync"
+    workload_fsync = True
+
+    def __init__(self, ws):
+        super().__init__(ws)
+        self.dir_path = os.path.join(ws.disk, "plain")
+
+    def start(self, files, room=0):
+        os.makedirs(self.dir_path, exist_ok=True)
+        place(self.ws, self.dir_path, files)
+        # The same cold start as the dhrd configurations, which drop caches before they mount.
+        lib.drop_caches()
+        self.dir = self.dir_path
+
+    def stop(self):
+        shutil.rmtree(self.dir_path, ignore_errors=True)
+        self.dir = None
+
+    def ram_bytes(self):
+        return lib.tree_resident_bytes(self.dir_path)
+
+
 class RamdiskExt4(Config):
     """The papers' RAMDisk with a file system: ext4 on a loop device over a tmpfs file."""
 
@@ -550,6 +579,8 @@ def file_configs(ws, names):
             out.append(TmpfsCopyback(ws))
         elif n == "ext4-syncdirsync":
             out.append(Ext4SyncDirsync(ws))
+        elif n == "plain":
+            out.append(Plain(ws))
         elif n.startswith("ext4-"):
             out.append(Ext4(ws, n[5:]))
         elif n == "ramdisk-ext4":

@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 
+import apps
 import attach
 import blockfs
 import configs
@@ -897,4 +898,5 @@ EXPERIMENTS = {
     "nvm": nvm.exp_nvm,
     "tier": tier.exp_tier,
     "rehypar": rehypar.exp_rehypar,
+    "apps": apps.exp_apps,
 }

@@ -57,6 +57,9 @@ COLUMNS = {
                ("first read s", "first_read_s"), ("RAM/byte", "ram_per_data_byte"), ("IOPS", "iops"),
                ("extract s", "extract_s"), ("re-read s", "reread_s"), ("SQLite commits/s", "sqlite_commits_per_s"),
                ("failed calls", "failed_calls"), ("hung", "hung_calls"), ("lost writes", "acknowledged_writes_lost")],
+    "apps": [("workload", "workload"), ("config", "config"), ("round", "round"), ("s", "secs"), ("rate", "rate"),
+             ("per", "rate_unit"), ("daemon CPU s", "daemon_cpu_s"),
+             ("daemon CPU us per file", "daemon_cpu_us_per_file"), ("skipped", "skipped")],
     "replay": [("config", "config"), ("trace", "trace"), ("QD", "qd"), ("IOPS", "iops"), ("MiB/s", "mib_s"),
                ("read p50 us", "read_lat_p50_us"), ("read p99 us", "read_lat_p99_us"),
                ("write p50 us", "write_lat_p50_us"), ("write p99 us", "write_lat_p99_us"),
@@ -100,6 +103,14 @@ COLUMNS = {
 }
 
 
+# The applications experiment's medians per configuration (bench/suite/apps.py, summary_of).
+APPS_SUMMARY = [("config", "config"), ("extract s", "extract_s"), ("re-read s", "reread_s"),
+                ("SQLite commits/s", "sqlite_commits_per_s"), ("pgbench rw TPS", "pgbench_rw_tps"),
+                ("pgbench select TPS", "pgbench_ro_tps"), ("git clone s", "git_clone_s"),
+                ("git status s", "git_status_s"), ("daemon CPU us per file, extract", "extract_cpu_us_per_file"),
+                ("daemon CPU us per file, re-read", "reread_cpu_us_per_file"), ("daemon CPU s, whole run", "run_cpu_s")]
+
+
 def main_table(name, e):
     rows = e.get("rows", [])
     if not rows:
@@ -110,6 +121,10 @@ def main_table(name, e):
                 + "\n\nMean latency (us) by number of processes:\n\n"
                 + pivot([dict(r, lat=r.get("read_lat_mean_us") or r.get("write_lat_mean_us")) for r in rows],
                         ["config", "mode", "op"], "procs", "lat"))
+    if name == "apps":
+        return ("Medians over the rounds (daemon CPU per file: the daemon's utime + stime over the files):\n\n"
+                + table(e.get("summary", []), APPS_SUMMARY)
+                + "\n\nEvery run, round by round:\n\n" + table(rows, COLUMNS["apps"]))
     if name == "fileserver":
         fsr = [r for r in rows if r.get("workload", "fileserver") == "fileserver"]
         meta = [r for r in rows if r.get("workload") == "metaops"]
@@ -189,7 +204,8 @@ def write(results, out):
         if e.get("ratios"):
             lines += ["| ratio | figure | baseline | value | measured | target |", "|---|---|---|---|---|---|"]
             for r in e["ratios"]:
-                lines.append(f"| {r['what']} | {r['figure']} | {r['baseline']} | {fmt(r['value'])}x | "
+                value = "not measured" if r["value"] is None else f"{fmt(r['value'])}x"
+                lines.append(f"| {r['what']} | {r['figure']} | {r['baseline']} | {value} | "
                              f"{kind_of(name, r)} | {r.get('target', '')} |")
                 summary.append((name, r))
             lines.append("")

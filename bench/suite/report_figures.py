@@ -1,7 +1,7 @@
 """The plots of the experiments that reproduce one paper figure each: the tiered device
 (seed 000 Fig. 11), the fileserver on the block device (Fig. 9) and ReHypar's writes
-(seed 003). Each takes matplotlib's pyplot, the experiment's rows and its whole result,
-and returns a figure; `report.plot` saves it.
+(seed 003); and of the small-file applications (issue 33). Each takes matplotlib's pyplot,
+the experiment's rows and its whole result, and returns a figure; `report.plot` saves it.
 """
 
 
@@ -73,4 +73,46 @@ def plot_rehypar(plt, rows, e):
     return fig
 
 
-PLOTS = {"tier": plot_tier, "blockfs": plot_blockfs, "rehypar": plot_rehypar}
+# Short names of the applications experiment's figures (bench/suite/apps.py, FIGURES).
+APPS_LABELS = {"extract_s": "extract", "reread_s": "re-read warm", "sqlite_commits_per_s": "SQLite commits",
+               "pgbench_rw_tps": "pgbench rw", "pgbench_ro_tps": "pgbench select", "git_clone_s": "git clone",
+               "git_status_s": "git status"}
+
+
+def plot_apps(plt, rows, e):
+    """Each application's same-run ratio against the plain directory (higher is better),
+    with its target, and the daemon's CPU per file."""
+    ratios = e.get("ratios") or []
+    keys = list(dict.fromkeys(r["key"] for r in ratios))
+    cfgs = list(dict.fromkeys(r["figure"] for r in ratios))
+
+    def get(key):
+        return lambda g, c: next((r.get(key) for r in ratios if r["key"] == g and r["figure"] == c), None)
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    if keys:
+        bars(axes[0], keys, cfgs, get("value"), "dhrd / plain directory (higher is better)", log=False)
+        w = 0.8 / max(1, len(cfgs))
+        for i, c in enumerate(cfgs):
+            for j, k in enumerate(keys):
+                r = next((r for r in ratios if r["key"] == k and r["figure"] == c), None)
+                x = j + i * w
+                if r and r.get("target"):
+                    axes[0].plot([x - w / 2, x + w / 2], [float(r["target"].strip(">= x"))] * 2, color="k", lw=1.5)
+                if r and r.get("value") is None:
+                    axes[0].text(x, 0.02, "not measured", rotation=90, ha="center", va="bottom", fontsize=7)
+        axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
+        axes[0].set_xticklabels([APPS_LABELS.get(k, k) for k in keys], fontsize=8, rotation=20)
+    axes[0].set_title("same-run ratios, fsync mode (black: the target)")
+    summary = [s for s in e.get("summary") or [] if s.get("extract_cpu_us_per_file") is not None]
+    groups = [("extract_cpu_us_per_file", "extract"), ("reread_cpu_us_per_file", "re-read warm")]
+    if summary:
+        bars(axes[1], [k for k, _ in groups], [s["config"] for s in summary],
+             lambda g, c: next((s.get(g) for s in summary if s["config"] == c), None),
+             "daemon CPU per file (us)", log=False)
+        axes[1].set_xticklabels([lab for _, lab in groups], fontsize=8)
+    axes[1].set_title("the daemon's CPU per file (utime + stime)")
+    return fig
+
+
+PLOTS = {"tier": plot_tier, "blockfs": plot_blockfs, "rehypar": plot_rehypar, "apps": plot_apps}

@@ -30,6 +30,7 @@ REPRODUCES = {
     "tier": ("seed 000 Fig. 11 (tiered storage, cache tier at 70% and 80%)",
              "per figure: the paper's estimate from service times, or our own replay"),
     "rehypar": ("seed 003 Fig. 3-6 (ReHypar's write throughput against first-fit file writes)", AS_PAPER),
+    "apps": ("none (issue 33: small-file applications on the FUSE mount and the in-place mode)", OWN),
 }
 
 

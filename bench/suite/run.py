@@ -45,6 +45,8 @@ PROFILES = {
         nvm_devices=("nvm", "hdd"),
         tier_bytes=64 * M, tier_requests=300, tier_rounds=1, tier_traces=["tpcc"], tier_qd=[8], tier_dirty_bytes=16 * M, tier_miss_writes=40,
         rehypar_device_mib=64, rehypar_files=1000, rehypar_threads=[1, 16], rehypar_rounds=1, rehypar_window_ms=2,
+        apps_files=200, apps_rounds=1, apps_sqlite_commits=100, apps_pg_scale=1, apps_pg_secs=1,
+        apps_pg_shared_buffers="16MB", apps_pg_max_wal="128MB", apps_git_status_runs=2,
     ),
     "quick": dict(
         attach_bytes=[256 * M, 1 * G], attach_files=5000, attach_sqlite_commits=1000, attach_kill_gap_s=1,
@@ -61,6 +63,8 @@ PROFILES = {
         tier_bytes=1 * G, tier_requests=8000, tier_rounds=1, tier_traces=["hm_0", "websearch", "tpcc"],
         tier_qd=[8], tier_dirty_bytes=256 * M, tier_miss_writes=400,
         rehypar_device_mib=256, rehypar_files=10000, rehypar_threads=[1, 16], rehypar_rounds=3, rehypar_window_ms=2,
+        apps_files=2000, apps_rounds=2, apps_sqlite_commits=500, apps_pg_scale=4, apps_pg_secs=5,
+        apps_pg_shared_buffers="128MB", apps_pg_max_wal="1GB", apps_git_status_runs=3,
     ),
     "full": dict(
         attach_bytes=[1 * G, 6 * G], attach_files=20000, attach_sqlite_commits=5000, attach_kill_gap_s=2,
@@ -78,10 +82,12 @@ PROFILES = {
         tier_bytes=1 * G, tier_requests=None, tier_rounds=2, tier_traces=["hm_0", "websearch", "tpcc"],
         tier_qd=[8], tier_dirty_bytes=1 * G, tier_miss_writes=1000,
         rehypar_device_mib=1024, rehypar_files=40000, rehypar_threads=[1, 16], rehypar_rounds=3, rehypar_window_ms=2,
+        apps_files=20000, apps_rounds=3, apps_sqlite_commits=2000, apps_pg_scale=16, apps_pg_secs=20,
+        apps_pg_shared_buffers="128MB", apps_pg_max_wal="1GB", apps_git_status_runs=5,
     ),
 }
 ORDER = ("block", "replay", "file", "fileserver", "blockfs", "video", "warmup", "memory", "transport", "attach", "rbd",
-         "cache", "nvm", "seed002", "tier", "rehypar")
+         "cache", "nvm", "seed002", "tier", "rehypar", "apps")
 TOOLS = ("fio", "vmtouch", "fincore", "losetup", "mkfs.ext4", "fusermount3", "mountpoint", "findmnt")
 
 
