@@ -303,6 +303,31 @@ def exp_replay(ctx):
             lib.drop_caches()
             return disk
 
+        # `dhrd nbd` in `sync` durability over a file of the same disk: the block path,
+        # replayed by the NBD client built into the replayer (one connection per worker).
+        nbd = {}
+
+        def nbd_start():
+            img = os.path.join(ws.disk, "replay-nbd.img")
+            sock = os.path.join(ws.disk, "replay-nbd.sock")
+            run(["cp", "--sparse=never", ws.source(size), img])
+            lib.drop_caches()
+            logp = os.path.join(ctx.out, "logs", "replay-dhrd-nbd.log")
+            nbd["log"] = open(logp, "w")
+            nbd["proc"] = subprocess.Popen([ws.dhrd, "nbd", "--backing", img, "--socket", sock],
+                                           stdout=nbd["log"], stderr=subprocess.STDOUT)
+            nbd["img"] = img
+            lib.wait_for(lambda: os.path.exists(sock), lib.MOUNT_WAIT_S, "dhrd nbd socket")
+            lib.wait_for(lambda: "loaded" in open(logp).read(), lib.LOAD_WAIT_S, "dhrd nbd load", 0.05)
+            return sock
+
+        def nbd_stop():
+            nbd["proc"].terminate()
+            nbd["proc"].wait(timeout=120)
+            nbd["log"].close()
+            os.unlink(nbd["img"])
+
+        yield "dhrd-nbd", "on return", nbd_start, nbd_stop, []
         yield "disk-direct", "on return (fdatasync)", disk_start, lambda: os.unlink(disk), ["--direct", "--fsync-writes"]
         yield "disk-fsync", "on return (fdatasync)", disk_start, lambda: os.unlink(disk), ["--fsync-writes"]
         yield "disk-buffered", "at writeback", disk_start, lambda: os.unlink(disk), []
@@ -316,7 +341,8 @@ def exp_replay(ctx):
             def replay(tname, rel, tag, qd_label, args):
                 """One `dhrd-bench replay --verify` of a trace; returns its row and the full JSON."""
                 out = os.path.join(ctx.out, "logs", f"replay-{name}-{tname}-{tag}.json")
-                run([ws.dhrd_bench, "replay", "--trace", os.path.join(traces_dir, rel), "--target", path,
+                target = ["--nbd", path] if name == "dhrd-nbd" else ["--target", path]
+                run([ws.dhrd_bench, "replay", "--trace", os.path.join(traces_dir, rel)] + target + [
                      "--size", str(size), "--verify", "--json", out] + args + extra, timeout=3600)
                 d = json.load(open(out))
                 if not d["verify"]["ok"]:
@@ -355,6 +381,8 @@ def exp_replay(ctx):
             for num, den, what in (("dhrd-pagecache", "ramdisk-loop", "dhrd (page cache) vs RAM disk"),
                                    ("dhrd-attach", "ramdisk-loop", "dhrd attach vs RAM disk"),
                                    ("dhrd-pagecache", "disk-fsync", "dhrd (page cache) vs ext4 + fdatasync per write"),
+                                   ("dhrd-nbd", "disk-fsync",
+                                    "dhrd nbd (sync) vs ext4 + fdatasync per write (issue 32 target >= 1.5)"),
                                    ("dhrd-pagecache", "tmpfs", "dhrd (page cache) vs tmpfs"),
                                    ("dhrd-direct", "ramdisk-loop", "DBR dhrd (engine) vs RAM disk"),
                                    ("dhrd-direct", "disk-direct", "DBR dhrd (engine) vs disk O_DIRECT")):
