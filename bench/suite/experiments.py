@@ -64,6 +64,33 @@ def point_ratio(rows, key, num, den, what, baseline_name, **match):
             "value": ratio(a, b)}
 
 
+class NbdServer:
+    """`dhrd nbd` (defaults: `sync` durability) over a fresh copy of the source data on the
+    disk under test, on a Unix socket; started loaded (the load finished)."""
+
+    def __init__(self, ctx, size, name):
+        self.ctx, self.size, self.name = ctx, size, name
+        self.img = os.path.join(ctx.ws.disk, f"{name}.img")
+        self.sock = os.path.join(ctx.ws.disk, f"{name}.sock")
+
+    def start(self):
+        run(["cp", "--sparse=never", self.ctx.ws.source(self.size), self.img])
+        lib.drop_caches()
+        logp = os.path.join(self.ctx.out, "logs", f"{self.name}.log")
+        self.log = open(logp, "w")
+        self.proc = subprocess.Popen([self.ctx.ws.dhrd, "nbd", "--backing", self.img, "--socket", self.sock],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        lib.wait_for(lambda: os.path.exists(self.sock), lib.MOUNT_WAIT_S, "dhrd nbd socket")
+        lib.wait_for(lambda: "loaded" in open(logp).read(), lib.LOAD_WAIT_S, "dhrd nbd load", 0.05)
+        return self.sock
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+        self.log.close()
+        os.unlink(self.img)
+
+
 # --------------------------------------------------------------------------------------
 # 1. Block level
 # --------------------------------------------------------------------------------------
@@ -167,25 +194,14 @@ def block_targets(ctx):
 
     class DhrdNbd(BlockTarget):
         def start(self):
-            self.img = os.path.join(ws.disk, "nbd.img")
-            self.sock = os.path.join(ws.disk, "nbd.sock")
-            run(["cp", "--sparse=never", ws.source(size), self.img])
-            lib.drop_caches()
-            self.log = open(os.path.join(ctx.out, "logs", "dhrd-nbd.log"), "w")
-            self.proc = subprocess.Popen([ws.dhrd, "nbd", "--backing", self.img, "--socket", self.sock],
-                                         stdout=self.log, stderr=subprocess.STDOUT)
-            lib.wait_for(lambda: os.path.exists(self.sock), lib.MOUNT_WAIT_S, "dhrd nbd socket")
-            logp = self.log.name
-            lib.wait_for(lambda: "loaded" in open(logp).read(), lib.LOAD_WAIT_S, "dhrd nbd load", 0.05)
+            self.server = NbdServer(ctx, size, "dhrd-nbd")
+            self.sock = self.server.start()
 
         def fio_target(self, mode, op):
             return ["--ioengine=nbd", f"--uri=nbd+unix:///?socket={self.sock}"]
 
         def stop(self):
-            self.proc.terminate()
-            self.proc.wait(timeout=120)
-            self.log.close()
-            os.unlink(self.img)
+            self.server.stop()
 
     out.append(DhrdNbd("dhrd-nbd", ("direct",), {"direct": "on return"}))
     return out
@@ -305,29 +321,8 @@ def exp_replay(ctx):
 
         # `dhrd nbd` in `sync` durability over a file of the same disk: the block path,
         # replayed by the NBD client built into the replayer (one connection per worker).
-        nbd = {}
-
-        def nbd_start():
-            img = os.path.join(ws.disk, "replay-nbd.img")
-            sock = os.path.join(ws.disk, "replay-nbd.sock")
-            run(["cp", "--sparse=never", ws.source(size), img])
-            lib.drop_caches()
-            logp = os.path.join(ctx.out, "logs", "replay-dhrd-nbd.log")
-            nbd["log"] = open(logp, "w")
-            nbd["proc"] = subprocess.Popen([ws.dhrd, "nbd", "--backing", img, "--socket", sock],
-                                           stdout=nbd["log"], stderr=subprocess.STDOUT)
-            nbd["img"] = img
-            lib.wait_for(lambda: os.path.exists(sock), lib.MOUNT_WAIT_S, "dhrd nbd socket")
-            lib.wait_for(lambda: "loaded" in open(logp).read(), lib.LOAD_WAIT_S, "dhrd nbd load", 0.05)
-            return sock
-
-        def nbd_stop():
-            nbd["proc"].terminate()
-            nbd["proc"].wait(timeout=120)
-            nbd["log"].close()
-            os.unlink(nbd["img"])
-
-        yield "dhrd-nbd", "on return", nbd_start, nbd_stop, []
+        nbd = NbdServer(ctx, size, "replay-dhrd-nbd")
+        yield "dhrd-nbd", "on return", nbd.start, nbd.stop, []
         yield "disk-direct", "on return (fdatasync)", disk_start, lambda: os.unlink(disk), ["--direct", "--fsync-writes"]
         yield "disk-fsync", "on return (fdatasync)", disk_start, lambda: os.unlink(disk), ["--fsync-writes"]
         yield "disk-buffered", "at writeback", disk_start, lambda: os.unlink(disk), []
