@@ -203,9 +203,9 @@ impl Files {
         Ok(done as u32)
     }
 
-    /// GETATTR through an open handle.
-    pub fn handle_stat(&self, fh: Fh) -> Option<libc::stat> {
-        let (_, h, _) = self.handles.get(fh).ok()?;
-        sys::fstat(h.backing_fd()).ok()
+    /// The status of the backing file an open handle holds.
+    pub fn handle_stat(&self, fh: Fh) -> Result<libc::stat> {
+        let (_, h, _) = self.handles.get(fh)?;
+        Ok(sys::fstat(h.backing_fd())?)
     }
 }

@@ -121,18 +121,30 @@ impl Mount {
         };
         let ino = Ino(c.attr.ino);
         let label = || self.ns.display_name(ino);
-        match self
+        let r = self
             .files
             .open_created(c.key, flags, caller, opened, label, register)
-        {
-            Ok((fh, open)) => Ok((c.attr, fh, open)),
-            Err(e) => {
-                if c.made {
-                    self.ns.undo_create(parent, &c.pfd, name, c.key, true);
-                }
-                Err(e)
+            .and_then(|(fh, open)| Ok((self.opened_attr(fh)?, fh, open)));
+        r.inspect_err(|_| {
+            if c.made {
+                self.ns.undo_create(parent, &c.pfd, name, c.key, true);
             }
-        }
+        })
+    }
+
+    /// The attributes of the file just opened through handle `fh`, for CREATE's reply. The
+    /// open may have changed the inode after the namespace looked at it: in `sync` mode
+    /// the first open of an inode sets its sync flag and mark, which moves its ctime. The
+    /// kernel keeps the reply's attributes for the attribute timeout, so attributes from
+    /// before the open would show an older ctime until something refreshed them, and the
+    /// next refresh (a failed truncate or link by another user, say) would seem to change
+    /// the ctime. A handle that cannot be stat'ed is closed again.
+    fn opened_attr(&self, fh: Fh) -> Result<Attr> {
+        let st = self
+            .files
+            .handle_stat(fh)
+            .inspect_err(|_| self.files.release(fh))?;
+        Ok(self.ns.attr(&st))
     }
 
     pub fn read(&self, fh: Fh, offset: u64, size: u32) -> Result<Vec<u8>> {

@@ -40,7 +40,7 @@ impl Mount {
 
     /// GETATTR, through the open file `fh` where the kernel names one.
     pub fn getattr(&self, ino: Ino, fh: Option<Fh>) -> Result<Attr> {
-        let st = match fh.and_then(|f| self.files.handle_stat(f)) {
+        let st = match fh.and_then(|f| self.files.handle_stat(f).ok()) {
             Some(st) => st,
             None => self.ns.stat_node(ino)?,
         };
