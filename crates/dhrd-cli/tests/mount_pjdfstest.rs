@@ -58,6 +58,15 @@ fn pjdfstest_on_a_mount_matches_plain_ext4() {
     let mounted = pjdfstest::outcomes(&dir);
     drop(m);
 
+    for (place, cases) in [("ext4", &reference), ("mount", &mounted)] {
+        let n = |o: &str| cases.values().filter(|v| *v == o).count();
+        println!(
+            "{place}: {} ok, {} FAILED, {} skipped",
+            n("ok"),
+            n("FAILED"),
+            n("skipped")
+        );
+    }
     let diff = pjdfstest::differences(&mounted, &reference);
     let (expected, unexpected): (Vec<&String>, Vec<&String>) = diff.iter().partition(|d| {
         EXPECTED_DIFFERENCES.iter().any(|(case, outcome, _)| {

@@ -868,6 +868,48 @@ fn o_trunc(read_path: &str) {
     );
 }
 
+/// An open with O_TRUNC of a program that is running fails with ETXTBSY and leaves the
+/// program whole, in every access mode, as on a local file system. For O_RDONLY|O_TRUNC
+/// the kernel looks for a running program only after the OPEN, which truncates by itself
+/// (FUSE_ATOMIC_O_TRUNC): the program used to be cut to 0 bytes and die of SIGBUS, and
+/// the open then succeeded.
+#[test]
+fn o_trunc_of_a_running_program_is_refused() {
+    for read_path in ["pagecache", "engine-auto"] {
+        let s = Scratch::new(&format!("otrunc-exec-{read_path}"));
+        let backing = s.sub("backing");
+        let mnt = s.sub("mnt");
+        let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", read_path]);
+        let prog = mnt.join("prog");
+        let len = fs::copy("/bin/sleep", &prog).expect("copy sleep");
+        fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut child = std::process::Command::new(&prog)
+            .arg("60")
+            .spawn()
+            .expect("run the program");
+        let c = cpath(&prog);
+        for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY] {
+            // SAFETY: a valid C string; a descriptor that is opened is closed at once.
+            let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_TRUNC) };
+            let e = std::io::Error::last_os_error();
+            if fd >= 0 {
+                // SAFETY: our descriptor.
+                unsafe { libc::close(fd) };
+            }
+            let size = fs::metadata(&prog).map(|m| m.len()).unwrap_or(0);
+            let running = matches!(child.try_wait(), Ok(None));
+            assert!(
+                fd < 0 && e.raw_os_error() == Some(libc::ETXTBSY) && size == len && running,
+                "{read_path}: open({flags:#o}|O_TRUNC) of a running program: fd {fd} ({e}), \
+                 {size} of {len} bytes left, still running {running}"
+            );
+        }
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        drop(m);
+    }
+}
+
 fn filetime(p: &Path) -> (i64, i64) {
     let m = fs::metadata(p).expect("stat");
     (m.mtime(), m.mtime_nsec())

@@ -134,6 +134,12 @@ impl Files {
         Ok((self.handles.insert(key, data, flags), reply))
     }
 
+    /// Whether backing inode `key` is being executed: an open of it made by execve(2) is
+    /// still open (its RELEASE is still to come).
+    pub fn executing(&self, key: u64) -> bool {
+        self.handles.executing(key)
+    }
+
     /// RELEASE: drops the handle and counts the close on its data path.
     pub fn release(&self, fh: Fh) {
         if let Some((key, data)) = self.handles.remove(fh) {

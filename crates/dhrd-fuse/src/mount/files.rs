@@ -9,7 +9,7 @@
 
 use super::{Durable, Mount};
 use crate::durable::commit::SyncSet;
-use crate::error::Result;
+use crate::error::{FsError, Result};
 use crate::kernel::{Attr, Entry, Fh, Ino, OpenReply, Register, SetAttr, SetTime};
 use crate::killpriv::Caller;
 use crate::page::Opened;
@@ -42,6 +42,16 @@ impl Mount {
         register: Register<'_>,
     ) -> Result<(Fh, OpenReply)> {
         let key = self.dir.backing_ino(ino.0);
+        // A program being executed refuses writers with ETXTBSY, which the kernel checks
+        // before a writable OPEN but only after a read-only one, for its O_TRUNC; the
+        // truncation below would be done by then, cutting the running program. The
+        // daemon knows a program by the handle of its exec. (After the program exits its
+        // RELEASE may come a little later, and an O_RDONLY|O_TRUNC open in between is
+        // refused where the kernel would allow it: refused, never truncated wrongly.)
+        let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY;
+        if flags & libc::O_TRUNC != 0 && read_only && self.files.executing(key) {
+            return Err(FsError::Errno(libc::ETXTBSY));
+        }
         let opening = self.files.open(
             key,
             flags,
