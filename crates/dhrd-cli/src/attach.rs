@@ -8,7 +8,7 @@ use clap::Args;
 use dhrd_attach::AttachConfig;
 use dhrd_engine::{parse_size, Durability};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Defaults of every `dhrd attach` when the file exists (`KEY=VALUE` lines).
 pub const ATTACH_CONFIG_DEFAULT: &str = "/etc/dhrd/attach.conf";
@@ -142,54 +142,23 @@ fn spawn_daemon(dir: &Path) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let exe = std::env::current_exe().context("locating the dhrd binary")?;
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os()
-        .skip(1)
-        .filter(|x| x != "--daemon")
-        .collect();
-    if !args.iter().any(|x| x == "--quiet" || x == "-q") {
-        args.push("--quiet".into());
-    }
     std::fs::create_dir_all(dhrd_attach::control::CONTROL_DIR)?;
     let log_path = dhrd_attach::control::socket_path(dir)?.with_extension("log");
-    let log =
-        std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.args(&args)
-        .env_remove(crate::boot::NOTIFY_SOCKET_ENV)
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().context("starting the background daemon")?;
-    let t = Instant::now();
-    while t.elapsed() < DAEMON_START_WAIT {
-        if let Some(st) = child.try_wait()? {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            bail!("the daemon exited ({st}): {}", log.trim());
-        }
-        if dhrd_attach::is_attached(dir) {
-            eprintln!(
-                "dhrd: daemon {} holds {} (log: {})",
-                child.id(),
-                dir.display(),
-                log_path.display()
-            );
-            return Ok(());
-        }
-        std::thread::sleep(DAEMON_POLL_INTERVAL);
-    }
-    bail!(
-        "the daemon did not attach within {DAEMON_START_WAIT:?}; see {}",
+    let quiet_given = std::env::args_os().any(|x| x == "--quiet" || x == "-q");
+    let b = crate::boot::Background {
+        quiet_given,
+        log_path: &log_path,
+        start_wait: DAEMON_START_WAIT,
+        poll_interval: DAEMON_POLL_INTERVAL,
+        verb: "attach",
+    };
+    let pid = crate::boot::spawn_background(&b, || dhrd_attach::is_attached(dir))?;
+    eprintln!(
+        "dhrd: daemon {pid} holds {} (log: {})",
+        dir.display(),
         log_path.display()
-    )
+    );
+    Ok(())
 }
 
 pub fn run_detach(a: DetachArgs) -> anyhow::Result<()> {

@@ -458,6 +458,70 @@ pub fn sd_notify(socket: &OsStr, msg: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How a `--daemon` start waits for the background daemon it started.
+pub struct Background<'a> {
+    /// The user passed `--quiet` already (clap rejects it twice).
+    pub quiet_given: bool,
+    /// Where the daemon's output goes (next to its control socket).
+    pub log_path: &'a Path,
+    /// Longest wait for `ready`, and the pause between two asks.
+    pub start_wait: std::time::Duration,
+    pub poll_interval: std::time::Duration,
+    /// What the daemon is to do, for the error: "attach", "answer".
+    pub verb: &'a str,
+}
+
+/// `--daemon`: runs this same command without `--daemon` (and with `--quiet`: the
+/// background daemon has no terminal for a progress line) in a new session, its output in
+/// `b.log_path`, and returns its pid once `ready` holds. The background daemon is not the
+/// process a Type=notify unit started: systemd would reject its messages, so it gets no
+/// NOTIFY_SOCKET. A daemon that exits first fails the start with its log.
+pub fn spawn_background(b: &Background<'_>, ready: impl Fn() -> bool) -> anyhow::Result<u32> {
+    let exe = std::env::current_exe().context("locating the dhrd binary")?;
+    // args_os: paths need not be UTF-8.
+    let mut args: Vec<OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|x| x != "--daemon")
+        .collect();
+    if !b.quiet_given {
+        args.push("--quiet".into());
+    }
+    let log =
+        std::fs::File::create(b.log_path).with_context(|| format!("{}", b.log_path.display()))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args)
+        .env_remove(NOTIFY_SOCKET_ENV)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the background daemon")?;
+    let t = std::time::Instant::now();
+    while t.elapsed() < b.start_wait {
+        if let Some(st) = child.try_wait()? {
+            let log = std::fs::read_to_string(b.log_path).unwrap_or_default();
+            bail!("the daemon exited ({st}): {}", log.trim());
+        }
+        if ready() {
+            return Ok(child.id());
+        }
+        std::thread::sleep(b.poll_interval);
+    }
+    bail!(
+        "the daemon did not {} within {:?}; see {}",
+        b.verb,
+        b.start_wait,
+        b.log_path.display()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -195,60 +195,25 @@ fn spawn_daemon(a: &MountArgs) -> anyhow::Result<()> {
             a.mountpoint.display()
         );
     }
-    let exe = std::env::current_exe().context("locating the dhrd binary")?;
-    // args_os: paths need not be UTF-8.
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os()
-        .skip(1)
-        .filter(|x| x != "--daemon")
-        .collect();
-    // The background daemon has no terminal for a progress line; clap rejects a repeated
-    // --quiet, so it is added only when the user did not pass it.
-    if !a.quiet {
-        args.push("--quiet".into());
-    }
     std::fs::create_dir_all(dhrd_fuse::daemon::CONTROL_DIR)?;
     let sock = dhrd_fuse::daemon::control_socket(&a.mountpoint)?;
     let log_path = sock.with_extension("log");
-    let log =
-        std::fs::File::create(&log_path).with_context(|| format!("{}", log_path.display()))?;
-    let mut cmd = std::process::Command::new(exe);
-    // The background daemon is not the process a Type=notify unit started: systemd would
-    // reject its messages, so it must not send any.
-    cmd.args(&args)
-        .env_remove(crate::boot::NOTIFY_SOCKET_ENV)
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().context("starting the background daemon")?;
-    let t = Instant::now();
-    while t.elapsed() < DAEMON_START_WAIT {
-        if let Some(st) = child.try_wait()? {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            bail!("the daemon exited ({st}): {}", log.trim());
-        }
-        if dhrd_fuse::control_request(&a.mountpoint, "status").is_ok() {
-            eprintln!(
-                "dhrd: daemon {} serves {} (log: {})",
-                child.id(),
-                a.mountpoint.display(),
-                log_path.display()
-            );
-            return Ok(());
-        }
-        std::thread::sleep(DAEMON_POLL_INTERVAL);
-    }
-    bail!(
-        "the daemon did not answer within {DAEMON_START_WAIT:?}; see {}",
+    let b = crate::boot::Background {
+        quiet_given: a.quiet,
+        log_path: &log_path,
+        start_wait: DAEMON_START_WAIT,
+        poll_interval: DAEMON_POLL_INTERVAL,
+        verb: "answer",
+    };
+    let pid = crate::boot::spawn_background(&b, || {
+        dhrd_fuse::control_request(&a.mountpoint, "status").is_ok()
+    })?;
+    eprintln!(
+        "dhrd: daemon {pid} serves {} (log: {})",
+        a.mountpoint.display(),
         log_path.display()
-    )
+    );
+    Ok(())
 }
 
 pub fn run_umount(a: UmountArgs) -> anyhow::Result<()> {
