@@ -2,7 +2,7 @@
 //! unmount. The daemon runs a mount through this and names no fuser type itself.
 //!
 //! Invariants: the mount is `nodev`, `nosuid` and checks permissions in the kernel
-//! (`default_permissions`); the core's notices go through this session's notifier.
+//! (`default_permissions`); the core's notices go through the FUSE session's own notifier.
 //!
 //! Crash semantics: none of its own.
 
