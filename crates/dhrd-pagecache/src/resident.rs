@@ -354,24 +354,45 @@ impl Resident {
         self.demand_inner(key, file, Some(size));
     }
 
+    /// `demand_sized` for a caller that looks at the file's link count itself once this
+    /// returns (and calls `forget` if it is 0), as `demand` does after its entry is in:
+    /// one look then covers the caller's own record of the file too.
+    pub fn demand_unchecked(&self, key: u64, file: &File, size: u64) {
+        self.demand_entry(key, file, Some(size));
+    }
+
     fn demand_inner(&self, key: u64, file: &File, size: Option<u64>) {
+        if self.demand_entry(key, file, size) {
+            // The file may have lost its last name before the entry went in, and its
+            // `forget` then found nothing to drop: look now that the entry is in. An
+            // unlink after this point finds the entry (its `forget` comes after the
+            // unlink).
+            if crate::sys::link_count(file.as_fd()).is_ok_and(|n| n == 0) {
+                self.forget(key);
+            }
+        }
+    }
+
+    /// Records and queues a demanded file; whether a job holding a descriptor of it was
+    /// queued (the link count is then to be looked at, see `demand_inner`).
+    fn demand_entry(&self, key: u64, file: &File, size: Option<u64>) -> bool {
         let inner = &self.inner;
         let mut q = inner.q.lock();
         if !q.shutdown && matches!(q.entries.get(&key), Some(Entry::Busy)) {
             // Queued by the walk and not started yet: it goes ahead of the walk now.
             self.promote_walked(q, key, file);
-            return;
+            return false;
         }
         if q.shutdown || q.entries.contains_key(&key) {
-            return;
+            return false;
         }
         if q.demand.len() >= inner.cfg.demand_queue_max {
             // Not recorded as known: the next open of the file demands it again.
             inner.demands_dropped.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         }
         let Some(size) = size.or_else(|| file_size(file).ok()) else {
-            return;
+            return false;
         };
         // Nothing to read or pin in an empty file (one just created, typically): it is
         // recorded as done here rather than handed to the workers, whose wake-ups would
@@ -380,7 +401,7 @@ impl Resident {
             None
         } else {
             let Ok(dup) = file.try_clone() else {
-                return;
+                return false;
             };
             Some(dup)
         };
@@ -391,19 +412,14 @@ impl Resident {
             // Holds nothing (no budget, pin or descriptor), so an unlink racing it costs
             // no more than an entry; not worth a stat on every create.
             q.entries.insert(key, Entry::NOTHING_HELD);
-            return;
+            return false;
         };
         q.entries.insert(key, Entry::Busy);
         q.demand.push_back(Job::Demand { key, file: dup });
         q.completed_at = None;
         drop(q);
         inner.work.notify_one();
-        // The file may have lost its last name before the entry went in, and its `forget`
-        // then found nothing to drop: look now that the entry is in. An unlink after this
-        // point finds the entry (its `forget` comes after the unlink).
-        if crate::sys::link_count(file.as_fd()).is_ok_and(|n| n == 0) {
-            self.forget(key);
-        }
+        true
     }
 
     /// Moves the walk's queued job of `key` to the demand queue (with a duplicate of
@@ -502,6 +518,14 @@ impl Resident {
 
     /// The file is gone (its last link was removed): unpin it and give back its budget.
     pub fn forget(&self, key: u64) {
+        self.forget_with::<()>(key, None);
+    }
+
+    /// `forget`, and `extra` (what the caller held of the file: its descriptor, say)
+    /// dropped with what the forget lets go, by the reaper in one handoff: each handoff
+    /// wakes a reaper thread, which on two CPUs cost a deleted file more than its unlink.
+    /// Nothing is handed over when there is nothing to drop.
+    pub fn forget_with<T: Send + 'static>(&self, key: u64, extra: Option<T>) {
         let inner = &self.inner;
         let mut q = inner.q.lock();
         // The pin and queued jobs of a deleted file may hold its last reference: dropped
@@ -528,9 +552,13 @@ impl Resident {
         }
         let changed = q.changed.remove(&key);
         drop(q);
-        inner.dispose((pin, changed));
-        if !gone.is_empty() || !gone_deferred.is_empty() {
-            inner.dispose((gone, gone_deferred));
+        let nothing = pin.is_none()
+            && changed.is_none()
+            && gone.is_empty()
+            && gone_deferred.is_empty()
+            && extra.is_none();
+        if !nothing {
+            inner.dispose((pin, changed, gone, gone_deferred, extra));
         }
     }
 

@@ -48,6 +48,7 @@ impl Files {
                         file,
                         mode: st.st_mode,
                         fresh: false,
+                        size: st.st_size as u64,
                     })
                 };
                 let (open, reply) =

@@ -49,6 +49,9 @@ pub struct DirRef<'a> {
 pub enum NewInode<'a> {
     /// Open: fsync'ed by descriptor.
     Fd(&'a dyn AsFd),
+    /// Open, with the status the caller took of it after its last change (spares a stat
+    /// per create).
+    Stat(&'a dyn AsFd, &'a libc::stat),
     /// No descriptor can sync it (symlink, FIFO, socket, device node, a link count).
     NoFd,
 }
@@ -149,13 +152,14 @@ impl SyncPolicy {
     ) -> Result<()> {
         if self.sync_mode {
             return match new {
-                NewInode::Fd(fd) => set.fsync(&[fd, dir.fd]),
+                NewInode::Fd(fd) | NewInode::Stat(fd, _) => set.fsync(&[fd, dir.fd]),
                 NewInode::NoFd => set.syncfs(dir.fd),
             };
         }
         self.changed();
         let st = match new {
             NewInode::Fd(fd) => sys::fstat(fd.as_fd()),
+            NewInode::Stat(_, st) => Ok(*st),
             NewInode::NoFd => sys::stat_at(dir.fd.as_fd(), name),
         };
         match st {

@@ -281,7 +281,8 @@ impl Namespace {
                 }
             }
             let dir = self.dir_ref(parent, &pfd);
-            self.sync.entry_durable(set, dir, name, NewInode::Fd(&fd))?;
+            self.sync
+                .entry_durable(set, dir, name, NewInode::Stat(&fd, &st))?;
             // The entry from the descriptor's status: the name cannot lead elsewhere while
             // the kernel holds the parent's lock for this create.
             let attr = self.attr(&st);

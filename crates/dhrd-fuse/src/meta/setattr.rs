@@ -17,7 +17,7 @@ use crate::kernel::{Attr, FileKind, Ino, SetAttr, SetTime};
 use crate::killpriv::{Caller, Fsetid};
 use crate::sys;
 use rustix::fs::{AtFlags, Mode, OFlags};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::UNIX_EPOCH;
 
 impl Namespace {
@@ -29,7 +29,16 @@ impl Namespace {
         ino: Ino,
         change: &SetAttr,
     ) -> Result<Attr> {
-        let st = self.stat_node(ino)?;
+        // A file the data path holds open (an open, or a registration kept after the
+        // last close: a chmod or utimens right after the write, as `cp -p`, `tar` and
+        // `install` do) is changed and stat'ed through that descriptor: the same inode by
+        // construction, without opening, checking and closing it again by name.
+        let held = self.files.held_file(self.dir.backing_ino(ino.0));
+        let stat = || match &held {
+            Some(f) => Ok(sys::fstat(f.as_fd())?),
+            None => self.stat_node(ino),
+        };
+        let st = stat()?;
         let kind = FileKind::of_mode(st.st_mode);
         if let Some(size) = change.size {
             if kind != FileKind::RegularFile {
@@ -58,43 +67,46 @@ impl Namespace {
             || c.mtime.is_some();
         if changes_inode {
             match kind {
-                FileKind::RegularFile | FileKind::Directory => {
-                    self.set_attrs_by_fd(set, caller, ino, &st, change)?
-                }
+                FileKind::RegularFile | FileKind::Directory => match &held {
+                    Some(f) => self.set_attrs_by_fd(set, caller, f.as_fd(), &st, change)?,
+                    None => {
+                        let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
+                        self.set_attrs_by_fd(set, caller, fd.as_fd(), &st, change)?
+                    }
+                },
                 _ => self.set_attrs_by_name(set, ino, &st, change)?,
             }
         }
-        let st = self.stat_node(ino)?;
+        let st = stat()?;
         Ok(self.attr(&st))
     }
 
-    /// Mode, owner and times of a regular file or directory, through a descriptor of it.
+    /// Mode, owner and times of a regular file or directory, through descriptor `fd` of
+    /// it (`st` its status).
     fn set_attrs_by_fd(
         &self,
         set: &mut SyncSet,
         caller: &Caller,
-        ino: Ino,
+        fd: BorrowedFd<'_>,
         st: &libc::stat,
         c: &SetAttr,
     ) -> Result<()> {
-        let (fd, _) = self.node_fd(ino, OFlags::RDONLY | OFlags::NONBLOCK)?;
         if let Some(m) = c.mode {
             if st.st_mode & libc::S_IFMT == libc::S_IFREG {
-                self.files.chmod_file(fd.as_fd(), st.st_ino, st.st_gid, m)?;
+                self.files.chmod_file(fd, st.st_ino, st.st_gid, m)?;
             } else {
-                rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777))?;
+                rustix::fs::fchmod(fd, Mode::from_raw_mode(m & 0o7777))?;
             }
         }
         if c.uid.is_some() || c.gid.is_some() {
             // The backing fchown (by root) drops S_ISUID and S_ISGID with S_IXGRP
             // itself; what depends on the caller is dropped here.
             if c.mode.is_none() {
-                let f = sys::mode_owner(fd.as_fd())?;
-                self.files
-                    .drop_setid_bits(fd.as_fd(), f, caller, Fsetid::LookUp)?;
+                let f = sys::mode_owner(fd)?;
+                self.files.drop_setid_bits(fd, f, caller, Fsetid::LookUp)?;
             }
             rustix::fs::fchown(
-                &fd,
+                fd,
                 c.uid.map(rustix::fs::Uid::from_raw),
                 c.gid.map(rustix::fs::Gid::from_raw),
             )?;
@@ -104,7 +116,7 @@ impl Namespace {
                 last_access: timestamp(c.atime),
                 last_modification: timestamp(c.mtime),
             };
-            rustix::fs::futimens(&fd, &ts)?;
+            rustix::fs::futimens(fd, &ts)?;
         }
         self.sync.meta_durable(set, &[&fd])
     }

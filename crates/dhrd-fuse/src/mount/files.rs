@@ -128,6 +128,7 @@ impl Mount {
             file: c.file,
             mode: c.mode,
             fresh: c.made,
+            size: c.attr.size,
         };
         let ino = Ino(c.attr.ino);
         let label = || self.ns.display_name(ino);

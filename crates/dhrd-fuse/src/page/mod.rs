@@ -154,8 +154,9 @@ impl<B> Regs<B> {
 /// What the first open of an inode learnt of it.
 #[derive(Clone, Copy)]
 struct FirstOpen {
-    /// Its mode (for the set-id rule) and whether it was just created (nothing to warm).
-    known: (u32, bool),
+    /// Its mode (for the set-id rule), whether it was just created (nothing to warm),
+    /// and its size when it was opened (for the warm-up).
+    known: (u32, bool, u64),
     /// This open made the registration (it may race an unlink, see `opened`).
     inserted: bool,
 }
@@ -168,6 +169,9 @@ pub struct Opened {
     /// The inode was created by this request: it has no flag or mark of a previous mount,
     /// and its size is 0.
     pub fresh: bool,
+    /// Its `st_size` when it was opened (a hint for the warm-up, which sizes the file
+    /// again when it reads it).
+    pub size: u64,
 }
 
 /// The page-cache path's state. `B` is the kernel's backing-id token (`kernel::BackingId`;
@@ -285,7 +289,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         // make the next write store a fine-grained one (sys::mode_owner).
         let setid = writable
             && match known {
-                Some((mode, true)) => mode,
+                Some((mode, true, _)) => mode,
                 _ => crate::sys::mode_owner(reg.file.as_fd()).map_or(0, |m| m.mode),
             } & (libc::S_ISUID | libc::S_ISGID)
                 != 0;
@@ -359,7 +363,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             inserted = true;
         }
         let first = FirstOpen {
-            known: (o.mode, o.fresh),
+            known: (o.mode, o.fresh, o.size),
             inserted,
         };
         Ok((regs, Some(first)))
@@ -367,26 +371,27 @@ impl<B: Send + Sync + 'static> PageTier<B> {
 
     /// After an open of inode `key` (backing `file`) is counted: the warm-up hears of it,
     /// unless the inode has no name any more. `inserted`, `known`: see `FirstOpen`.
-    fn opened(&self, key: u64, file: &Arc<File>, inserted: bool, known: Option<(u32, bool)>) {
-        // The file opened above may have lost its last name before the registration went
-        // in; the unlink then found none to mark. Look now that it is in: an unlink from
-        // here on finds it. A created file is this request's own, under the parent's lock.
-        let gone = inserted
-            && !matches!(known, Some((_, true)))
-            && pagecache::link_count(file.as_fd()).is_ok_and(|n| n == 0);
-        if gone {
-            if let Some(reg) = self.regs.lock().map.get_mut(&key) {
-                if Arc::ptr_eq(&reg.file, file) {
-                    reg.unlinked = true;
+    fn opened(&self, key: u64, file: &Arc<File>, inserted: bool, known: Option<(u32, bool, u64)>) {
+        match known {
+            // A file this request created is its own, under the parent's lock, and empty.
+            Some((_, true, _)) => self.resident.demand_sized(key, file, 0),
+            // The file opened by this request may have lost its last name before its
+            // registration went in; the unlink then found none to mark. The warm-up's
+            // entry goes in first, then one look at the link count covers both: an
+            // unlink from here on finds the registration and the entry.
+            Some((_, false, size)) if inserted => {
+                self.resident.demand_unchecked(key, file, size);
+                if pagecache::link_count(file.as_fd()).is_ok_and(|n| n == 0) {
+                    if let Some(reg) = self.regs.lock().map.get_mut(&key) {
+                        if Arc::ptr_eq(&reg.file, file) {
+                            reg.unlinked = true;
+                        }
+                    }
+                    self.resident.forget(key);
                 }
             }
-        } else {
-            // A file already known to the warm-up is skipped there; a new one is demanded
-            // (an empty one, just created, without a stat).
-            match known {
-                Some((_, true)) => self.resident.demand_sized(key, file, 0),
-                _ => self.resident.demand(key, file),
-            }
+            // A file already known to the warm-up is skipped there.
+            _ => self.resident.demand(key, file),
         }
     }
 
@@ -454,10 +459,8 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             }
         }
         drop(regs);
-        if let Some(reg) = gone {
-            self.reaper.drop_later(reg);
-        }
-        self.resident.forget(key);
+        // The registration goes to the reaper with the warm-up's pin, in one handoff.
+        self.resident.forget_with(key, gone);
     }
 
     /// Runs `f` with the callers holding writable passthrough opens of inode `key` (none

@@ -38,11 +38,13 @@ fn tier(sync: bool) -> PageTier<u32> {
 
 fn rw(p: &Path) -> Result<Opened> {
     let file = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
-    let mode = file.metadata()?.permissions().mode();
+    let meta = file.metadata()?;
+    let (mode, file_size) = (meta.permissions().mode(), meta.len());
     Ok(Opened {
         file,
         mode,
         fresh: false,
+        size: file_size,
     })
 }
 
