@@ -557,9 +557,7 @@ impl Resident {
             && gone.is_empty()
             && gone_deferred.is_empty()
             && extra.is_none();
-        if !nothing {
-            inner.dispose((pin, changed, gone, gone_deferred, extra));
-        }
+        inner.dispose((!nothing).then_some((pin, changed, gone, gone_deferred, extra)));
     }
 
     /// Whether the file is known (queued, warming, or warmed): a file never handed in has
@@ -659,8 +657,12 @@ fn take_matching<T>(q: &mut VecDeque<T>, out: &mut Vec<T>, pred: impl Fn(&T) -> 
 
 impl Inner {
     /// Drops `v` (a pin, queued descriptors) on the configured reaper, or here: never
-    /// under the queue lock.
-    fn dispose<T: Send + 'static>(&self, v: T) {
+    /// under the queue lock. Nothing to drop wakes no reaper thread (a refresh of a file
+    /// warmed empty, the most common one, has no pin to give back).
+    fn dispose<T: Send + 'static>(&self, v: Option<T>) {
+        let Some(v) = v else {
+            return;
+        };
         match &self.cfg.reaper {
             Some(r) => r.drop_later(v),
             None => drop(v),
