@@ -1055,3 +1055,78 @@ fn umount_after_a_busy_umount_unmounts() {
     assert!(st.success(), "daemon exit {st}: {}", m.log_text());
     assert_eq!(fs::read(backing.join("x")).expect("backing"), b"held");
 }
+
+#[test]
+fn attributes_of_an_open_file_without_a_name_change_as_on_a_local_fs() {
+    unlinked_open_attrs("pagecache");
+}
+
+#[test]
+fn attributes_of_an_open_file_without_a_name_change_on_the_engine() {
+    unlinked_open_attrs("engine-auto");
+}
+
+/// fchmod, fchown and futimens of a file that is open but whose last name is gone: a
+/// local file system changes the inode (the kernel sends SETATTR without a handle for
+/// fchmod and futimens, so the daemon must find the inode by what it holds, not by name).
+/// The same calls on a plain directory are the reference.
+fn unlinked_open_attrs(read_path: &str) {
+    let s = Scratch::new(&format!("unlinked-attrs-{read_path}"));
+    let (plain, backing, mnt) = (s.sub("plain"), s.sub("backing"), s.sub("mnt"));
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--read-path", read_path]);
+    let run = |root: &Path| -> Vec<String> {
+        let p = root.join("gone");
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .expect("create");
+        f.write_all(b"data").expect("write");
+        fs::remove_file(&p).expect("unlink");
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        let mut out = Vec::new();
+        // SAFETY: plain system calls on a descriptor this closure holds open.
+        let r = unsafe { libc::fchmod(fd, 0o600) };
+        out.push(format!("fchmod {}", errno_of(rc(r))));
+        // SAFETY: as above.
+        let r = unsafe { libc::fchown(fd, 1, 1) };
+        out.push(format!("fchown {}", errno_of(rc(r))));
+        let ts = [
+            libc::timespec {
+                tv_sec: 1_000_000,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: 2_000_000,
+                tv_nsec: 0,
+            },
+        ];
+        // SAFETY: `ts` outlives the call.
+        let r = unsafe { libc::futimens(fd, ts.as_ptr()) };
+        out.push(format!("futimens {}", errno_of(rc(r))));
+        let md = f.metadata().expect("fstat");
+        out.push(format!(
+            "mode {:o} uid {} gid {} mtime {} nlink {}",
+            md.mode(),
+            md.uid(),
+            md.gid(),
+            md.mtime(),
+            md.nlink()
+        ));
+        out
+    };
+    let want = run(&plain);
+    let got = run(&mnt);
+    assert_eq!(got, want, "the mount against a plain directory");
+    drop(m);
+}
+
+fn rc(r: libc::c_int) -> std::io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

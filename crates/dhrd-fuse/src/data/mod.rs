@@ -82,6 +82,21 @@ enum Failed {
     Sync,
 }
 
+/// A descriptor of a backing inode that the data path holds (`Files::held_file`).
+pub enum HeldFile {
+    Page(Arc<File>),
+    Engine(Obj),
+}
+
+impl AsFd for HeldFile {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            HeldFile::Page(f) => f.as_fd(),
+            HeldFile::Engine(o) => o.backing().file().as_fd(),
+        }
+    }
+}
+
 impl Files {
     pub fn new(
         dir: Arc<BackingDir>,
@@ -233,12 +248,14 @@ impl Files {
         }
     }
 
-    /// A descriptor of backing inode `key` the page cache path holds open anyway, for
-    /// requests that only need one of the inode (xattrs).
-    pub fn held_file(&self, key: u64) -> Option<Arc<File>> {
+    /// A descriptor of backing inode `key` the data path holds open anyway (an open, a
+    /// registration kept after the last close, a cached object), for requests that only
+    /// need one of the inode (xattrs, chmod, chown, utimens): no open by name, and it
+    /// reaches a file that is open but has no name any more, as on a local file system.
+    pub fn held_file(&self, key: u64) -> Option<HeldFile> {
         match self.tier_if_set()? {
-            Tier::Page(t) => t.held_file(key),
-            Tier::Engine(_) => None,
+            Tier::Page(t) => t.held_file(key).map(HeldFile::Page),
+            Tier::Engine(t) => t.objects().get(key).map(HeldFile::Engine),
         }
     }
 

@@ -14,7 +14,6 @@ use crate::kernel::{FileKind, Ino};
 use crate::page::PRIVATE_XATTR_PREFIX;
 use rustix::fs::OFlags;
 use std::ffi::OsStr;
-use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
@@ -127,7 +126,7 @@ impl Namespace {
 /// A descriptor of a node, kept elsewhere or opened for one request.
 enum NodeFd {
     Dir(std::sync::Arc<OwnedFd>),
-    File(std::sync::Arc<File>),
+    File(crate::data::HeldFile),
     Own(OwnedFd),
 }
 
