@@ -20,9 +20,14 @@ The backing is a fresh journalled ext4 on a loop device over a file in `--disk-d
 removed at the end. Needs root and perf. Prints one line per phase:
   phase, requests, requests per file, daemon CPU us per request, per file, opcodes.
 
+With `--null-server target/release/dhrd-bench` it measures the floor instead: the null
+FUSE server of experiment 8 (`dhrd-bench fuse-transport`, legacy /dev/fuse, 1 and 8
+threads, one short round of fio 4 KiB reads), its server threads' CPU time against the
+requests fio sent.
+
 Usage: bench/fuse/cpu_per_request.py [--dhrd target/release/dhrd] [--files 5000]
        [--file-bytes 4096] [--durability fsync] [--threads N] [--disk-dir /var/tmp]
-       [-- extra dhrd mount options]
+       [--record PHASE] [--null-server BIN] [-- extra dhrd mount options]
 """
 import argparse
 import os
@@ -140,6 +145,35 @@ def phase(name, m, nfiles, fn, record=None):
     print(f"        daemon CPU us/file by thread: {threads}", flush=True)
 
 
+def null_server(bench, threads):
+    """CPU per request of the null server with `threads` /dev/fuse threads."""
+    out = tempfile.mkdtemp(prefix="dhrd-null-", dir="/var/tmp")
+    rec = subprocess.Popen(["perf", "record", "-q", "-a", "-e", "fuse:fuse_request_send",
+                            "-o", f"{out}/perf.data"])
+    time.sleep(1.0)
+    p = subprocess.Popen([bench, "fuse-transport", "--threads", str(threads), "--no-uring",
+                          "--rounds", "1", "--runtime", "3", "--size", "64M", "--out", out],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen = {}
+    while p.poll() is None:
+        try:
+            for tid, (name, ns) in daemon_cpu_ns(p.pid).items():
+                if name.startswith("null-dev"):
+                    seen[tid] = max(seen.get(tid, 0), ns)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    rec.send_signal(signal.SIGINT)
+    rec.wait()
+    script = subprocess.run(["perf", "script", "-i", f"{out}/perf.data", "-F", "comm"],
+                            capture_output=True, text=True).stdout
+    reqs = sum(1 for line in script.splitlines() if line.strip() == "fio")
+    cpu = sum(seen.values())
+    subprocess.run(["rm", "-rf", out])
+    print(f"null server, {threads} thread(s): requests {reqs}, server CPU "
+          f"{cpu / 1e3 / max(reqs, 1):.1f} us/request", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dhrd", default="target/release/dhrd")
@@ -150,8 +184,14 @@ def main():
     ap.add_argument("--disk-dir", default="/var/tmp")
     ap.add_argument("--record", help="perf record -g the daemon during this phase (or all)"
                     " into perf-PHASE.data")
+    ap.add_argument("--null-server", metavar="DHRD_BENCH",
+                    help="measure the null server of experiment 8 instead")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
+    if args.null_server:
+        for t in (1, 8):
+            null_server(args.null_server, t)
+        return 0
     dhrd = os.path.abspath(args.dhrd)
     work = tempfile.mkdtemp(prefix="dhrd-cpu-", dir=args.disk_dir)
     img, ext4, mnt = (os.path.join(work, n) for n in ("disk.img", "ext4", "mnt"))
