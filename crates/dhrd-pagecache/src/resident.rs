@@ -28,7 +28,8 @@
 //! - An empty file is recorded at once, without a worker; it is warmed when it grows.
 //! - A file is never warmed or pinned after it lost its last name: a demand (or refresh)
 //!   that races the unlink and its `forget` looks at the link count after its entry is in
-//!   and forgets the file itself if the count is 0.
+//!   (or leaves that to its caller, `demand_unchecked`) and forgets the file itself if the
+//!   count is 0.
 //! - A file that changed size (`refresh`) gives back its reservation and pin at once and
 //!   is warmed and pinned again after `refresh_delay` ([`REFRESH_DELAY`]), unless it is
 //!   forgotten first; its entry is `Busy` meanwhile. A file that changes size while it is
