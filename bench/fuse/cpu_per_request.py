@@ -28,6 +28,8 @@ requests fio sent.
 Usage: bench/fuse/cpu_per_request.py [--dhrd target/release/dhrd] [--files 5000]
        [--file-bytes 4096] [--durability fsync] [--threads N] [--disk-dir /var/tmp]
        [--record PHASE] [--null-server BIN] [-- extra dhrd mount options]
+With STRACE=PHASE (or all) in the environment, `strace -c -f` counts the daemon's system
+calls during that phase into strace-PHASE.txt (slows the phase: read only its counts).
 """
 import argparse
 import os
