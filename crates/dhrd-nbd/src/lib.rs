@@ -39,6 +39,7 @@ pub mod server;
 mod socket;
 pub mod target;
 mod tls;
+mod tls_stream;
 mod wait;
 
 pub use engine::EngineTarget;

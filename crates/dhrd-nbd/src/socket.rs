@@ -10,7 +10,8 @@
 //! - a write payload is read by a deadline for the whole payload ([`read_by`]), for the
 //!   same reason;
 //! - sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished client is an error result;
-//! - a TLS stream (`tls.rs`) behaves as a socket here: the same deadlines bound its waits,
+//! - a TLS stream (`tls_stream.rs`) behaves as a socket here: the same deadlines bound
+//!   its waits (including for ciphertext it encrypted but the socket has not taken yet),
 //!   and its waits never hold the session lock.
 //!
 //! Crash semantics: none; this only moves bytes between the socket and memory.
@@ -132,6 +133,11 @@ pub(crate) trait ReplySink {
     fn send_now(&mut self, parts: &[IoSlice<'_>]) -> io::Result<usize>;
     /// Waits until the peer takes bytes again, or `deadline` passes (TimedOut).
     fn wait_writable(&mut self, deadline: Instant) -> io::Result<()>;
+    /// Sends what the peer takes now of bytes the sink took but still holds (a TLS
+    /// stream's ciphertext); `Ok(true)` when it holds none. A plain socket holds none.
+    fn flush_now(&mut self) -> io::Result<bool> {
+        Ok(true)
+    }
 }
 
 impl ReplySink for Stream {
@@ -156,6 +162,13 @@ impl ReplySink for Stream {
     fn wait_writable(&mut self, deadline: Instant) -> io::Result<()> {
         self.wait_for(libc::POLLOUT, deadline)
     }
+
+    fn flush_now(&mut self) -> io::Result<bool> {
+        match self {
+            Stream::Tls(s) => s.flush_now(),
+            _ => Ok(true),
+        }
+    }
 }
 
 /// How far [`send_parts`] got.
@@ -163,13 +176,16 @@ impl ReplySink for Stream {
 pub(crate) enum Progress {
     /// Every byte was written.
     Whole,
-    /// The peer took only this many bytes (counting the skipped ones) by the deadline.
+    /// The peer took only this many bytes (counting the skipped ones) by the deadline;
+    /// all of them when a TLS stream took every byte but still holds ciphertext, which the
+    /// next send to the stream sends first.
     Partial(usize),
 }
 
-/// Writes `parts` as one stream of bytes, skipping the first `skip` (already written).
-/// Whenever the peer takes nothing, waits for it until `deadline`; with no deadline, or
-/// once it has passed, stops there ([`Progress::Partial`]).
+/// Writes `parts` as one stream of bytes, skipping the first `skip` (already written),
+/// and flushes what the sink holds of them (`ReplySink::flush_now`). Whenever the peer
+/// takes nothing, waits for it until `deadline`; with no deadline, or once it has passed,
+/// stops there ([`Progress::Partial`]).
 pub(crate) fn send_parts<S: ReplySink>(
     sink: &mut S,
     parts: &[&[u8]],
@@ -178,19 +194,35 @@ pub(crate) fn send_parts<S: ReplySink>(
 ) -> io::Result<Progress> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut done = skip.min(total);
-    while done < total {
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len());
-        let mut at = 0;
-        for p in parts {
-            if at + p.len() > done {
-                let from = done.saturating_sub(at);
-                slices.push(IoSlice::new(&p[from..]));
+    loop {
+        let step = if done < total {
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len());
+            let mut at = 0;
+            for p in parts {
+                if at + p.len() > done {
+                    let from = done.saturating_sub(at);
+                    slices.push(IoSlice::new(&p[from..]));
+                }
+                at += p.len();
             }
-            at += p.len();
-        }
-        match sink.send_now(&slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
+            match sink.send_now(&slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    done += n;
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            // Every byte was taken; a TLS stream may still hold some of its ciphertext.
+            match sink.flush_now() {
+                Ok(true) => return Ok(Progress::Whole),
+                Ok(false) => Err(io::ErrorKind::WouldBlock.into()),
+                Err(e) => Err(e),
+            }
+        };
+        match step {
+            Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let Some(d) = deadline else {
@@ -207,7 +239,6 @@ pub(crate) fn send_parts<S: ReplySink>(
             Err(e) => return Err(e),
         }
     }
-    Ok(Progress::Whole)
 }
 
 /// Reads exactly `buf.len()` bytes by `deadline` (the time the whole of them may take).

@@ -1,6 +1,7 @@
 //! TLS for NBD (NBD_OPT_STARTTLS): the server's credentials (x509 certificates, or
-//! pre-shared keys in psktool's `identity:hexkey` format), the handshake, and the
-//! encrypted stream shared by a connection's reader and writer threads.
+//! pre-shared keys in psktool's `identity:hexkey` format) and the handshake. The
+//! encrypted stream that follows, shared by a connection's reader and writer threads, is
+//! `tls_stream.rs`.
 //!
 //! Library: OpenSSL (the `openssl` crate over the system's libssl 3). The clients are
 //! GnuTLS-based (libnbd, qemu) and PSK must interoperate with them; rustls has no
@@ -13,32 +14,26 @@
 //!   with PSK, an identity not in the key file, or a wrong key, fails the handshake; with
 //!   `verify_peer`, a client without a certificate chaining to `ca-cert.pem` (expired,
 //!   from another CA, none at all) fails it. A failed handshake ends the connection;
-//! - one SSL object per connection, behind a mutex, over the socket used only with
-//!   non-blocking calls (MSG_DONTWAIT): the lock is held while OpenSSL encrypts or
-//!   decrypts, never while a thread waits for the socket (it waits in `poll` without
-//!   the lock). So the leader/follower readers and the reply writer of `conn.rs` share
-//!   the session as they share a plain socket: one reader at a time (the reader lock),
-//!   one reply at a time (the writer lock), and readers never wait for writers;
-//! - a write that OpenSSL could not finish (WANT_WRITE) is retried with the same bytes
-//!   from the same position (the reply's unsent rest; partial-write and
-//!   moving-buffer modes), which is what OpenSSL requires of a retry;
+//! - one SSL object per connection over a transport in memory (`tls_stream.rs`): the
+//!   handshake, like the transmission after it, makes every system call itself with
+//!   non-blocking calls and waits in `poll`, bounded by the negotiation's deadline;
 //! - TLS 1.2 at least; no renegotiation; no session tickets or cache (nothing to resume,
 //!   nothing kept per client).
 //!
 //! Crash semantics: none; this only moves bytes.
 
+pub(crate) use crate::tls_stream::TlsStream;
+use crate::tls_stream::{recv_into, send_all_by, Wire};
 use crate::wait::poll_fd;
 use crate::NbdError;
 use openssl::pkey::PKey;
 use openssl::ssl::{
-    ErrorCode, HandshakeError, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode, SslOptions,
-    SslRef, SslSessionCacheMode, SslStream, SslVerifyMode, SslVersion,
+    HandshakeError, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef,
+    SslSessionCacheMode, SslVerifyMode, SslVersion,
 };
 use openssl::x509::X509Name;
-use parking_lot::Mutex;
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -79,12 +74,6 @@ impl TlsConfig {
 const PSK_KEY_BYTES_MAX: usize = 512;
 /// Longest PSK identity (OpenSSL's PSK_MAX_IDENTITY_LEN).
 const PSK_IDENTITY_BYTES_MAX: usize = 256;
-/// Plaintext bytes of one TLS record: small reply parts are gathered up to it, so a
-/// header and its data leave in one record.
-const TLS_RECORD_BYTES: usize = 16 << 10;
-/// Most plaintext one write call encrypts while it holds the session lock, so a reader
-/// never waits long behind a large reply.
-const TLS_WRITE_SLICE_BYTES: usize = 64 << 10;
 /// TLS 1.2 suites offered with PSK (TLS 1.3 suites are OpenSSL's defaults). Forward
 /// secret ones first; plain PSK last for clients that offer nothing else.
 const PSK_TLS12_CIPHERS: &str = "ECDHE-PSK-CHACHA20-POLY1305:ECDHE-PSK-AES256-CBC-SHA384:\
@@ -160,7 +149,6 @@ impl TlsServer {
         b.set_min_proto_version(Some(SslVersion::TLS1_2))
             .map_err(|e| tls_err("protocol versions", e))?;
         b.set_options(SslOptions::NO_RENEGOTIATION | SslOptions::IGNORE_UNEXPECTED_EOF);
-        b.set_mode(SslMode::ENABLE_PARTIAL_WRITE | SslMode::ACCEPT_MOVING_WRITE_BUFFER);
         b.set_session_cache_mode(SslSessionCacheMode::OFF);
         b.set_num_tickets(0).map_err(|e| tls_err("tickets", e))?;
         match creds {
@@ -179,32 +167,54 @@ impl TlsServer {
     ) -> Result<(TlsStream, String), NbdError> {
         let fd = plain.as_raw_fd();
         let ssl = Ssl::new(&self.ctx).map_err(|e| tls_err("session", e))?;
-        let s = match ssl.accept(Raw(plain)) {
-            Ok(s) => s,
-            Err(HandshakeError::WouldBlock(mid)) => {
-                let mut mid = mid;
-                loop {
-                    let events = match mid.error().code() {
-                        ErrorCode::WANT_WRITE => libc::POLLOUT,
-                        _ => libc::POLLIN,
-                    };
-                    poll_fd(fd, events, Some(deadline))
-                        .map_err(|e| tls_err("handshake not finished in time", e))?;
-                    match mid.handshake() {
-                        Ok(s) => break s,
-                        Err(HandshakeError::WouldBlock(m)) => mid = m,
-                        Err(e) => return Err(handshake_failed(e)),
-                    }
+        let mut step = ssl.accept(Wire::default());
+        let s = loop {
+            let mut mid = match step {
+                Ok(mut s) => {
+                    flush_handshake(fd, s.get_mut(), deadline)?;
+                    break s;
                 }
+                Err(HandshakeError::WouldBlock(mid)) => mid,
+                Err(HandshakeError::Failure(mut mid)) => {
+                    // Best effort: the alert tells the client why.
+                    let _ = flush_handshake(fd, mid.get_mut(), deadline);
+                    return Err(handshake_failed(HandshakeError::Failure(mid)));
+                }
+                Err(e) => return Err(handshake_failed(e)),
+            };
+            flush_handshake(fd, mid.get_mut(), deadline)?;
+            // The wire never blocks a write, so OpenSSL waits only for the client.
+            let mut received = Vec::new();
+            loop {
+                match recv_into(fd, &mut received, false) {
+                    Ok(0) => mid.get_mut().set_eof(),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        poll_fd(fd, libc::POLLIN, Some(deadline))
+                            .map_err(|e| tls_err("handshake not finished in time", e))?;
+                        continue;
+                    }
+                    Err(e) => return Err(tls_err("handshake", e)),
+                }
+                break;
             }
-            Err(e) => return Err(handshake_failed(e)),
+            mid.get_mut().feed(&mut received);
+            step = mid.handshake();
         };
         let about = describe(s.ssl());
-        Ok((TlsStream::new(s, fd), about))
+        Ok((TlsStream::new(s, plain), about))
     }
 }
 
-fn handshake_failed(e: HandshakeError<Raw>) -> NbdError {
+/// Sends what the handshake wrote, by `deadline`.
+fn flush_handshake(fd: RawFd, wire: &mut Wire, deadline: Instant) -> Result<(), NbdError> {
+    let mut out = Vec::new();
+    wire.drain_to(&mut out);
+    send_all_by(fd, &out, Some(deadline)).map_err(|e| tls_err("handshake not finished in time", e))
+}
+
+fn handshake_failed(e: HandshakeError<Wire>) -> NbdError {
     let why = match &e {
         HandshakeError::Failure(m) => match m.error().ssl_error() {
             Some(stack) => stack.to_string(),
@@ -302,196 +312,9 @@ fn warn_if_readable_by_others(path: &Path, what: &str) {
     }
 }
 
-/// The socket under a TLS session: non-blocking calls only (MSG_DONTWAIT), so OpenSSL
-/// never blocks while the session lock is held; `WouldBlock` makes it ask to be retried.
-struct Raw(OwnedFd);
-
-impl Read for Raw {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: recv into a buffer we own, on our open socket.
-        let n = unsafe {
-            libc::recv(
-                self.0.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
-    }
-}
-
-impl Write for Raw {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        // SAFETY: send from a buffer we borrow, on our open socket; no SIGPIPE.
-        let n = unsafe {
-            libc::send(
-                self.0.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(n as usize)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-struct Session {
-    ssl: Mutex<SslStream<Raw>>,
-    fd: RawFd,
-}
-
-/// One handle of a connection's TLS session (a reader's or the writer's). Its deadlines
-/// bound its own waits for the socket (`None`: wait as long as it takes).
-pub(crate) struct TlsStream {
-    session: Arc<Session>,
-    read_deadline: Cell<Option<Instant>>,
-    write_deadline: Cell<Option<Instant>>,
-}
-
-impl std::fmt::Debug for TlsStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TlsStream(fd {})", self.session.fd)
-    }
-}
-
-/// What one attempt of a TLS call asks for.
-enum Attempt<T> {
-    Done(T),
-    Wait(libc::c_short),
-}
-
-fn attempt<T>(r: Result<T, openssl::ssl::Error>) -> io::Result<Attempt<T>> {
-    match r {
-        Ok(v) => Ok(Attempt::Done(v)),
-        Err(e) => match e.code() {
-            ErrorCode::WANT_READ => Ok(Attempt::Wait(libc::POLLIN)),
-            ErrorCode::WANT_WRITE => Ok(Attempt::Wait(libc::POLLOUT)),
-            _ => Err(e
-                .into_io_error()
-                .unwrap_or_else(|e| io::Error::other(e.to_string()))),
-        },
-    }
-}
-
-impl TlsStream {
-    fn new(s: SslStream<Raw>, fd: RawFd) -> Self {
-        Self {
-            session: Arc::new(Session {
-                ssl: Mutex::new(s),
-                fd,
-            }),
-            read_deadline: Cell::new(None),
-            write_deadline: Cell::new(None),
-        }
-    }
-
-    pub(crate) fn try_clone(&self) -> TlsStream {
-        Self {
-            session: Arc::clone(&self.session),
-            read_deadline: Cell::new(None),
-            write_deadline: Cell::new(None),
-        }
-    }
-
-    pub(crate) fn raw_fd(&self) -> RawFd {
-        self.session.fd
-    }
-
-    pub(crate) fn set_read_deadline(&self, d: Option<Instant>) {
-        self.read_deadline.set(d);
-    }
-
-    pub(crate) fn set_write_deadline(&self, d: Option<Instant>) {
-        self.write_deadline.set(d);
-    }
-
-    /// Decrypted bytes OpenSSL holds that no read has taken yet.
-    pub(crate) fn has_pending(&self) -> bool {
-        self.session.ssl.lock().ssl().pending() > 0
-    }
-
-    /// Reads like a blocking socket, waiting (without the session lock) up to the read
-    /// deadline. End of stream (a close_notify, or the peer or a shutdown closing the
-    /// socket) reads as 0.
-    pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let r = self.session.ssl.lock().ssl_read(buf);
-            let r = match r {
-                Err(e) if e.code() == ErrorCode::ZERO_RETURN => return Ok(0),
-                Err(e) if e.code() == ErrorCode::SYSCALL && e.io_error().is_none() => return Ok(0),
-                r => attempt(r)?,
-            };
-            match r {
-                Attempt::Done(n) => return Ok(n),
-                Attempt::Wait(ev) => poll_fd(self.session.fd, ev, self.read_deadline.get())?,
-            }
-        }
-    }
-
-    /// Writes like a blocking socket (the negotiation's replies), up to the write
-    /// deadline.
-    pub(crate) fn write(&self, buf: &[u8]) -> io::Result<usize> {
-        loop {
-            let r = self.session.ssl.lock().ssl_write(buf);
-            match attempt(r)? {
-                Attempt::Done(n) => return Ok(n),
-                Attempt::Wait(ev) => poll_fd(self.session.fd, ev, self.write_deadline.get())?,
-            }
-        }
-    }
-
-    /// Encrypts and sends what the socket takes now, from the start of `parts`, without
-    /// waiting; `WouldBlock` when it takes nothing. Small leading parts are gathered into
-    /// one record.
-    pub(crate) fn send_now(&self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
-        let Some(first) = parts.iter().find(|p| !p.is_empty()) else {
-            return Ok(0);
-        };
-        let mut gathered = [0u8; TLS_RECORD_BYTES];
-        let plain: &[u8] = if first.len() >= TLS_RECORD_BYTES {
-            &first[..first.len().min(TLS_WRITE_SLICE_BYTES)]
-        } else {
-            let mut n = 0;
-            for p in parts {
-                let k = p.len().min(TLS_RECORD_BYTES - n);
-                gathered[n..n + k].copy_from_slice(&p[..k]);
-                n += k;
-                if n == TLS_RECORD_BYTES {
-                    break;
-                }
-            }
-            &gathered[..n]
-        };
-        let r = self.session.ssl.lock().ssl_write(plain);
-        match attempt(r)? {
-            Attempt::Done(n) => Ok(n),
-            Attempt::Wait(libc::POLLOUT) => Err(io::ErrorKind::WouldBlock.into()),
-            // A write never needs to read once the handshake is done (no renegotiation).
-            Attempt::Wait(_) => Err(io::Error::other("TLS write wants to read")),
-        }
-    }
-
-    /// Sends close_notify if the socket takes it now; best effort, at the end of a
-    /// connection.
-    pub(crate) fn close_notify(&self) {
-        let _ = self.session.ssl.lock().shutdown();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
     #[test]
     fn psk_files_are_parsed_strictly() {
         let dir = std::env::temp_dir().join(format!("dhrd-psk-{}", std::process::id()));
