@@ -134,9 +134,9 @@ pub(crate) fn recv_into(fd: RawFd, buf: &mut Vec<u8>, wait: bool) -> io::Result<
     buf.reserve(RECV_CHUNK_BYTES);
     let spare = buf.spare_capacity_mut();
     let len = spare.len().min(RECV_CHUNK_BYTES);
+    let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
     // SAFETY: recv writes at most `len` bytes into the vector's spare capacity, on our
     // open socket; only the bytes it reports are then counted as initialised.
-    let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
     let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), len, flags) };
     if n < 0 {
         return Err(io::Error::last_os_error());
