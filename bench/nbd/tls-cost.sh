@@ -6,9 +6,11 @@
 # One dhrd export (--tls on: plaintext and TLS clients read the same bytes) is read by
 # fio's nbd engine (libnbd over GnuTLS) with a fixed number of 4 KiB random reads at QD 1
 # and QD 8, each way. For each run:
-#   - cpu_us_per_req: the server's user+system CPU time over the run (/proc/PID/stat,
-#     which includes threads that have exited) divided by the requests it served (its
-#     status file, nbd.bytes_read / 4096);
+#   - cpu_us_per_req (user_us_per_req + sys_us_per_req): the server's CPU time over the
+#     run (/proc/PID/stat, which includes threads that have exited) divided by the
+#     requests it served (its status file, nbd.bytes_read / 4096). The system part
+#     includes the scheduler's work for threads that wait for each other, which varies
+#     with the machine's other load; the user part (parsing, copies, OpenSSL) varies less;
 #   - syscalls_per_req: every system call the server made (perf stat -e
 #     raw_syscalls:sys_enter on the process), divided by the requests; a second, shorter
 #     run under strace -c -f gives the breakdown by call (strace slows the server, so its
@@ -78,7 +80,7 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
+cpu_ticks() { awk '{print $14 " " $15}' "/proc/$PID/stat"; }
 bytes_read() {
   sleep 1.2 # the status file is rewritten every second
   python3 -c "import json; print(json.load(open('$WORK/status'))['nbd']['bytes_read'])"
@@ -96,13 +98,13 @@ for way in plain tls; do
   uri="nbd+unix:///?socket=$WORK/s.sock"
   [ "$way" = tls ] && uri="nbds+unix:///?socket=$WORK/s.sock"
   for qd in 1 8; do
-    b0=$(bytes_read); c0=$(cpu_ticks)
+    b0=$(bytes_read); read -r u0 s0 < <(cpu_ticks)
     perf stat -e raw_syscalls:sys_enter -x, -o "$WORK/perf.txt" -p "$PID" &
     PERF=$!
     sleep 0.5
     fio_ios "$uri" "$qd" "$IOS"
     kill -INT "$PERF"; wait "$PERF" || true
-    c1=$(cpu_ticks); b1=$(bytes_read)
+    read -r u1 s1 < <(cpu_ticks); b1=$(bytes_read)
     sys=$(awk -F, '/raw_syscalls/ {print $1}' "$WORK/perf.txt")
     strace -c -f -q -o "$WORK/strace-$way-$qd.txt" -p "$PID" &
     ST=$!
@@ -110,18 +112,21 @@ for way in plain tls; do
     fio_ios "$uri" "$qd" "$STRACE_IOS"
     kill -INT "$ST"; wait "$ST" || true
     cp "$WORK/strace-$way-$qd.txt" "$OUT/"
-    python3 - "$way" "$qd" "$b0" "$b1" "$c0" "$c1" "$HZ" "$sys" "$STRACE_IOS" \
+    python3 - "$way" "$qd" "$b0" "$b1" "$u0" "$u1" "$s0" "$s1" "$HZ" "$sys" "$STRACE_IOS" \
       "$WORK/strace-$way-$qd.txt" >> "$RESULTS" <<'PY'
 import json, sys
-way, qd, b0, b1, c0, c1, hz, sys_calls, strace_ios, path = sys.argv[1:]
+way, qd, b0, b1, u0, u1, s0, s1, hz, sys_calls, strace_ios, path = sys.argv[1:]
 reqs = (int(b1) - int(b0)) / 4096
+us = lambda ticks: round(ticks / int(hz) * 1e6 / reqs, 1)
 calls = {}
 for line in open(path):
     f = line.split()
     if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
         calls[f[-1]] = round(int(f[3]) / int(strace_ios), 2)
 print(json.dumps({"way": way, "qd": int(qd), "requests": int(reqs),
-                  "cpu_us_per_req": round((int(c1) - int(c0)) / int(hz) * 1e6 / reqs, 1),
+                  "cpu_us_per_req": us(int(u1) + int(s1) - int(u0) - int(s0)),
+                  "user_us_per_req": us(int(u1) - int(u0)),
+                  "sys_us_per_req": us(int(s1) - int(s0)),
                   "syscalls_per_req": round(int(sys_calls) / reqs, 2),
                   "strace_calls_per_req": dict(sorted(calls.items(), key=lambda kv: -kv[1]))}))
 PY

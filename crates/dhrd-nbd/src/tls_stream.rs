@@ -398,7 +398,9 @@ impl TlsStream {
         if !self.push(&mut out)? {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        let taken = if first.len() >= TLS_RECORD_BYTES {
+        let alone = parts.iter().filter(|p| !p.is_empty()).count() == 1;
+        let taken = if first.len() >= TLS_RECORD_BYTES || alone {
+            // Already one piece (a reply built in one buffer): encrypted where it is.
             let slice = &first[..first.len().min(TLS_WRITE_SLICE_BYTES)];
             self.encrypt(&mut out, slice)?;
             slice.len()

@@ -1,6 +1,6 @@
-//! Waiting for a socket to be ready, by a deadline: the one blocking step of the
-//! transmission phase's reads and writes (`socket.rs`) and of a TLS session's (`tls.rs`),
-//! taken without any lock held.
+//! Waiting for a socket to be ready, by a deadline: the blocking step of the
+//! transmission phase's deadline-bound reads and writes (`socket.rs`) and of a TLS
+//! session's (`tls.rs`, `tls_stream.rs`), taken without any lock held.
 //!
 //! Crash semantics: none.
 
