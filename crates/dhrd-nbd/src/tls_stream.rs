@@ -593,4 +593,37 @@ mod tests {
             (16usize + (1 << 20)).div_ceil(16 << 10)
         );
     }
+
+    #[test]
+    fn ciphertext_the_socket_did_not_take_goes_first_when_the_reply_resumes() {
+        let (s, c, _) = session_pair();
+        let data: Vec<u8> = (0..8 << 20).map(|i| (i % 249) as u8).collect();
+        let mut w = Stream::Tls(s.try_clone());
+        // Nobody reads yet: the reply stops at its deadline, part of it encrypted and
+        // held.
+        let soon = Some(Instant::now() + Duration::from_millis(200));
+        let done = match send_parts(&mut w, &[&data], 0, soon) {
+            Ok(Progress::Partial(n)) => n,
+            r => panic!("{r:?}"),
+        };
+        assert!(done > 0 && done < data.len(), "{done}");
+        assert!(
+            !s.flush_now().unwrap_or(true),
+            "no ciphertext held for a socket that is full"
+        );
+        let len = data.len();
+        let reader = std::thread::spawn(move || {
+            let mut c = c;
+            let mut got = vec![0u8; len];
+            c.read_exact(&mut got).map(|()| got)
+        });
+        let later = Some(Instant::now() + Duration::from_secs(30));
+        let r = send_parts(&mut w, &[&data], done, later);
+        assert_eq!(r.ok(), Some(Progress::Whole));
+        let got = reader.join().ok().and_then(Result::ok);
+        assert!(
+            got.as_deref() == Some(&data[..]),
+            "the reply arrived changed"
+        );
+    }
 }
