@@ -47,14 +47,10 @@ impl Failure {
         if !self.is_failed() {
             return Ok(());
         }
-        Err(Error::ReadOnly(self.cause().unwrap_or_else(|| {
-            FailureCause {
-                op: BackingOp::Write,
-                errno: None,
-                message: String::from("unknown"),
-                at: SystemTime::now(),
-            }
-        })))
+        // `fail` stores the cause before it raises the flag (Release, read with Acquire).
+        let cause = self.cause();
+        assert!(cause.is_some(), "a sticky failure without its cause");
+        Err(Error::ReadOnly(cause.expect("asserted above")))
     }
 
     /// Records the first failure; later ones keep the original cause.
@@ -93,6 +89,8 @@ struct State {
     sync_ns_avg: u64,
     /// `(after, through]` ticket ranges whose sync failed with ENOSPC.
     failed_batches: Vec<(u64, u64)>,
+    /// A sync failed: none may start again (C4), whatever `Failure` says meanwhile.
+    sync_failed: bool,
 }
 
 #[derive(Default)]
@@ -160,6 +158,13 @@ impl GroupCommit {
             }
             let target = g.issued;
             let prev = g.synced;
+            // C4: a failed sync is never retried. `failure.check()` above saw no failure
+            // under this mutex, and every sync failure is recorded under it.
+            assert!(!g.sync_failed, "a sync was attempted after a failed one");
+            assert!(
+                prev < target && target >= t.0,
+                "a sync covers the waiter's ticket"
+            );
             drop(g);
             let started = Instant::now();
             let r = sync();
@@ -180,6 +185,7 @@ impl GroupCommit {
                     stats.add(C::Syncs, 1);
                     stats.record_batch(target - prev);
                     g.synced = g.synced.max(target);
+                    debug_assert!(g.synced <= g.issued, "synced past what was issued");
                 }
                 Err(e) => {
                     stats.add(C::SyncFailures, 1);
@@ -190,6 +196,7 @@ impl GroupCommit {
                         }
                         g.failed_batches.push((prev, target));
                     }
+                    g.sync_failed = true;
                     failure.fail(BackingOp::Sync, &e);
                 }
             }

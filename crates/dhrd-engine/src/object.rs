@@ -424,6 +424,12 @@ impl<D: Durable> HybridObject<D> {
         self.inner.cfg.durability
     }
 
+    /// Whether the length is fixed at open (`ObjectConfig::fixed_len`): writes past it and
+    /// size changes are refused.
+    pub fn is_fixed_len(&self) -> bool {
+        self.inner.cfg.fixed_len
+    }
+
     pub fn backing(&self) -> &D {
         &self.inner.backing
     }

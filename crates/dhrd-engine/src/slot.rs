@@ -78,9 +78,14 @@ impl Drop for WriteHold<'_> {
     fn drop(&mut self) {
         let mut g = self.slot.holders.lock();
         if self.exclusive {
+            debug_assert!(g.exclusive, "an exclusive hold released twice");
             g.exclusive = false;
-        } else if let Some(i) = g.writers.iter().position(|r| *r == self.range) {
-            g.writers.swap_remove(i);
+        } else {
+            let i = g.writers.iter().position(|r| *r == self.range);
+            debug_assert!(i.is_some(), "a writer's range was not registered");
+            if let Some(i) = i {
+                g.writers.swap_remove(i);
+            }
         }
         drop(g);
         self.slot.cv.notify_all();
@@ -165,9 +170,21 @@ impl Slot {
         state_of(self.word.load(Ordering::Acquire))
     }
 
-    /// Sets the state; leaving Loaded bumps the generation so in-flight readers retry.
-    /// Callers hold the range lock's mutex or have the object to themselves.
+    /// Sets the state of a chunk that is not being loaded (Unloaded <-> Loaded); leaving
+    /// Loaded bumps the generation so in-flight readers retry. Callers hold the range
+    /// lock's mutex or have the object to themselves.
     pub(crate) fn set_state(&self, s: ChunkState) {
+        // Loading is entered only by `begin_load` and left only by `end_load`, which keep
+        // the `loading` flag in step with it.
+        debug_assert!(
+            s != ChunkState::Loading && self.state() != ChunkState::Loading,
+            "chunk state {:?} -> {s:?} outside a load claim",
+            self.state()
+        );
+        self.store_state(s);
+    }
+
+    fn store_state(&self, s: ChunkState) {
         let w = self.word.load(Ordering::Relaxed);
         let gen = if state_of(w) == ChunkState::Loaded && s != ChunkState::Loaded {
             (w & !STATE_MASK).wrapping_add(GEN_ONE)
@@ -191,6 +208,7 @@ impl Slot {
         end: u64,
         past_end: impl Fn() -> bool,
     ) -> (WriteHold<'_>, Found, bool) {
+        debug_assert!(start < end, "an empty write range [{start}, {end})");
         let mut g = self.holders.lock();
         let mut waited_on_load = false;
         loop {
@@ -200,11 +218,13 @@ impl Slot {
                     ChunkState::Loaded => Found::Loaded,
                     ChunkState::Loading => unreachable!("Loading without the loading flag"),
                     ChunkState::Unloaded if past_end() => {
+                        // Writers inside a chunk past the end are impossible: the end
+                        // only shrinks with the object to itself (exclusive layout lock).
+                        debug_assert!(g.writers.is_empty(), "writers inside a chunk past the end");
                         if g.writers.is_empty() {
                             Found::Fresh
                         } else {
-                            // Writers inside a chunk past the end are impossible: the end
-                            // only shrinks with the object to itself. Wait it out anyway.
+                            // Release builds wait it out rather than corrupt the chunk.
                             self.cv.wait(&mut g);
                             continue;
                         }
@@ -263,15 +283,18 @@ impl Slot {
             self.cv.notify_all();
             return Err(());
         }
+        debug_assert!(g.writers.is_empty() && !g.exclusive, "a load claim beside a writer");
         g.loading = true;
-        self.set_state(ChunkState::Loading);
+        self.store_state(ChunkState::Loading);
         Ok(LoadClaim::Claimed(g))
     }
 
     /// Ends a load begun with `begin_load`: the chunk becomes `to` (Loaded or Unloaded).
     pub(crate) fn end_load(&self, mut g: MutexGuard<'_, Holders>, to: ChunkState) {
-        debug_assert!(g.loading);
-        self.set_state(to);
+        debug_assert!(g.loading, "end_load without a claim");
+        debug_assert_eq!(self.state(), ChunkState::Loading, "a claimed chunk is Loading");
+        debug_assert_ne!(to, ChunkState::Loading, "a load ends Loaded or Unloaded");
+        self.store_state(to);
         g.loading = false;
         drop(g);
         self.cv.notify_all();

@@ -86,7 +86,8 @@ impl Activity {
 
     /// A request header was read: from now until [`Activity::end`] the connection is busy.
     pub(crate) fn begin(&self) {
-        self.state.fetch_add(1, Ordering::AcqRel);
+        let before = self.state.fetch_add(1, Ordering::AcqRel);
+        debug_assert!((before & !CLOSING) + 1 < CLOSING, "in-flight count ran into the flag");
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
         self.touch();
     }
@@ -94,7 +95,8 @@ impl Activity {
     /// The request's reply was written (or it was answered with an error, or dropped).
     pub(crate) fn end(&self) {
         self.touch();
-        self.state.fetch_sub(1, Ordering::AcqRel);
+        let before = self.state.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before & !CLOSING > 0, "a request ended that never began");
     }
 
     /// How long the connection has been idle, if it may be closed at all: past

@@ -75,10 +75,19 @@ impl Budget {
         }
         st.0 += 1;
         st.1 += bytes;
+        debug_assert!(
+            st.0 == 1 || st.1 <= MAX_IN_FLIGHT_BYTES,
+            "in-flight budget exceeded"
+        );
     }
 
+    /// Gives back what one `acquire(bytes)` took; each job is released exactly once.
     fn release(&self, bytes: u64) {
         let mut st = self.state.lock();
+        debug_assert!(
+            st.0 >= 1 && st.1 >= bytes,
+            "budget released more than was taken: {bytes} of {st:?}"
+        );
         st.0 = st.0.saturating_sub(1);
         st.1 = st.1.saturating_sub(bytes);
         self.freed.notify_one();
@@ -268,6 +277,14 @@ fn block_status<T: Target>(
         // The target answered nothing: all data is always true.
         d.push((job.length, 0));
     }
+    debug_assert!(
+        (1..=max).contains(&d.len())
+            && d.iter().map(|&(len, _)| u64::from(len)).sum::<u64>() <= job.length.into()
+            && d.iter().all(|&(len, _)| len > 0),
+        "block status reply of {} extents for {} bytes (max {max})",
+        d.len(),
+        job.length
+    );
     Ok(encode_block_status_reply(job.handle, context_id, &d))
 }
 
@@ -345,7 +362,9 @@ fn execute<T: Target>(
             .zero(offset, length.into(), may_punch, fua)
             .map_err(|e| report("write_zeroes", offset, length, &e)),
         Op::BlockStatus { req_one } => {
-            let id = params.block_status.unwrap_or(0);
+            let id = params
+                .block_status
+                .expect("validate admits BLOCK_STATUS only once base:allocation is selected");
             match block_status(target, id, job, req_one) {
                 Ok(reply) => {
                     traffic.count(op, length);
@@ -696,14 +715,30 @@ fn request<T: Target>(
         }
     }
     match verdict {
-        Ok(op) => Ok(Some(Job {
+        Ok(op) => {
+            // What `validate` guarantees the target (`target.rs`): a non-empty range
+            // inside the export, a payload for every byte of a write.
+            debug_assert!(
+                op == Op::Flush
+                    || (h.length > 0
+                        && h.offset
+                            .checked_add(h.length.into())
+                            .is_some_and(|e| e <= p.size)),
+                "validated request out of range"
+            );
+            debug_assert!(
+                !matches!(op, Op::Write { .. }) || payload.len() >= h.length as usize,
+                "write payload shorter than its request"
+            );
+            Ok(Some(Job {
             op,
             handle: h.handle,
             offset: h.offset,
             length: h.length,
             payload,
             charged,
-        })),
+        }))
+        }
         Err(errno) => {
             recycle(spare, payload);
             sh.replier

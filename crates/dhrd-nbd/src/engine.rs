@@ -30,6 +30,8 @@ impl<D: Durable> EngineTarget<D> {
     /// Serves `obj`; `read_only` refuses writes at the protocol level (advertised as
     /// NBD_FLAG_READ_ONLY) in addition to whatever the object itself refuses.
     pub fn new(obj: HybridObject<D>, read_only: bool) -> Self {
+        // The server checks ranges against the size it advertised at negotiation.
+        assert!(obj.is_fixed_len(), "an NBD export needs a fixed-length object");
         Self {
             writes_are_durable: matches!(obj.durability(), Durability::Sync),
             obj,
@@ -39,6 +41,14 @@ impl<D: Durable> EngineTarget<D> {
 
     pub fn object(&self) -> &HybridObject<D> {
         &self.obj
+    }
+
+    /// The server validated every range against `size()`, which never changes (`target.rs`).
+    fn debug_check_range(&self, offset: u64, len: u64) {
+        debug_assert!(
+            len > 0 && offset.checked_add(len).is_some_and(|e| e <= self.obj.len()),
+            "request [{offset}, +{len}) reached the target unvalidated"
+        );
     }
 
     fn after_write(&self, fua: bool) -> Result<(), NbdError> {
@@ -59,6 +69,7 @@ impl<D: Durable> Target for EngineTarget<D> {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), NbdError> {
+        self.debug_check_range(offset, buf.len() as u64);
         let out = self.obj.read_at(buf, offset)?;
         if out.bytes < buf.len() {
             // The range was checked against size(), so a short read means the backing
@@ -69,11 +80,13 @@ impl<D: Durable> Target for EngineTarget<D> {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), NbdError> {
+        self.debug_check_range(offset, buf.len() as u64);
         self.obj.write_at(buf, offset)?;
         self.after_write(fua)
     }
 
     fn zero(&self, offset: u64, len: u64, may_punch: bool, fua: bool) -> Result<(), NbdError> {
+        self.debug_check_range(offset, len);
         if may_punch {
             self.obj.zero_range(offset, len)?;
         } else {
@@ -93,6 +106,7 @@ impl<D: Durable> Target for EngineTarget<D> {
         len: u64,
         max_extents: usize,
     ) -> Result<Vec<crate::target::Extent>, NbdError> {
+        self.debug_check_range(offset, len);
         // Holes of the backing and zeros the RAM tier knows of; nothing is read.
         Ok(self.obj.extents(offset, len, max_extents)?)
     }
@@ -103,6 +117,7 @@ impl<D: Durable> Target for EngineTarget<D> {
         len: usize,
         send: &mut dyn FnMut(&[u8]),
     ) -> Result<bool, NbdError> {
+        self.debug_check_range(offset, len as u64);
         // Only Loaded chunks have a view (C2: served from RAM); anything else falls back
         // to read_at, which follows I5 (Unloaded/Loading ranges come from the backing).
         match self.obj.view(offset, len)? {

@@ -703,13 +703,27 @@ impl<T: Target> Server<T> {
     fn spawn_connection(&self, id: u64, stream: Stream) -> Result<(), NbdError> {
         let control = stream.try_clone()?;
         let activity = Arc::new(Activity::new());
-        self.shared.conns.lock().insert(
-            id,
-            Entry {
-                stream: control,
-                activity: Arc::clone(&activity),
-            },
-        );
+        {
+            let mut conns = self.shared.conns.lock();
+            conns.insert(
+                id,
+                Entry {
+                    stream: control,
+                    activity: Arc::clone(&activity),
+                },
+            );
+            // `make_room` freed a slot just before, on this thread, and connections only
+            // ever give theirs up meanwhile.
+            let held = conns
+                .values()
+                .filter(|e| !e.activity.closed_by_server())
+                .count();
+            assert!(
+                held <= self.cfg.max_connections,
+                "{held} connections hold one of {} slots",
+                self.cfg.max_connections
+            );
+        }
         let shared = Arc::clone(&self.shared);
         let target = Arc::clone(&self.target);
         let view = ExportView {

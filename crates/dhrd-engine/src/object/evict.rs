@@ -181,12 +181,14 @@ impl<D: Durable> Inner<D> {
             self.stats.add(C::AheadWasted, 1);
         }
         self.release_chunk(c);
-        self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+        let loaded_before = self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(loaded_before > 0, "more chunks left Loaded than entered it");
         self.stats.add(C::Evictions, 1);
         true
     }
 
-    /// Queues chunk `c`, which just left Loaded (its mutex held), for zeroing.
+    /// Queues chunk `c`, which just left Loaded (its mutex held) or failed a load (just
+    /// after: a word read after a reload makes `zero_left` skip the chunk), for zeroing.
     pub(super) fn add_pending(&self, layout: &Layout, c: ChunkIndex) {
         let word = layout.word(c);
         self.pending.lock().push((c.0, word));
@@ -286,7 +288,13 @@ impl<D: Durable> Inner<D> {
                 continue;
             }
             let slot = layout.slot(c);
-            slot.with_state_stale(|_, stale| {
+            slot.with_state_stale(|st, stale| {
+                // Whatever leaves Loaded marks the RAM stale, a load clears the mark before
+                // it turns the chunk Loaded: a stale Loaded chunk would be zeroed here.
+                debug_assert!(
+                    !*stale || st != ChunkState::Loaded,
+                    "chunk {c:?} Loaded with stale RAM"
+                );
                 // A changed word means the chunk was loaded (or is loading) since: that
                 // load wrote its RAM, or knows from `ram_stale` that it must.
                 if !*stale || layout.word(c) != word {

@@ -193,8 +193,13 @@ impl<D: Durable> Inner<D> {
         if let Some(g) = &self.cfg.gate {
             g.at_loading(c);
         }
+        // Only the loader's claim lets a chunk's RAM be filled (readers skip it, writers wait).
+        assert_eq!(layout.state(c), ChunkState::Loading, "chunk {c:?} filled without a claim");
         let start = self.geo.start_of(c);
         let end = self.geo.end_of(c).min(self.len.load(Ordering::Acquire));
+        // The caller saw the chunk inside the length under the shared layout lock, which a
+        // shrink needs exclusively.
+        assert!(start < end, "chunk {c:?} loaded past the length {end}");
         let want = end - start;
         let result = if self.backing.is_zero_range(start, want) {
             if was_pending {
@@ -218,6 +223,7 @@ impl<D: Durable> Inner<D> {
             let dst = unsafe { layout.ram.slice_mut_pages(start, read_len as usize) };
             let r = self.backing.read_bulk_at(dst, start);
             if let Ok(n) = r {
+                debug_assert!(n <= dst.len(), "the backing read more than it was asked");
                 if let Some(tail) = dst.get_mut(n.min(dst.len())..) {
                     tail.fill(0);
                 }

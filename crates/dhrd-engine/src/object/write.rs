@@ -34,9 +34,14 @@ impl<D: Durable> Inner<D> {
         offset: u64,
         end: u64,
     ) -> Vec<(ChunkIndex, WritePlan, WriteHold<'a>)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(ChunkIndex, WritePlan, WriteHold<'a>)> = Vec::new();
         for p in self.geo.pieces(offset, end - offset) {
             let c = p.chunk;
+            // Ascending order is what keeps writers from waiting on each other in a cycle.
+            debug_assert!(
+                out.last().is_none_or(|(prev, _, _)| prev.0 < c.0),
+                "range locks taken out of order"
+            );
             let past_end = || self.geo.start_of(c) >= self.len.load(Ordering::Acquire);
             let (hold, found, waited) =
                 layout
@@ -69,12 +74,16 @@ impl<D: Durable> Inner<D> {
         let slot = layout.slot(c);
         match plan {
             WritePlan::Mirror => slot.with_state(|st| {
+                // The loader claims only chunks with no writers, and we hold this one.
+                debug_assert_ne!(st, ChunkState::Loading, "a held chunk is being loaded");
                 if st == ChunkState::Loaded {
                     layout.ram.copy_in(offset, src);
                 }
             }),
             WritePlan::Fresh => slot.with_state(|st| {
-                debug_assert_eq!(st, ChunkState::Unloaded);
+                // Held exclusively since it was found Unloaded past the end: nobody else
+                // could have loaded it, and the length only grows under our shared lock.
+                debug_assert_eq!(st, ChunkState::Unloaded, "a fresh chunk changed state");
                 if self.budget.try_reserve(self.geo.chunk_bytes()) {
                     layout.ram.copy_in(offset, src);
                     slot.reset_meta(false);
@@ -110,7 +119,8 @@ impl<D: Durable> Inner<D> {
         }
         self.residency.lock().remove(c.0);
         self.release_chunk(c);
-        self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+        let loaded_before = self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(loaded_before > 0, "more chunks left Loaded than entered it");
         self.stats.add(C::ChunksInvalidated, 1);
         let mut q = self.lq.lock();
         if q.demand.len() < DEMAND_QUEUE_MAX {
@@ -347,6 +357,13 @@ impl<D: Durable> Inner<D> {
                 return Err(self.fail_request(layout, plan, BackingOp::Write, e, len_locked));
             }
         }
+        // Every piece written to the backing must meet its chunk's plan: a short `zip`
+        // would leave a Loaded chunk's RAM older than the backing (C1).
+        debug_assert_eq!(
+            self.geo.pieces(data_offset, end - data_offset).count(),
+            plan.len(),
+            "a write's pieces and its held chunks differ"
+        );
         for (p, (c, how, _)) in self.geo.pieces(data_offset, end - data_offset).zip(plan) {
             debug_assert_eq!(p.chunk, *c);
             let at = (p.offset - data_offset) as usize;
@@ -438,8 +455,10 @@ impl<D: Durable> Inner<D> {
             if *how != WritePlan::Mirror {
                 continue;
             }
+            debug_assert_eq!(p.chunk, *c);
             let slot = layout.slot(*c);
             let r = slot.with_state(|st| {
+                debug_assert_ne!(st, ChunkState::Loading, "a held chunk is being loaded");
                 if st == ChunkState::Loaded {
                     layout.ram.zero(p.offset, p.len)
                 } else {
@@ -512,13 +531,17 @@ impl<D: Durable> Inner<D> {
             layout.ram.set_file_bytes_exclusive(new_len)?;
             let first_gone = self.geo.chunks_for(new_len);
             for i in first_gone..self.geo.chunks_for(old) {
-                if layout.state(ChunkIndex(i)) == ChunkState::Loaded {
+                // The loader loads under the shared layout lock, which we hold exclusively.
+                let st = layout.state(ChunkIndex(i));
+                assert_ne!(st, ChunkState::Loading, "chunk {i} Loading during a size change");
+                if st == ChunkState::Loaded {
                     let slot = layout.slot(ChunkIndex(i));
                     slot.set_state(ChunkState::Unloaded);
                     slot.clear_meta();
                     self.residency.lock().remove(i);
                     self.release_chunk(ChunkIndex(i));
-                    self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+                    let loaded_before = self.loaded_chunks.fetch_sub(1, Ordering::AcqRel);
+                    debug_assert!(loaded_before > 0, "more chunks left Loaded than entered it");
                 }
             }
         } else {
