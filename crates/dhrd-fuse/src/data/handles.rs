@@ -108,6 +108,8 @@ impl Handles {
         if h.exec {
             let left = match map.executing.get_mut(&h.key) {
                 Some(n) => {
+                    // Never a zero entry: the last exec handle removes it below.
+                    debug_assert!(*n > 0, "a zero count of exec handles");
                     *n -= 1;
                     *n
                 }

@@ -187,7 +187,8 @@ impl Files {
 
     /// Sets the data path (once, at INIT) and wakes `wait_tier`.
     fn set_tier(&self, t: Tier) {
-        let _ = self.tier.set(t);
+        let first = self.tier.set(t).is_ok();
+        assert!(first, "the data path is chosen once");
         let (m, cv) = &self.tier_ready;
         *m.lock() = true;
         cv.notify_all();

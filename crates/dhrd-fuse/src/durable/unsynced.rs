@@ -129,6 +129,10 @@ impl Unsynced {
                 dirs.push(dir_ino);
             }
         }
+        debug_assert!(
+            g.entries <= ENTRIES_MAX && g.dirs.len() <= self.dirs_max,
+            "the record of unsynced names outgrew its bounds"
+        );
     }
 
     /// A change could not be recorded (what it named is unknown): the next sync of names
@@ -180,6 +184,8 @@ impl Unsynced {
     /// `plan` was carried out: what it covered leaves the record.
     pub fn done(&self, plan: &Plan) {
         let mut g = self.inner.lock();
+        // A plan covers only what was recorded before it was taken.
+        assert!(plan.seq <= g.seq, "a sync plan from the future");
         for (d, _, _) in &plan.dirs {
             forget_dir_up_to(&mut g, *d, plan.seq);
         }
@@ -189,6 +195,7 @@ impl Unsynced {
     /// recorded up to it is durable.
     pub fn all_synced(&self, seq: u64) {
         let mut g = self.inner.lock();
+        assert!(seq <= g.seq, "a syncfs said to cover changes not yet recorded");
         let dirs: Vec<u64> = g.dirs.keys().copied().collect();
         for d in dirs {
             forget_dir_up_to(&mut g, d, seq);
@@ -217,12 +224,15 @@ fn forget_dir_up_to(g: &mut Inner, d: u64, seq: u64) {
         return;
     };
     let (gone, kept): (Vec<Named>, Vec<Named>) = dir.named.drain(..).partition(|n| n.seq <= seq);
+    // Only what was recorded up to `seq` leaves; a later change stays for a later sync.
+    debug_assert!(kept.iter().all(|n| n.seq > seq));
     dir.named = kept;
     let empty = dir.named.is_empty() && dir.changed <= seq;
     let still: HashSet<u64> = dir.named.iter().map(|n| n.ino).collect();
     if empty {
         g.dirs.remove(&d);
     }
+    debug_assert!(g.entries >= gone.len(), "entry count below the entries recorded");
     g.entries -= gone.len();
     for n in gone {
         if still.contains(&n.ino) {

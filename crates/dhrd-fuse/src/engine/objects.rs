@@ -219,13 +219,12 @@ impl Objects {
                 }
             };
             let inner = &mut *g;
-            if inner.map.contains_key(&key) {
-                // Not expected while creations are serialized; should an entry appear
-                // anyway, ours was never used and is dropped without a flush.
-                drop(g);
-                obj.discard();
-                continue;
-            }
+            // One object per inode (D3): entries of `key` are made only here, and only by
+            // the one open that put `key` in `creating`.
+            assert!(
+                !inner.map.contains_key(&key),
+                "a second object for backing inode {key}"
+            );
             let tick = inner.next_tick();
             inner.lru.insert(tick, key);
             inner.map.insert(
@@ -269,6 +268,11 @@ impl Objects {
             return Err(FsError::Stale);
         };
         if let Some(writable) = count_open {
+            // The kernel's rule (fs/fuse/iomode.c), decided here under the map lock.
+            debug_assert!(
+                e.passthrough_opens == 0 || e.passthrough.is_some(),
+                "passthrough opens of {key} without a backing id"
+            );
             if writable && e.passthrough_opens > 0 {
                 return Err(FsError::Errno(libc::ETXTBSY));
             }
@@ -313,12 +317,23 @@ impl Objects {
             let mut g = self.inner.lock();
             let inner = &mut *g;
             let mut unlinked = false;
+            // Objects of open files are never dropped, so the open being released has one.
+            debug_assert!(inner.map.contains_key(&key), "release of {key} without an object");
             if let Some(e) = inner.map.get_mut(&key) {
+                // Each counted open is released once, under the kind it was counted as.
+                debug_assert!(e.opens > 0, "release of {key} with no open counted");
                 e.opens = e.opens.saturating_sub(1);
                 match kind {
-                    OpenKind::Writer => e.writers = e.writers.saturating_sub(1),
-                    OpenKind::PlainReader => e.plain_readers = e.plain_readers.saturating_sub(1),
+                    OpenKind::Writer => {
+                        debug_assert!(e.writers > 0, "release of a writer of {key} never counted");
+                        e.writers = e.writers.saturating_sub(1);
+                    }
+                    OpenKind::PlainReader => {
+                        debug_assert!(e.plain_readers > 0, "release of an uncounted reader");
+                        e.plain_readers = e.plain_readers.saturating_sub(1);
+                    }
                     OpenKind::Passthrough => {
+                        debug_assert!(e.passthrough_opens > 0, "release of an uncounted open");
                         e.passthrough_opens = e.passthrough_opens.saturating_sub(1);
                         if e.passthrough_opens == 0 {
                             e.passthrough = None;
@@ -326,6 +341,10 @@ impl Objects {
                     }
                     OpenKind::Undecided => {}
                 }
+                debug_assert!(
+                    e.writers + e.plain_readers + e.passthrough_opens <= e.opens,
+                    "open kinds of {key} outnumber its opens"
+                );
                 if e.opens == 0 {
                     unlinked = has_no_links(&e.obj);
                     if !unlinked {
@@ -353,9 +372,12 @@ impl Objects {
                 break;
             };
             if let Some(e) = inner.map.remove(&key) {
+                // Only closed objects are in the LRU: an open one is never dropped.
+                assert_eq!(e.opens, 0, "object of {key} evicted while open");
                 dropped.push(e.obj);
             }
         }
+        assert!(inner.lru.len() <= keep, "closed-object cache over its bound");
     }
 
     /// The object of `key` if one exists (open or cached), without counting an open.
@@ -409,9 +431,12 @@ impl Objects {
         make: impl FnOnce(&Obj) -> std::io::Result<BackingId>,
     ) -> std::io::Result<PassthroughChoice> {
         let mut g = self.inner.lock();
+        // `acquire` counted the open, and an object with opens is never dropped.
+        debug_assert!(g.map.contains_key(&key), "passthrough choice for {key} without acquire");
         let Some(e) = g.map.get_mut(&key) else {
             return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
         };
+        debug_assert!(e.opens > 0, "passthrough choice for {key} with no open counted");
         let choice = match &e.passthrough {
             Some(id) if pure_ok => PassthroughChoice::Pure(id.clone()),
             Some(id) => PassthroughChoice::Joined(id.clone()),

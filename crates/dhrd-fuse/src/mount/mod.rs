@@ -15,7 +15,9 @@
 //! - A request that fails after giving the kernel something (a lookup counted, a handle
 //!   opened) takes it back before its error is sent: the kernel never learns of it.
 //! - Shutdown order: flush every file and sync the backing, unmount, then (`destroy`)
-//!   close every object; the first failure is kept (`final_error`).
+//!   close every object; the first failure is kept (`final_error`). The order is the
+//!   daemon's (`daemon/threads.rs`), which alone calls these in turn; nothing here can
+//!   tell whether the kernel has unmounted.
 //!
 //! Crash semantics: a reply that reported success in `sync` mode is on the backing
 //! device; in the other modes per docs/crash-model.md. A crash between the backing

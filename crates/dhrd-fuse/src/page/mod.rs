@@ -308,6 +308,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         if writable {
             reg.writers += 1;
         }
+        debug_assert!(reg.writers <= reg.opens, "more writers than opens of {key}");
         let passthrough_writer = writer.filter(|_| !by_daemon && reg.id.is_some());
         if let Some(c) = passthrough_writer {
             reg.passthrough_writers.push(c);
@@ -407,17 +408,29 @@ impl<B: Send + Sync + 'static> PageTier<B> {
     /// the warm-up pick up a changed size.
     pub fn release(&self, key: u64, open: PageOpen) {
         let mut regs = self.regs.lock();
+        // A registration with opens is never dropped (`trim` and `unlinked` take idle
+        // ones only), so the open being released finds its own.
+        debug_assert!(regs.map.contains_key(&key), "release of {key} without a registration");
         let Some(reg) = regs.map.get_mut(&key) else {
             return;
         };
+        // D3: one registration, one backing file (one page cache) per inode while open.
+        debug_assert!(
+            Arc::ptr_eq(&reg.file, &open.file),
+            "an open of {key} outside its registration's file"
+        );
+        debug_assert!(reg.opens > 0, "release of {key} with no open counted");
         reg.opens = reg.opens.saturating_sub(1);
         if let Some(c) = &open.passthrough_writer {
-            if let Some(i) = reg.passthrough_writers.iter().position(|w| w == c) {
+            let i = reg.passthrough_writers.iter().position(|w| w == c);
+            debug_assert!(i.is_some(), "a passthrough writer of {key} was not recorded");
+            if let Some(i) = i {
                 reg.passthrough_writers.swap_remove(i);
             }
         }
         let mut refresh = false;
         if open.writable {
+            debug_assert!(reg.writers > 0, "release of a writer of {key} never counted");
             reg.writers = reg.writers.saturating_sub(1);
             refresh = reg.writers == 0 && !reg.unlinked;
         }
@@ -434,6 +447,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
                 }
                 regs.idle.push_back((key, stamp));
                 trimmed = regs.trim();
+                debug_assert!(regs.idle.len() <= regs.linger_max, "idle registrations over bound");
             }
         }
         drop(regs);
