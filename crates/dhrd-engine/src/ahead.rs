@@ -21,7 +21,8 @@
 //! hit, so RAM hits stay lock-free.
 //!
 //! Invariants: the history holds at most `history_max` chunks; a stream's `issued_to` never
-//! moves backwards; windows are within `1..=window_max_chunks`.
+//! moves backwards; windows are within `1..=window_max_chunks` once a stream advanced (a
+//! new `Sequential` stream starts at 0: nothing ahead until it proves sequential).
 //!
 //! Crash semantics: none (advice only; a lost read-ahead is a later miss).
 
@@ -190,6 +191,7 @@ impl Ahead {
         let s = &mut self.streams[i];
         s.last = c;
         s.window = grow(s.window).clamp(1, max);
+        debug_assert!((1..=max).contains(&s.window));
         let r = Self::issue(s, c, chunks_total);
         self.touch(i);
         r
@@ -218,6 +220,7 @@ impl Ahead {
         if from >= to {
             return 0..0;
         }
+        debug_assert!(to > s.issued_to, "a stream's issued_to moved backwards");
         s.issued_to = to;
         from..to
     }
@@ -256,6 +259,10 @@ impl Ahead {
                 1
             }
         };
+        debug_assert!(
+            self.seen.len() <= self.history_max && self.seen.len() == self.seen_order.len(),
+            "read-ahead history over its bound or out of step"
+        );
         n
     }
 }

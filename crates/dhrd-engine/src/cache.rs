@@ -167,6 +167,10 @@ impl Recent {
             let mut seen = HashSet::new();
             self.order.retain(|c| set.contains(c) && seen.insert(*c));
         }
+        debug_assert!(
+            self.set.len() <= self.cap && self.order.len() <= 2 * self.cap,
+            "miss history or ghost over its bound"
+        );
     }
 
     fn take(&mut self, c: u64) -> bool {
@@ -270,12 +274,17 @@ impl Residency {
             Queue::Main => self.main.push_back((c, seq)),
         }
         self.prune();
+        debug_assert!(
+            self.small_live as usize <= self.entries.len(),
+            "more live records in the small queue than resident chunks"
+        );
     }
 
     /// Chunk `c` left RAM by another way than `victim` (invalidated, truncated).
     pub fn remove(&mut self, c: u64) {
         if let Some(e) = self.entries.remove(&c) {
             if e.queue == Queue::Small {
+                debug_assert!(self.small_live > 0, "small queue count below its records");
                 self.small_live -= 1;
             }
         }

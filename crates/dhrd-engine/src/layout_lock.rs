@@ -41,7 +41,9 @@ impl<T> LayoutLock<T> {
 
     /// Shared access, after every writer that asked before.
     #[inline]
-    pub(crate) fn read(&self) -> ShardedLockReadGuard<'_, T> {
+    pub(crate) fn read(&self) -> ReadGuard<'_, T> {
+        held::enter(self.id(), "a thread asked twice for the layout lock shared");
+        held::check_allowed();
         if self.intent.load(Ordering::Acquire) != 0 {
             let mut g = self.waiting.lock();
             while self.intent.load(Ordering::Acquire) != 0 {
@@ -50,11 +52,22 @@ impl<T> LayoutLock<T> {
         }
         // A poisoned lock only means a thread panicked holding it; the data is still
         // consistent under the engine's own invariants, which do not rely on unwinding.
-        self.lock.read().unwrap_or_else(|e| e.into_inner())
+        ReadGuard {
+            g: self.lock.read().unwrap_or_else(|e| e.into_inner()),
+            id: self.id(),
+        }
+    }
+
+    /// Which lock this is, for the debug check of the second invariant.
+    fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     /// Exclusive access; readers arriving meanwhile wait.
     pub(crate) fn write(&self) -> ShardedLockWriteGuard<'_, T> {
+        // A thread holding the lock shared would wait for itself.
+        held::check_free(self.id());
+        held::check_allowed();
         self.intent.fetch_add(1, Ordering::AcqRel);
         let g = self.lock.write().unwrap_or_else(|e| e.into_inner());
         self.intent.fetch_sub(1, Ordering::AcqRel);
@@ -63,6 +76,95 @@ impl<T> LayoutLock<T> {
         self.turn.notify_all();
         g
     }
+}
+
+/// Runs `f` with every layout lock forbidden to this thread (debug builds assert it): for
+/// the loader, which calls into its targets while holding its queue lock and must find
+/// no layout lock taken under it (the lock order of `loader.rs`).
+pub(crate) fn forbidden<R>(f: impl FnOnce() -> R) -> R {
+    held::forbid(true);
+    let r = f();
+    held::forbid(false);
+    r
+}
+
+/// Shared access to the value; released on drop.
+pub(crate) struct ReadGuard<'a, T> {
+    g: ShardedLockReadGuard<'a, T>,
+    id: usize,
+}
+
+impl<T> std::ops::Deref for ReadGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        &self.g
+    }
+}
+
+impl<T> Drop for ReadGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        held::leave(self.id);
+    }
+}
+
+/// Debug builds remember, per thread, which layout locks it holds shared, and assert the
+/// header's second invariant (no second read guard of one lock on one thread). A guard
+/// stays on its thread: `ShardedLockReadGuard` is not `Send`.
+#[cfg(debug_assertions)]
+mod held {
+    use std::cell::{Cell, RefCell};
+
+    thread_local! {
+        static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+        static FORBIDDEN: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(super) fn forbid(on: bool) {
+        FORBIDDEN.set(on);
+    }
+
+    pub(super) fn check_allowed() {
+        assert!(!FORBIDDEN.get(), "a layout lock taken under the loader's queue lock");
+    }
+
+    pub(super) fn enter(id: usize, what: &str) {
+        HELD.with_borrow_mut(|h| {
+            assert!(!h.contains(&id), "{what}");
+            h.push(id);
+        });
+    }
+
+    pub(super) fn check_free(id: usize) {
+        HELD.with_borrow(|h| {
+            assert!(!h.contains(&id), "the layout lock is held shared by this thread");
+        });
+    }
+
+    pub(super) fn leave(id: usize) {
+        HELD.with_borrow_mut(|h| {
+            let i = h.iter().position(|x| *x == id);
+            assert!(i.is_some(), "a layout read guard left twice");
+            if let Some(i) = i {
+                h.swap_remove(i);
+            }
+        });
+    }
+}
+
+#[cfg(not(debug_assertions))]
+mod held {
+    #[inline]
+    pub(super) fn forbid(_: bool) {}
+    #[inline]
+    pub(super) fn check_allowed() {}
+    #[inline]
+    pub(super) fn enter(_: usize, _: &str) {}
+    #[inline]
+    pub(super) fn check_free(_: usize) {}
+    #[inline]
+    pub(super) fn leave(_: usize) {}
 }
 
 #[cfg(test)]

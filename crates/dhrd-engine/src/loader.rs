@@ -8,8 +8,11 @@
 //! leaves the queue and re-registers itself when new work appears (growth, invalidation,
 //! demand).
 //!
-//! Lock order: loader queue -> object load queue. The loader never holds its queue lock
-//! while loading, and objects never call into the loader while holding their layout lock.
+//! Lock order: object layout lock -> loader queue -> object load queue. The loader never
+//! holds its queue lock while loading, and under it calls only `LoadTarget::next_job`,
+//! which takes no layout lock (asserted in debug builds: `layout_lock::forbidden`). So an
+//! object may call into the loader while it holds its layout lock shared, as a zero-copy
+//! view does when its read is the first of a chunk read ahead (`on_ahead_hit`).
 //!
 //! Crash semantics: the loader only reads the backing; a crash during a load loses nothing.
 
@@ -225,7 +228,9 @@ fn next_job(s: &Shared) -> Option<(Arc<dyn LoadTarget>, NextJob)> {
                 continue;
             };
             debug_assert_eq!(t.target_id(), id, "a target is queued under its own id");
-            match t.next_job(now) {
+            // Under the queue lock a target only looks at its load queue: a layout lock
+            // taken here could wait for a view whose holder waits for this queue.
+            match crate::layout_lock::forbidden(|| t.next_job(now)) {
                 job @ (NextJob::Load(..) | NextJob::Reclaim) => {
                     // There may be more: pass the baton to one more worker, which goes
                     // back to sleep if there is not (no waiter makes this a no-op).

@@ -55,7 +55,8 @@ use crate::ram::RamRegion;
 use crate::slot::{state_of, ChunkState, Found, LoadClaim, Slot, SlotTable, WriteHold};
 use crate::stats::{sample_read, Lat, Stats, StatsSnapshot, C};
 use crate::units::{ChunkGeometry, ChunkIndex};
-use crossbeam_utils::sync::{ShardedLockReadGuard, ShardedLockWriteGuard};
+use crate::layout_lock::ReadGuard;
+use crossbeam_utils::sync::ShardedLockWriteGuard;
 use dhrd_io::RamBudget;
 use dhrd_io::{read_full, Durable, Persistence, PAGE_BYTES};
 use parking_lot::{Condvar, Mutex};
@@ -166,7 +167,7 @@ pub enum View<'a> {
 /// is for copying bytes out, never for waiting on someone else: a frontend sending it to
 /// a client must not hold it while the client is slow to take the bytes.
 pub struct RamView<'a> {
-    _guard: ShardedLockReadGuard<'a, Layout>,
+    _guard: ReadGuard<'a, Layout>,
     live: &'a AtomicU64,
     ptr: *const u8,
     len: usize,
@@ -297,7 +298,7 @@ impl<D: Durable> Clone for HybridObject<D> {
     }
 }
 
-fn read_guard<T>(l: &LayoutLock<T>) -> ShardedLockReadGuard<'_, T> {
+fn read_guard<T>(l: &LayoutLock<T>) -> ReadGuard<'_, T> {
     l.read()
 }
 
@@ -483,6 +484,10 @@ impl<D: Durable> HybridObject<D> {
     }
 
     /// A borrowed zero-copy view of `[offset, offset+len)` if every chunk in it is Loaded.
+    ///
+    /// The view holds the object's layout lock shared: the thread holding it must not call
+    /// into the same object until it drops the view (a size change waiting meanwhile would
+    /// make that call wait for the view, forever; debug builds assert it).
     pub fn view(&self, offset: u64, len: usize) -> Result<View<'_>> {
         self.inner.check_reads_allowed()?;
         self.inner.view(offset, len)
@@ -598,7 +603,7 @@ impl<D: Durable> Inner<D> {
     }
 
     /// Takes the layout lock shared, growing the mapping first if `end` is past it.
-    fn layout_for(&self, end: u64) -> Result<ShardedLockReadGuard<'_, Layout>> {
+    fn layout_for(&self, end: u64) -> Result<ReadGuard<'_, Layout>> {
         loop {
             let g = read_guard(&self.layout);
             if end <= g.ram.map_bytes() {

@@ -2,7 +2,9 @@
 //!
 //! Invariants:
 //! - the memfd's size equals the object's length, so a frontend can hand the fd to the
-//!   kernel (FUSE passthrough) and the kernel sees exactly the object's bytes;
+//!   kernel (FUSE passthrough) and the kernel sees exactly the object's bytes; while a
+//!   growing write is in flight it may be larger, never smaller (the write grows it before
+//!   it publishes the length: asserted in `object/write.rs`);
 //! - the mapping reserves `map_bytes >= memfd size` of address space; every access stays
 //!   below the memfd size (pages past it would raise SIGBUS), which the object guarantees
 //!   by touching RAM only under its layout lock and below its length;

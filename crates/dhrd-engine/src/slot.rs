@@ -14,7 +14,9 @@
 //! - the loader waits until no writer holds the chunk (I3: the loaded copy includes every
 //!   write that reached the backing), and from the moment it waits, new writers wait too,
 //!   so a stream of writes cannot starve it; while it loads, writers wait (I1);
-//! - state transitions happen under the lock's mutex.
+//! - state transitions happen under the lock's mutex, or under the exclusive layout lock
+//!   (a size change, when no request or load can look); Loading is entered and left only
+//!   through `begin_load` / `end_load` (asserted in `set_state`).
 //!
 //! Crash semantics: none; this is volatile coordination only.
 

@@ -275,16 +275,24 @@ fn an_invalidation_under_a_live_view_keeps_its_bytes() -> Result<(), String> {
         persist: false,
         reads: false,
     });
-    // The write fails; ENOSPC is not sticky, so the object stays writable and the chunk
-    // it touched leaves Loaded.
-    let failed = o.write_at(&[0xAA; 100], CB + 10);
-    assert!(
-        failed.is_err(),
-        "the injected ENOSPC did not fail the write"
-    );
-    assert_eq!(o.stats().chunks_invalidated, 1);
-    // Other requests run meanwhile (each ends by trying to zero pending chunks).
-    o.write_at(&[7; 10], 3 * CB).map_err(|e| e.to_string())?;
+    // The requests come from another thread: the thread holding a view must not call
+    // into its object (`HybridObject::view`), as a frontend sending the view does not.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // The write fails; ENOSPC is not sticky, so the object stays writable and the
+            // chunk it touched leaves Loaded.
+            let failed = o.write_at(&[0xAA; 100], CB + 10);
+            assert!(
+                failed.is_err(),
+                "the injected ENOSPC did not fail the write"
+            );
+            assert_eq!(o.stats().chunks_invalidated, 1);
+            // Other requests run meanwhile (each ends by trying to zero pending chunks).
+            o.write_at(&[7; 10], 3 * CB).map_err(|e| e.to_string())
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the writer thread panicked".into()))
+    })?;
     // The chunk may have been reloaded under the view meanwhile (the failed write may have
     // left part of its bytes on the backing): each byte is the old one or the backing's
     // current one, never a zero the invalidation put there.
@@ -397,10 +405,14 @@ fn a_long_lived_view_does_not_stop_loading() -> Result<(), String> {
         View::Ram(v) => v,
         _ => return Err("chunk 0 not in RAM after its load".into()),
     };
-    // Each miss beyond the budget evicts a chunk whose RAM the view may still show.
-    for c in 1..CHUNKS {
-        miss(c)?;
-    }
+    // Each miss beyond the budget evicts a chunk whose RAM the view may still show. The
+    // reads come from another thread: the thread holding a view must not call into its
+    // object (`HybridObject::view`), as a frontend sending the view does not.
+    std::thread::scope(|s| {
+        s.spawn(|| (1..CHUNKS).try_for_each(|c| miss(c)))
+            .join()
+            .unwrap_or_else(|_| Err("the reader thread panicked".into()))
+    })?;
     assert!(
         o.stats().evictions >= CHUNKS - BUDGET_CHUNKS,
         "{}",

@@ -3,7 +3,9 @@
 //! Invariants:
 //! - C3 ordering: a request reaches the backing first, then (in `sync` mode) a
 //!   group-committed sync that started after it, then RAM, then the reply; RAM is never
-//!   newer than the backing.
+//!   newer than the backing. This is the order of the steps in `write_held` and
+//!   `zero_batch` (a RAM copy cannot be compared with the backing at run time); the
+//!   crash and simulation tests check the outcome.
 //! - A writer holds the range lock of every chunk it touches, taken in ascending index
 //!   order, for the whole request; a Loading chunk is never written by a request (the
 //!   loader claims only chunks with no writers).
@@ -374,6 +376,12 @@ impl<D: Durable> Inner<D> {
         if grew {
             self.len.fetch_max(end, Ordering::AcqRel);
         }
+        // The memfd grows before a length that needs it is published (ram.rs), so no copy
+        // bounded by the length runs past it.
+        debug_assert!(
+            layout.ram.file_bytes() >= self.len.load(Ordering::Acquire),
+            "the length outran the memfd"
+        );
         // The last chunk's charge depends on the length and on its state (see Rebate).
         let last = self
             .geo

@@ -423,6 +423,17 @@ impl Committer {
         self.rounds.fetch_add(1, Ordering::Relaxed);
         self.sets.fetch_add(round.len() as u64, Ordering::Relaxed);
         let plan = Plan::of(&round);
+        // Every set of the round is covered: the loops below zip each set's descriptors
+        // with their identities, so a short list would skip a sync silently.
+        debug_assert!(
+            plan.ids.len() == round.len()
+                && plan.fs_devs.len() == round.len()
+                && round
+                    .iter()
+                    .zip(&plan.ids)
+                    .all(|((set, _), ids)| ids.len() == set.fsync.len()),
+            "a round's plan does not match its sets"
+        );
         // The file system whose journal one commit makes durable for everyone, if any:
         // syncfs requests there are covered by that commit.
         let journal = match &self.policy {
@@ -469,6 +480,7 @@ impl Committer {
             }
             results.push((r, done));
         }
+        // Replies only now, after every sync of the round returned.
         for (r, done) in results {
             done(r.map_err(|e| {
                 FsError::io(

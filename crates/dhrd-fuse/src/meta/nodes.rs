@@ -278,6 +278,9 @@ impl NodeTable {
     }
 
     fn add_child(&mut self, parent: Ino) {
+        // The kernel holds the parent it asks in, so its node is known: a child counted
+        // nowhere would let the parent go and its path could not be rebuilt.
+        debug_assert!(self.map.contains_key(&parent), "a child of unknown node {parent:?}");
         if let Some(p) = self.map.get_mut(&parent) {
             p.children += 1;
         }
@@ -289,6 +292,7 @@ impl NodeTable {
         while let Some(p) = stack.pop() {
             let remove = match self.map.get_mut(&p) {
                 Some(n) => {
+                    debug_assert!(n.children > 0, "node {p:?} lost a child it never counted");
                     n.children = n.children.saturating_sub(1);
                     n.children == 0 && n.lookups == 0 && p.0 != FUSE_ROOT_INO
                 }

@@ -449,3 +449,14 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// The simulation, crash and power-cut tests lean on the invariants the code checks with
+/// `debug_assert!` on its hot paths, so they run only in a profile that keeps them (the
+/// workspace's dev and test profiles say so in Cargo.toml; `--release` does not).
+#[test]
+fn debug_assertions_are_on() {
+    assert!(
+        cfg!(debug_assertions),
+        "these tests need debug assertions: run them without --release"
+    );
+}
