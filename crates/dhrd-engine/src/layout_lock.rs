@@ -126,7 +126,10 @@ mod held {
     }
 
     pub(super) fn check_allowed() {
-        assert!(!FORBIDDEN.get(), "a layout lock taken under the loader's queue lock");
+        assert!(
+            !FORBIDDEN.get(),
+            "a layout lock taken under the loader's queue lock"
+        );
     }
 
     pub(super) fn enter(id: usize, what: &str) {
@@ -138,7 +141,10 @@ mod held {
 
     pub(super) fn check_free(id: usize) {
         HELD.with_borrow(|h| {
-            assert!(!h.contains(&id), "the layout lock is held shared by this thread");
+            assert!(
+                !h.contains(&id),
+                "the layout lock is held shared by this thread"
+            );
         });
     }
 

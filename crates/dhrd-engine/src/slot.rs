@@ -285,7 +285,10 @@ impl Slot {
             self.cv.notify_all();
             return Err(());
         }
-        debug_assert!(g.writers.is_empty() && !g.exclusive, "a load claim beside a writer");
+        debug_assert!(
+            g.writers.is_empty() && !g.exclusive,
+            "a load claim beside a writer"
+        );
         g.loading = true;
         self.store_state(ChunkState::Loading);
         Ok(LoadClaim::Claimed(g))
@@ -294,7 +297,11 @@ impl Slot {
     /// Ends a load begun with `begin_load`: the chunk becomes `to` (Loaded or Unloaded).
     pub(crate) fn end_load(&self, mut g: MutexGuard<'_, Holders>, to: ChunkState) {
         debug_assert!(g.loading, "end_load without a claim");
-        debug_assert_eq!(self.state(), ChunkState::Loading, "a claimed chunk is Loading");
+        debug_assert_eq!(
+            self.state(),
+            ChunkState::Loading,
+            "a claimed chunk is Loading"
+        );
         debug_assert_ne!(to, ChunkState::Loading, "a load ends Loaded or Unloaded");
         self.store_state(to);
         g.loading = false;

@@ -87,7 +87,10 @@ impl Activity {
     /// A request header was read: from now until [`Activity::end`] the connection is busy.
     pub(crate) fn begin(&self) {
         let before = self.state.fetch_add(1, Ordering::AcqRel);
-        debug_assert!((before & !CLOSING) + 1 < CLOSING, "in-flight count ran into the flag");
+        debug_assert!(
+            (before & !CLOSING) + 1 < CLOSING,
+            "in-flight count ran into the flag"
+        );
         self.traffic.requests.fetch_add(1, Ordering::Relaxed);
         self.touch();
     }

@@ -731,13 +731,13 @@ fn request<T: Target>(
                 "write payload shorter than its request"
             );
             Ok(Some(Job {
-            op,
-            handle: h.handle,
-            offset: h.offset,
-            length: h.length,
-            payload,
-            charged,
-        }))
+                op,
+                handle: h.handle,
+                offset: h.offset,
+                length: h.length,
+                payload,
+                charged,
+            }))
         }
         Err(errno) => {
             recycle(spare, payload);

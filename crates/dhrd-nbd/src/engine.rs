@@ -31,7 +31,10 @@ impl<D: Durable> EngineTarget<D> {
     /// NBD_FLAG_READ_ONLY) in addition to whatever the object itself refuses.
     pub fn new(obj: HybridObject<D>, read_only: bool) -> Self {
         // The server checks ranges against the size it advertised at negotiation.
-        assert!(obj.is_fixed_len(), "an NBD export needs a fixed-length object");
+        assert!(
+            obj.is_fixed_len(),
+            "an NBD export needs a fixed-length object"
+        );
         Self {
             writes_are_durable: matches!(obj.durability(), Durability::Sync),
             obj,

@@ -194,7 +194,11 @@ impl<D: Durable> Inner<D> {
             g.at_loading(c);
         }
         // Only the loader's claim lets a chunk's RAM be filled (readers skip it, writers wait).
-        assert_eq!(layout.state(c), ChunkState::Loading, "chunk {c:?} filled without a claim");
+        assert_eq!(
+            layout.state(c),
+            ChunkState::Loading,
+            "chunk {c:?} filled without a claim"
+        );
         let start = self.geo.start_of(c);
         let end = self.geo.end_of(c).min(self.len.load(Ordering::Acquire));
         // The caller saw the chunk inside the length under the shared layout lock, which a

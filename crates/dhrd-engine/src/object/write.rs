@@ -541,7 +541,11 @@ impl<D: Durable> Inner<D> {
             for i in first_gone..self.geo.chunks_for(old) {
                 // The loader loads under the shared layout lock, which we hold exclusively.
                 let st = layout.state(ChunkIndex(i));
-                assert_ne!(st, ChunkState::Loading, "chunk {i} Loading during a size change");
+                assert_ne!(
+                    st,
+                    ChunkState::Loading,
+                    "chunk {i} Loading during a size change"
+                );
                 if st == ChunkState::Loaded {
                     let slot = layout.slot(ChunkIndex(i));
                     slot.set_state(ChunkState::Unloaded);

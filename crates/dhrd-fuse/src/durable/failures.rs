@@ -14,7 +14,10 @@
 //! - An inode or file system recorded stays recorded until the daemon exits.
 //! - A sync of a recorded inode, or of any inode of a recorded file system, fails with
 //!   EIO without asking the backing (a failed fsync is never retried as if it had
-//!   succeeded).
+//!   succeeded). Enforced by the callers, which look here before each sync (the
+//!   committer's round, `SyncPolicy`, the data path's `refuse_if_failed`); nothing here
+//!   can see a sync. A sync that starts while another one's failure is being recorded is
+//!   not held back: the record covers syncs that start after it.
 //! - The first failure's description is kept for status.
 //!
 //! Crash semantics: none of its own; after a restart the backing is read again as it is.

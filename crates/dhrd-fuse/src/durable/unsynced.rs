@@ -195,7 +195,10 @@ impl Unsynced {
     /// recorded up to it is durable.
     pub fn all_synced(&self, seq: u64) {
         let mut g = self.inner.lock();
-        assert!(seq <= g.seq, "a syncfs said to cover changes not yet recorded");
+        assert!(
+            seq <= g.seq,
+            "a syncfs said to cover changes not yet recorded"
+        );
         let dirs: Vec<u64> = g.dirs.keys().copied().collect();
         for d in dirs {
             forget_dir_up_to(&mut g, d, seq);
@@ -232,7 +235,10 @@ fn forget_dir_up_to(g: &mut Inner, d: u64, seq: u64) {
     if empty {
         g.dirs.remove(&d);
     }
-    debug_assert!(g.entries >= gone.len(), "entry count below the entries recorded");
+    debug_assert!(
+        g.entries >= gone.len(),
+        "entry count below the entries recorded"
+    );
     g.entries -= gone.len();
     for n in gone {
         if still.contains(&n.ino) {

@@ -318,7 +318,10 @@ impl Objects {
             let inner = &mut *g;
             let mut unlinked = false;
             // Objects of open files are never dropped, so the open being released has one.
-            debug_assert!(inner.map.contains_key(&key), "release of {key} without an object");
+            debug_assert!(
+                inner.map.contains_key(&key),
+                "release of {key} without an object"
+            );
             if let Some(e) = inner.map.get_mut(&key) {
                 // Each counted open is released once, under the kind it was counted as.
                 debug_assert!(e.opens > 0, "release of {key} with no open counted");
@@ -377,7 +380,10 @@ impl Objects {
                 dropped.push(e.obj);
             }
         }
-        assert!(inner.lru.len() <= keep, "closed-object cache over its bound");
+        assert!(
+            inner.lru.len() <= keep,
+            "closed-object cache over its bound"
+        );
     }
 
     /// The object of `key` if one exists (open or cached), without counting an open.
@@ -432,11 +438,17 @@ impl Objects {
     ) -> std::io::Result<PassthroughChoice> {
         let mut g = self.inner.lock();
         // `acquire` counted the open, and an object with opens is never dropped.
-        debug_assert!(g.map.contains_key(&key), "passthrough choice for {key} without acquire");
+        debug_assert!(
+            g.map.contains_key(&key),
+            "passthrough choice for {key} without acquire"
+        );
         let Some(e) = g.map.get_mut(&key) else {
             return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
         };
-        debug_assert!(e.opens > 0, "passthrough choice for {key} with no open counted");
+        debug_assert!(
+            e.opens > 0,
+            "passthrough choice for {key} with no open counted"
+        );
         let choice = match &e.passthrough {
             Some(id) if pure_ok => PassthroughChoice::Pure(id.clone()),
             Some(id) => PassthroughChoice::Joined(id.clone()),

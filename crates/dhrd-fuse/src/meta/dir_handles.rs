@@ -70,6 +70,11 @@ impl DirHandles {
         };
         match read {
             Ok(e) => {
+                // Read once: offsets are indexes into the entries, so they never change.
+                debug_assert!(
+                    d.entries.is_empty() && d.unread.is_none(),
+                    "directory handle {fh:?} read twice"
+                );
                 d.entries = e;
                 Ok(())
             }

@@ -144,6 +144,8 @@ impl Namespace {
         name: &OsStr,
         add: &mut impl FnMut(u64, &OsStr, &Entry) -> bool,
     ) -> bool {
+        // "." and ".." are answered by the caller and never counted as lookups.
+        debug_assert!(name != "." && name != "..", "READDIRPLUS counted {name:?}");
         // Gone since opendir: left out, as a later readdir would. On another file system
         // (not part of the tree; LOOKUP says EXDEV): inode 0, which the kernel does not
         // link and readdir(3) skips.

@@ -280,7 +280,10 @@ impl NodeTable {
     fn add_child(&mut self, parent: Ino) {
         // The kernel holds the parent it asks in, so its node is known: a child counted
         // nowhere would let the parent go and its path could not be rebuilt.
-        debug_assert!(self.map.contains_key(&parent), "a child of unknown node {parent:?}");
+        debug_assert!(
+            self.map.contains_key(&parent),
+            "a child of unknown node {parent:?}"
+        );
         if let Some(p) = self.map.get_mut(&parent) {
             p.children += 1;
         }

@@ -410,7 +410,10 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         let mut regs = self.regs.lock();
         // A registration with opens is never dropped (`trim` and `unlinked` take idle
         // ones only), so the open being released finds its own.
-        debug_assert!(regs.map.contains_key(&key), "release of {key} without a registration");
+        debug_assert!(
+            regs.map.contains_key(&key),
+            "release of {key} without a registration"
+        );
         let Some(reg) = regs.map.get_mut(&key) else {
             return;
         };
@@ -423,14 +426,20 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         reg.opens = reg.opens.saturating_sub(1);
         if let Some(c) = &open.passthrough_writer {
             let i = reg.passthrough_writers.iter().position(|w| w == c);
-            debug_assert!(i.is_some(), "a passthrough writer of {key} was not recorded");
+            debug_assert!(
+                i.is_some(),
+                "a passthrough writer of {key} was not recorded"
+            );
             if let Some(i) = i {
                 reg.passthrough_writers.swap_remove(i);
             }
         }
         let mut refresh = false;
         if open.writable {
-            debug_assert!(reg.writers > 0, "release of a writer of {key} never counted");
+            debug_assert!(
+                reg.writers > 0,
+                "release of a writer of {key} never counted"
+            );
             reg.writers = reg.writers.saturating_sub(1);
             refresh = reg.writers == 0 && !reg.unlinked;
         }
@@ -447,7 +456,10 @@ impl<B: Send + Sync + 'static> PageTier<B> {
                 }
                 regs.idle.push_back((key, stamp));
                 trimmed = regs.trim();
-                debug_assert!(regs.idle.len() <= regs.linger_max, "idle registrations over bound");
+                debug_assert!(
+                    regs.idle.len() <= regs.linger_max,
+                    "idle registrations over bound"
+                );
             }
         }
         drop(regs);
