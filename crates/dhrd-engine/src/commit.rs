@@ -48,9 +48,10 @@ impl Failure {
             return Ok(());
         }
         // `fail` stores the cause before it raises the flag (Release, read with Acquire).
-        let cause = self.cause();
-        assert!(cause.is_some(), "a sticky failure without its cause");
-        Err(Error::ReadOnly(cause.expect("asserted above")))
+        let Some(cause) = self.cause() else {
+            unreachable!("a sticky failure without its cause");
+        };
+        Err(Error::ReadOnly(cause))
     }
 
     /// Records the first failure; later ones keep the original cause.

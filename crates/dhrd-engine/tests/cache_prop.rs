@@ -409,7 +409,7 @@ fn a_long_lived_view_does_not_stop_loading() -> Result<(), String> {
     // reads come from another thread: the thread holding a view must not call into its
     // object (`HybridObject::view`), as a frontend sending the view does not.
     std::thread::scope(|s| {
-        s.spawn(|| (1..CHUNKS).try_for_each(|c| miss(c)))
+        s.spawn(|| (1..CHUNKS).try_for_each(&miss))
             .join()
             .unwrap_or_else(|_| Err("the reader thread panicked".into()))
     })?;

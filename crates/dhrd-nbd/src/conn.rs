@@ -362,9 +362,10 @@ fn execute<T: Target>(
             .zero(offset, length.into(), may_punch, fua)
             .map_err(|e| report("write_zeroes", offset, length, &e)),
         Op::BlockStatus { req_one } => {
-            let id = params
-                .block_status
-                .expect("validate admits BLOCK_STATUS only once base:allocation is selected");
+            // `validate` admits BLOCK_STATUS only once `base:allocation` is selected.
+            let Some(id) = params.block_status else {
+                unreachable!("BLOCK_STATUS without a selected meta context");
+            };
             match block_status(target, id, job, req_one) {
                 Ok(reply) => {
                     traffic.count(op, length);

@@ -454,6 +454,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// `debug_assert!` on its hot paths, so they run only in a profile that keeps them (the
 /// workspace's dev and test profiles say so in Cargo.toml; `--release` does not).
 #[test]
+#[allow(clippy::assertions_on_constants)] // the constant is the profile's: what is checked
 fn debug_assertions_are_on() {
     assert!(
         cfg!(debug_assertions),
