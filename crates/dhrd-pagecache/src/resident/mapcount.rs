@@ -21,10 +21,15 @@
 //!
 //! Crash semantics: the sysctl stays raised after the process exits.
 
-use super::{MAP_COUNT_RESERVE, MAX_MAP_COUNT_DEFAULT};
 use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Mappings left to the rest of the process when the pin limit is derived from
+/// `vm.max_map_count`.
+pub const MAP_COUNT_RESERVE: usize = 16 * 1024;
+/// `vm.max_map_count` assumed when /proc cannot be read (the kernel's default).
+pub const MAX_MAP_COUNT_DEFAULT: usize = 65_530;
 
 /// The sysctl of the per-process mapping limit.
 pub const MAX_MAP_COUNT_SYSCTL: &str = "/proc/sys/vm/max_map_count";

@@ -37,7 +37,7 @@ pub struct ResidentStats {
     /// Most files pinned at once now (one mapping each), and what was done to
     /// `vm.max_map_count` to allow them.
     pub pins_max: u64,
-    pub map_count: super::MapCountNote,
+    pub map_count: super::mapcount::MapCountNote,
 }
 
 impl ResidentStats {

@@ -1,10 +1,16 @@
 //! Tests of the warm-up and pinning: budgets, demand before the walk, refresh, the
 //! bounded queues, and completion.
 
+use super::state::{page_ceil, Entry};
 use super::*;
+use dhrd_io::RamBudget;
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 struct DirOpener(PathBuf);
 impl Opener for DirOpener {
