@@ -11,7 +11,13 @@
 //! Crash semantics: a power cut at any point leaves the slot DIRTY on the SSD (or CLEAN
 //! with the lower tier holding its bytes), so the write-back simply runs again.
 
-use super::*;
+use super::layout::{Entry, SLOT_CLEAN, SLOT_DIRTY};
+use super::parts::Parts;
+use super::shared::{Shared, State};
+use crate::fastdev::read_padded;
+use dhrd_io::Durable;
+use std::io;
+use std::sync::atomic::Ordering;
 
 impl<F: Durable, S: Durable> Shared<F, S> {
     fn next_dirty(&self, st: &mut State) -> Option<usize> {

@@ -4,9 +4,14 @@
 //! write followed by a power cut, every outcome of it.
 
 use super::*;
+use crate::pairing::LowerIdentity;
 use crate::testutil::gate::{GatedDev, Gates, Kind, Point, Power, When};
 use crate::testutil::same;
-use dhrd_io::{Fault, FaultKind, SimBacking};
+use dhrd_io::{Durable, Fault, FaultKind, SimBacking};
+use parking_lot::Mutex;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
 
 const CB: u64 = 4096;
 const CHUNKS: u64 = 16;

@@ -26,10 +26,13 @@
 //! few runs to fail again.
 
 use super::*;
+use crate::pairing::LowerIdentity;
 use crate::testutil::gate::{GateId, GatedDev, Gates, Held, Kind, Point, Power, When};
-use dhrd_io::{Fault, FaultKind, SimBacking, SplitMix64};
+use dhrd_io::{Durable, Fault, FaultKind, SimBacking, SplitMix64};
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const SEEDS_DEFAULT: u64 = 24;
 const SEEDS_SOAK: u64 = 2_000;

@@ -1,8 +1,12 @@
 use super::*;
-use crate::pairing::{self, CacheMark};
+use crate::pairing::{self, CacheMark, LowerIdentity};
 use crate::testutil::{check, read_all, same, seeds};
-use dhrd_io::{SimBacking, SplitMix64};
+use dhrd_io::{Durable, Persistence, SimBacking, SplitMix64};
 use layout::{SLOT_CLEAN, SLOT_DIRTY};
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 const CB: u64 = 4096;
 const CHUNKS: u64 = 32;

@@ -16,7 +16,14 @@
 //! (in a slot whose entry names them) or on the lower tier (with no entry naming the chunk
 //! any more); an unacknowledged write leaves each sector old or new.
 
-use super::*;
+use super::layout::{Entry, SLOT_CLEAN, SLOT_DIRTY};
+use super::parts::{self, Parts};
+use super::requests::Reached;
+use super::shared::{Shared, State, FILL_TRIES_MAX};
+use crate::fastdev::read_padded;
+use dhrd_io::Durable;
+use std::io;
+use std::sync::atomic::Ordering;
 
 /// What `write_cached` did with a write.
 pub(super) enum Cached {
