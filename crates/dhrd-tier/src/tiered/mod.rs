@@ -87,6 +87,8 @@ pub use open::{open_ssd_file, ssd_bytes_for, SSD_TIER_THREADS};
 pub use stats::TierStats;
 
 #[cfg(test)]
+mod pairing_tests;
+#[cfg(test)]
 mod races;
 #[cfg(test)]
 mod sim;
