@@ -1,4 +1,4 @@
-//! What the two fast-device layers (`writeback.rs`, `tiered.rs`) share: the header
+//! What the two fast-device layers (`writeback.rs`, `tiered/`) share: the header
 //! checksum, formatting a device, the fixed-size rule, and the background write-back
 //! loop with its drain.
 //!

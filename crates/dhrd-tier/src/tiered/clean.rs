@@ -1,6 +1,6 @@
 //! The write-back of dirty slots to the lower tier.
 //!
-//! Invariants (with those of `tiered.rs`): one write-back works on a slot at a time (it is
+//! Invariants (with those of `mod.rs`): one write-back works on a slot at a time (it is
 //! `busy`, so neither evicted nor picked again); it marks the slot CLEAN only if the slot's
 //! write count did not move since it read the slot under its lock, after the bytes it read
 //! were synced on the SSD, written to the lower tier and synced there. Its writes to the

@@ -1,7 +1,7 @@
 //! The write paths of the tiered device: into the chunk's slot, into a new slot, and to
 //! the lower tier alone (write-through, or no slot to be had).
 //!
-//! Invariants (with those of `tiered.rs`):
+//! Invariants (with those of `mod.rs`):
 //! - Every write into a slot is counted in the slot before it changes anything
 //!   (`write_into_slot`), so the write-back never marks a slot CLEAN over a write it did
 //!   not copy.
