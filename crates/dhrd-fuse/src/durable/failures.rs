@@ -22,7 +22,7 @@
 //!
 //! Crash semantics: none of its own; after a restart the backing is read again as it is.
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashSet;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,14 +30,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// (device, inode) of a backing inode.
 pub type InodeId = (u64, u64);
 
+/// How many locks the inode syncs are spread over: two syncs of different inodes wait for
+/// each other only when their inodes share one (about 1 in this many pairs), and then
+/// for no longer than one sync.
+pub const SYNC_STRIPES: usize = 64;
+
 /// See the module header.
-#[derive(Default)]
 pub struct Failures {
     /// Anything recorded at all: the lock-free answer for the (usual) healthy backing.
     any: AtomicBool,
     inodes: Mutex<HashSet<InodeId>>,
     devs: Mutex<HashSet<u64>>,
     first: Mutex<Option<String>>,
+    /// Held by a sync of an inode from its check until its failure is recorded.
+    stripes: Box<[Mutex<()>]>,
+    /// Shared by every inode sync, exclusive for a sync of a whole file system, from its
+    /// check until its failure is recorded. One for every file system of the backing.
+    whole: RwLock<()>,
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Failures {
+            any: AtomicBool::new(false),
+            inodes: Mutex::default(),
+            devs: Mutex::default(),
+            first: Mutex::default(),
+            stripes: (0..SYNC_STRIPES).map(|_| Mutex::new(())).collect(),
+            whole: RwLock::new(()),
+        }
+    }
 }
 
 impl Failures {
@@ -76,6 +98,132 @@ impl Failures {
     pub fn first(&self) -> Option<String> {
         self.first.lock().clone()
     }
+
+    /// Runs `sync` (of what `of` names) as one step with its check and its record: EIO
+    /// without running it if `of` failed before; otherwise its outcome, an error being
+    /// recorded (`what`, and the error) before this returns. The only way a sync of the
+    /// backing is run and recorded through the mount.
+    pub fn sync(
+        &self,
+        of: SyncOf,
+        what: &str,
+        sync: impl FnOnce() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        hook(Point::Start);
+        debug_assert!(
+            !IN_SYNC.with(|s| s.replace(true)),
+            "a sync inside a sync would wait for itself"
+        );
+        let _done = InSyncReset;
+        hook(Point::Waiting);
+        // Lock order: `whole`, then one stripe; never a second sync while held.
+        let (_whole_shared, _whole_own, _stripe) = match of {
+            SyncOf::Inode { id, .. } => (
+                Some(self.whole.read()),
+                None,
+                Some(self.stripes[stripe_of(id)].lock()),
+            ),
+            SyncOf::Fs(_) => (None, Some(self.whole.write()), None),
+        };
+        let failed_before = match of {
+            SyncOf::Inode { id, .. } => self.failed(id),
+            SyncOf::Fs(dev) => self.fs_has_failed(dev),
+        };
+        if failed_before {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        let r = sync();
+        hook(Point::Returned);
+        if let Err(e) = &r {
+            let what = format!("{what}: {e}");
+            match of {
+                SyncOf::Inode { id, fails_fs: false } => self.inode_failed(id, what),
+                SyncOf::Inode { id, fails_fs: true } => self.fs_failed(id.0, what),
+                SyncOf::Fs(dev) => self.fs_failed(dev, what),
+            }
+        }
+        r
+    }
+}
+
+/// The stripe of inode `id`.
+fn stripe_of(id: InodeId) -> usize {
+    let mixed = id.1 ^ id.0.rotate_left(32);
+    (mixed % SYNC_STRIPES as u64) as usize
+}
+
+thread_local! {
+    /// Whether this thread is inside `Failures::sync` (debug check against nesting).
+    static IN_SYNC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears `IN_SYNC` when a sync ends, however it ends.
+struct InSyncReset;
+
+impl Drop for InSyncReset {
+    fn drop(&mut self) {
+        IN_SYNC.with(|s| s.set(false));
+    }
+}
+
+/// What a sync covers, and what its failure fails.
+#[derive(Clone, Copy, Debug)]
+pub enum SyncOf {
+    /// An fsync (or fdatasync, or a writeback error check) of inode `id`. Its failure fails
+    /// the inode, or with `fails_fs` the whole file system (a descriptor shared by
+    /// every open of the mount, like the engine's backing files).
+    Inode { id: InodeId, fails_fs: bool },
+    /// A sync of file system `dev` as a whole (syncfs, a journal commit, a batch of
+    /// directory syncs): which inode lost data is unknown, so its failure fails them all.
+    Fs(u64),
+}
+
+impl SyncOf {
+    /// An inode whose failure fails only itself.
+    pub fn inode(id: InodeId) -> Self {
+        SyncOf::Inode { id, fails_fs: false }
+    }
+}
+
+/// Test-only pause points of `Failures::sync`.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Point {
+    /// Entered, nothing checked yet.
+    Start,
+    /// About to wait for the syncs this one must not overlap.
+    Waiting,
+    /// The sync returned; its failure, if any, not yet recorded.
+    Returned,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: called at each `Point` of a sync on this thread.
+    pub(crate) static SYNC_HOOK: std::cell::RefCell<Option<Box<dyn Fn(Point)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+#[cfg(test)]
+fn hook(p: Point) {
+    SYNC_HOOK.with(|h| {
+        if let Some(f) = &*h.borrow() {
+            f(p)
+        }
+    });
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn hook(_: Point) {}
+
+/// Where `Failures::sync` may pause in tests (nowhere otherwise).
+#[cfg(not(test))]
+#[derive(Clone, Copy)]
+enum Point {
+    Start,
+    Waiting,
+    Returned,
 }
 
 /// (device, inode) of a descriptor.
@@ -96,5 +244,98 @@ mod tests {
         f.fs_failed(4, "syncfs: EIO".into());
         assert!(f.failed((4, 9)) && f.fs_has_failed(4));
         assert_eq!(f.first().as_deref(), Some("fsync: EIO"));
+    }
+
+    fn eio() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::EIO)
+    }
+
+    /// What thread B saw: it waited for A's sync (it can only go on once A's failure is
+    /// recorded), or its own sync ran and returned this.
+    enum Seen {
+        Waiting,
+        Done(std::io::Result<()>),
+    }
+
+    /// The window: A's sync of `a` fails and pauses before its failure is recorded; B's
+    /// sync of `b` starts then. B must not report success: either it waits for A's
+    /// record, or its own sync ran in the window and the test fails. Deterministic: A is
+    /// let go only once B reached one or the other.
+    fn overlapping(a: SyncOf, b: SyncOf) -> std::io::Result<()> {
+        use std::sync::mpsc::channel;
+        let f = std::sync::Arc::new(Failures::default());
+        let (in_window_tx, in_window) = channel();
+        let (go, go_rx) = channel::<()>();
+        let fa = f.clone();
+        let ta = std::thread::spawn(move || {
+            SYNC_HOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |p| {
+                    if p == Point::Returned {
+                        in_window_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                    }
+                }))
+            });
+            fa.sync(a, "fsync", || Err(eio()))
+        });
+        in_window.recv().unwrap();
+        let (seen_tx, seen) = channel();
+        let fb = f.clone();
+        let tb = std::thread::spawn(move || {
+            let tx = seen_tx.clone();
+            SYNC_HOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |p| {
+                    if p == Point::Waiting {
+                        let _ = tx.send(Seen::Waiting);
+                    }
+                }))
+            });
+            let r = fb.sync(b, "fsync", || Ok(()));
+            let eio = r.as_ref().err().and_then(|e| e.raw_os_error());
+            let _ = seen_tx.send(Seen::Done(eio.map_or(Ok(()), |e| {
+                Err(std::io::Error::from_raw_os_error(e))
+            })));
+            r
+        });
+        if let Seen::Done(Ok(())) = seen.recv().unwrap() {
+            panic!("B's sync ran while A's failure was not recorded yet, and reported success");
+        }
+        go.send(()).unwrap();
+        assert!(ta.join().unwrap().is_err());
+        tb.join().unwrap()
+    }
+
+    #[test]
+    fn a_sync_in_the_window_of_a_failing_sync_of_the_same_inode_fails() {
+        let r = overlapping(SyncOf::inode((1, 2)), SyncOf::inode((1, 2)));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    #[test]
+    fn a_syncfs_in_the_window_of_a_failing_syncfs_fails() {
+        let r = overlapping(SyncOf::Fs(1), SyncOf::Fs(1));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    #[test]
+    fn an_inode_sync_in_the_window_of_a_failing_syncfs_fails() {
+        let r = overlapping(SyncOf::Fs(1), SyncOf::inode((1, 2)));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    #[test]
+    fn a_sync_in_the_window_of_a_failing_shared_descriptor_sync_fails() {
+        let shared = SyncOf::Inode { id: (1, 2), fails_fs: true };
+        let r = overlapping(shared, SyncOf::inode((1, 2)));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    #[test]
+    fn syncs_of_other_inodes_do_not_wait_for_each_other() {
+        let f = Failures::default();
+        f.inode_failed((1, 2), "fsync: EIO".into());
+        assert!(f.sync(SyncOf::inode((1, 3)), "fsync", || Ok(())).is_ok());
+        let r = f.sync(SyncOf::inode((1, 2)), "fsync", || panic!("a failed inode is not synced"));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
     }
 }
