@@ -7,7 +7,7 @@
 //! changes (C4). Crash semantics: those of the data path (docs/crash-model.md).
 
 use super::handles::HandleData;
-use super::{Failed, Files};
+use super::Files;
 use crate::config::COPY_REQUEST_BYTES_MAX;
 use crate::engine::EngineTier;
 use crate::error::{FsError, Result};
@@ -69,7 +69,7 @@ impl Files {
                 let t = self.page()?;
                 self.refuse_if_failed(key)?;
                 t.write(open, offset, data, ws)
-                    .inspect_err(|e| self.data_failed(key, Failed::Change, "write", e))?
+                    .inspect_err(|e| self.change_failed(key, "write", e))?
             }
             HandleData::Engine { obj, .. } => {
                 obj.write_at(data, offset)?;
@@ -125,11 +125,9 @@ impl Files {
                 // Durable before the reply in `sync` mode, and for an O_SYNC or O_DSYNC
                 // open in every mode (as ext4 does for its own such opens).
                 if self.sync.sync_mode() || ws > WriteSync::Mode {
-                    sys::fsync(open.file.as_fd())
-                        .map_err(|e| FsError::io("fsync after fallocate", e))
-                        .inspect_err(|e| {
-                            self.data_failed(key, Failed::Sync, "fsync after fallocate", e)
-                        })?;
+                    self.sync_inode(key, false, "fsync after fallocate", || {
+                        sys::fsync(open.file.as_fd())
+                    })?;
                 }
                 if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
                     self.page()?.resident().refresh(key, &open.file);
@@ -187,7 +185,7 @@ impl Files {
                 self.refuse_if_failed(dst_key)?;
                 self.page()?
                     .copy(s, offset_in, d, offset_out, want, ws)
-                    .inspect_err(|e| self.data_failed(dst_key, Failed::Change, "copy", e))?
+                    .inspect_err(|e| self.change_failed(dst_key, "copy", e))?
             }
             (HandleData::Engine { obj: s, .. }, HandleData::Engine { obj: d, .. }) => {
                 let done = EngineTier::copy(s, offset_in, d, offset_out, want)?;

@@ -25,6 +25,7 @@ pub mod open;
 mod sync;
 
 use crate::config::{FsConfig, ReadPath};
+use crate::durable::failures::SyncOf;
 use crate::durable::SyncPolicy;
 use crate::engine::objects::Obj;
 use crate::engine::EngineTier;
@@ -71,15 +72,6 @@ pub struct Files {
     /// Tells the kernel of attribute changes it does not expect (set-id bits dropped);
     /// set once the transport's session exists.
     notices: OnceLock<Box<dyn Invalidate>>,
-}
-
-/// What failed, for `Files::data_failed`.
-#[derive(Clone, Copy)]
-enum Failed {
-    /// A change (write, copy): its ENOSPC or EDQUOT changed nothing (C5).
-    Change,
-    /// A sync: any error means a writeback that did not happen.
-    Sync,
 }
 
 /// A descriptor of a backing inode that the data path holds (`Files::held_file`).
@@ -336,16 +328,43 @@ impl Files {
         Ok(())
     }
 
-    /// A change or sync of backing inode `key` failed (page cache path): recorded for
-    /// status, and, unless it is ENOSPC, EDQUOT or EINTR of a request that changed
-    /// nothing (C5), as a sticky failure of the inode (failures.rs). A sync's ENOSPC is
-    /// sticky too: it reports a writeback that did not happen.
-    fn data_failed(&self, key: u64, op: Failed, what: &str, e: &FsError) {
+    /// Runs `sync` of backing inode `key` as one step with its check and its failure
+    /// record (C4, failures.rs): EIO if the inode failed a sync before, one still being
+    /// recorded included; otherwise its outcome, a failure recorded before this returns.
+    /// `shared`: the descriptor serves every open of the mount (an engine object's backing
+    /// file), whose errors only its first sync sees, so a failure fails the whole backing.
+    fn sync_inode(
+        &self,
+        key: u64,
+        shared: bool,
+        what: &'static str,
+        sync: impl FnOnce() -> std::io::Result<()>,
+    ) -> Result<()> {
+        let of = SyncOf::Inode {
+            id: (self.dir.dev(), key),
+            fails_fs: shared,
+        };
+        self.sync
+            .failures()
+            .sync(of, what, sync)
+            .map_err(|e| FsError::io(what, e))
+            .inspect_err(|e| {
+                if let Tier::Page(t) = self.tier() {
+                    t.record_failure(what, e);
+                }
+            })
+    }
+
+    /// A change (write, copy) of backing inode `key` failed (page cache path): recorded
+    /// for status, and, unless it is ENOSPC, EDQUOT or EINTR, which changed nothing (C5),
+    /// as a sticky failure of the inode (failures.rs). Syncs record theirs in
+    /// `sync_inode`, where any error is sticky: it reports a writeback that did not
+    /// happen.
+    fn change_failed(&self, key: u64, what: &str, e: &FsError) {
         if let Tier::Page(t) = self.tier() {
             t.record_failure(what, e);
         }
-        let harmless = matches!(e.errno(), libc::ENOSPC | libc::EDQUOT | libc::EINTR);
-        if matches!(op, Failed::Sync) || !harmless {
+        if !matches!(e.errno(), libc::ENOSPC | libc::EDQUOT | libc::EINTR) {
             self.sync
                 .failures()
                 .inode_failed((self.dir.dev(), key), format!("{what}: {e}"));
@@ -360,8 +379,11 @@ impl Files {
             obj.flush()?;
         }
         if ws == WriteSync::File {
-            sys::fsync(obj.backing().file().as_fd())
-                .map_err(|e| FsError::io("fsync of the backing file for O_SYNC", e))?;
+            let file = obj.backing().file();
+            let key = sys::fstat(file.as_fd())?.st_ino;
+            self.sync_inode(key, true, "fsync of the backing file for O_SYNC", || {
+                sys::fsync(file.as_fd())
+            })?;
         }
         Ok(())
     }

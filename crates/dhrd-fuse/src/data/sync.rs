@@ -7,8 +7,9 @@
 //! for an O_SYNC or O_DSYNC open in every mode. Crash semantics: docs/crash-model.md.
 
 use super::handles::HandleData;
-use super::{Failed, Files, Tier};
+use super::{Files, Tier};
 use crate::durable::commit::SyncSet;
+use crate::durable::failures::SyncOf;
 use crate::error::{FsError, Result};
 use crate::kernel::{Fh, WriteSync};
 use crate::killpriv::{Caller, Fsetid};
@@ -52,39 +53,40 @@ impl Files {
                     // Clean now, but the pages of earlier stores may have failed their
                     // writeback (marked clean, never on the disk): ask the file, which
                     // a journal commit would not.
-                    sys::writeback_error(open.file.as_fd())
-                        .map_err(|e| FsError::io("writeback of the backing file", e))
-                        .inspect_err(|e| self.data_failed(key, Failed::Sync, "writeback", e))?;
+                    self.sync_inode(key, false, "writeback of the backing file", || {
+                        sys::writeback_error(open.file.as_fd())
+                    })?;
                     set.fsync(&[&*open.file])?;
                 } else {
                     set.fsync_data(&[&*open.file])?;
                 }
             }
             HandleData::Page(open) => {
-                let r = if datasync {
-                    rustix::fs::fdatasync(&*open.file)
-                } else {
-                    rustix::fs::fsync(&*open.file)
-                };
-                if let Err(e) = r {
-                    let e = FsError::io("fsync of the backing file", e.into());
-                    self.data_failed(key, Failed::Sync, "fsync", &e);
-                    return Err(e);
-                }
+                self.sync_inode(key, false, "fsync of the backing file", || {
+                    if datasync {
+                        rustix::fs::fdatasync(&*open.file)?;
+                    } else {
+                        rustix::fs::fsync(&*open.file)?;
+                    }
+                    Ok(())
+                })?;
             }
             HandleData::Engine { obj, .. } => {
                 // The object's writes and size (fdatasync); fsync also wants the inode's
                 // other attributes (a chmod, times), which only the backing file holds.
                 obj.flush()?;
                 if !datasync && !self.sync.sync_mode() {
-                    if let Err(e) = sys::fsync(obj.backing().file().as_fd()) {
-                        // Reported once per open file description: like the syncfs this
-                        // replaces, a failure fails every later sync of the mount (C4).
-                        let e = FsError::io("fsync of the backing file", e);
-                        let what = format!("fsync of {}: {e}", obj.backing().describe());
-                        self.sync.failures().fs_failed(self.dir.dev(), what);
-                        return Err(e);
-                    }
+                    // Reported once per open file description: like the syncfs this
+                    // replaces, a failure fails every later sync of the mount (C4).
+                    let of = SyncOf::Inode {
+                        id: (self.dir.dev(), key),
+                        fails_fs: true,
+                    };
+                    let what = format!("fsync of {}", obj.backing().describe());
+                    self.sync
+                        .failures()
+                        .sync(of, &what, || sys::fsync(obj.backing().file().as_fd()))
+                        .map_err(|e| FsError::io("fsync of the backing file", e))?;
                 }
             }
         }
@@ -140,11 +142,9 @@ impl Files {
                 self.sync.data_durable(set, &[&*file])?;
                 if !self.sync.sync_mode() && ws > WriteSync::Mode {
                     // ftruncate through an O_SYNC or O_DSYNC open: durable on return.
-                    rustix::fs::fdatasync(&*file)
-                        .map_err(|e| FsError::io("fdatasync after truncate", e.into()))
-                        .inspect_err(|e| {
-                            self.data_failed(key, Failed::Sync, "fdatasync after truncate", e)
-                        })?;
+                    self.sync_inode(key, false, "fdatasync after truncate", || {
+                        Ok(rustix::fs::fdatasync(&*file)?)
+                    })?;
                 }
                 t.resident().refresh(key, &file);
             }

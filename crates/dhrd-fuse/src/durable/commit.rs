@@ -48,7 +48,7 @@
 //! Crash semantics: a crash before a round's syncs return may lose any change of that
 //! round, none of which was acknowledged; nothing acknowledged is lost.
 
-use crate::durable::failures::{Failures, InodeId};
+use crate::durable::failures::{Failures, InodeId, SyncOf};
 use crate::error::{FsError, Result};
 use crate::sys;
 use parking_lot::{Condvar, Mutex};
@@ -102,13 +102,25 @@ impl SyncSet {
 
     /// Syncs the set now, on the calling thread (for steps whose durability must come
     /// before the next step of the same request, such as set-id bits before data).
-    pub fn sync_now(self) -> Result<()> {
+    /// Each sync is checked and its failure recorded in `failures` (C4), like the
+    /// committer's; one whose inode cannot be identified (fstat failed) is only run.
+    pub fn sync_now(self, failures: &Failures) -> Result<()> {
         if let Some(fd) = &self.syncfs {
-            sys::syncfs(fd.as_fd()).map_err(|e| FsError::io("syncfs", e))?;
+            let syncfs = || sys::syncfs(fd.as_fd());
+            match identity(fd) {
+                Some((dev, _)) => failures.sync(SyncOf::Fs(dev), "syncfs", syncfs),
+                None => syncfs(),
+            }
+            .map_err(|e| FsError::io("syncfs", e))?;
             return Ok(());
         }
         for fd in &self.fsync {
-            sys::fsync(fd.as_fd()).map_err(|e| FsError::io("fsync after metadata change", e))?;
+            let fsync = || sys::fsync(fd.as_fd());
+            match identity(fd) {
+                Some(id) => failures.sync(SyncOf::inode(id), "fsync", fsync),
+                None => fsync(),
+            }
+            .map_err(|e| FsError::io("fsync after metadata change", e))?;
         }
         Ok(())
     }
@@ -466,7 +478,8 @@ impl Committer {
             }
             for (fd, id) in set.fsync.iter().zip(&plan.ids[i]) {
                 let one = match id {
-                    // Failed before: never reported as synced again (C4).
+                    // Failed before: never reported as synced again (C4). A failure
+                    // still being recorded is waited for by `fsync_inode` below.
                     Some(id) if self.failures.failed(*id) => Err(libc::EIO),
                     Some((dev, ino)) => match covered(*dev, set.data) {
                         Some(x) => x,
@@ -531,39 +544,29 @@ impl Committer {
     /// syncfs of file system `dev` (through `fd`), unless it failed before; a failure is
     /// recorded (failures.rs).
     fn syncfs_dev(&self, fd: &OwnedFd, dev: u64) -> Errno {
-        if self.failures.fs_has_failed(dev) {
-            return Err(libc::EIO);
-        }
-        let r = self.sync_fs_now(fd);
-        if let Err(e) = r {
-            self.failures
-                .fs_failed(dev, format!("syncfs: {}", errno_text(e)));
-        }
-        r
+        self.recorded(SyncOf::Fs(dev), "syncfs", || self.sync_fs_now(fd))
+    }
+
+    /// `sync` as one step with its check and its record (`Failures::sync`).
+    fn recorded(&self, of: SyncOf, what: &str, sync: impl FnOnce() -> Errno) -> Errno {
+        self.failures
+            .sync(of, what, || {
+                sync().map_err(std::io::Error::from_raw_os_error)
+            })
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
     }
 
     /// `journal_commit` on file system `dev`, unless it failed before; a failed commit
     /// fails the file system.
     fn journal_commit_dev(&self, anchor: &OwnedFd, dev: u64) -> std::result::Result<(), i32> {
-        if self.failures.fs_has_failed(dev) {
-            return Err(libc::EIO);
-        }
-        let r = self.journal_commit(anchor);
-        if let Err(e) = r {
-            self.failures
-                .fs_failed(dev, format!("journal commit: {}", errno_text(e)));
-        }
-        r
+        self.recorded(SyncOf::Fs(dev), "journal commit", || {
+            self.journal_commit(anchor)
+        })
     }
 
     /// fsync of inode `id`; a failure is recorded (failures.rs).
     fn fsync_inode(&self, fd: &OwnedFd, id: InodeId) -> std::result::Result<(), i32> {
-        let r = self.fsync(fd);
-        if let Err(e) = r {
-            self.failures
-                .inode_failed(id, format!("fsync: {}", errno_text(e)));
-        }
-        r
+        self.recorded(SyncOf::inode(id), "fsync", || self.fsync(fd))
     }
 
     fn sync_fs_now(&self, fd: &OwnedFd) -> std::result::Result<(), i32> {
@@ -614,10 +617,6 @@ impl Committer {
 /// (device, inode) of a descriptor.
 fn identity(fd: &OwnedFd) -> Option<(u64, u64)> {
     sys::fstat(fd.as_fd()).ok().map(|st| (st.st_dev, st.st_ino))
-}
-
-fn errno_text(e: i32) -> String {
-    std::io::Error::from_raw_os_error(e).to_string()
 }
 
 #[cfg(test)]

@@ -14,11 +14,29 @@
 //! - An inode or file system recorded stays recorded until the daemon exits.
 //! - A sync of a recorded inode, or of any inode of a recorded file system, fails with
 //!   EIO without asking the backing (a failed fsync is never retried as if it had
-//!   succeeded). Enforced by the callers, which look here before each sync (the
-//!   committer's round, `SyncPolicy`, the data path's `refuse_if_failed`); nothing here
-//!   can see a sync. A sync that starts while another one's failure is being recorded is
-//!   not held back: the record covers syncs that start after it.
+//!   succeeded).
+//! - Check, sync and record are one step (`Failures::sync`, the only way the mount runs a
+//!   sync of the backing): a sync of an inode holds that inode's stripe lock (one of
+//!   `SYNC_STRIPES`, by its id) and `whole` shared, a sync of a whole file system (syncfs,
+//!   a journal commit, a batch of directory fsyncs) holds `whole` exclusively, each from
+//!   its check until its failure, if any, is recorded. So a sync that overlaps a failing
+//!   one of the same inode, or any sync that overlaps a failing syncfs, waits and then
+//!   fails: none runs in the window after another took the error and before it was
+//!   recorded, when it would have read success for pages that never reached the disk.
+//!   Holding two of these (a sync inside a sync) would wait for itself; debug builds
+//!   assert it never happens.
 //! - The first failure's description is kept for status.
+//!
+//! Cost: a lock is held only while its sync runs, by the sync that would otherwise have
+//! raced. Syncs of different inodes share a stripe for about 1 pair in `SYNC_STRIPES`, and
+//! then one waits for at most the other's sync. Only whole-file-system syncs exclude all
+//! others, and they are the rare ones (a periodic or unmount flush, directory entries
+//! that changed, a committer round that chose syncfs as cheaper than its fsyncs). The
+//! uncontended path is two uncontended lock acquisitions, next to a sync's device flush.
+//!
+//! Not covered: a write that syncs itself (O_DSYNC, RWF_DSYNC, the inode's sync flag) also
+//! takes the shared descriptor's error; it is recorded by the write's own failure path
+//! (data/io.rs), outside this step, and passthrough writes never reach the daemon.
 //!
 //! Crash semantics: none of its own; after a restart the backing is read again as it is.
 
@@ -137,7 +155,10 @@ impl Failures {
         if let Err(e) = &r {
             let what = format!("{what}: {e}");
             match of {
-                SyncOf::Inode { id, fails_fs: false } => self.inode_failed(id, what),
+                SyncOf::Inode {
+                    id,
+                    fails_fs: false,
+                } => self.inode_failed(id, what),
                 SyncOf::Inode { id, fails_fs: true } => self.fs_failed(id.0, what),
                 SyncOf::Fs(dev) => self.fs_failed(dev, what),
             }
@@ -181,7 +202,10 @@ pub enum SyncOf {
 impl SyncOf {
     /// An inode whose failure fails only itself.
     pub fn inode(id: InodeId) -> Self {
-        SyncOf::Inode { id, fails_fs: false }
+        SyncOf::Inode {
+            id,
+            fails_fs: false,
+        }
     }
 }
 
@@ -197,10 +221,14 @@ pub(crate) enum Point {
     Returned,
 }
 
+/// Tests: what a thread runs at each `Point` of its syncs.
+#[cfg(test)]
+pub(crate) type SyncHook = Box<dyn Fn(Point)>;
+
 #[cfg(test)]
 thread_local! {
     /// Tests: called at each `Point` of a sync on this thread.
-    pub(crate) static SYNC_HOOK: std::cell::RefCell<Option<Box<dyn Fn(Point)>>> =
+    pub(crate) static SYNC_HOOK: std::cell::RefCell<Option<SyncHook>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -232,6 +260,7 @@ pub fn id_of(fd: BorrowedFd<'_>) -> Option<InodeId> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use super::*;
 
@@ -271,14 +300,14 @@ mod tests {
             SYNC_HOOK.with(|h| {
                 *h.borrow_mut() = Some(Box::new(move |p| {
                     if p == Point::Returned {
-                        in_window_tx.send(()).unwrap();
-                        go_rx.recv().unwrap();
+                        in_window_tx.send(()).expect("test waits");
+                        go_rx.recv().expect("test lets go");
                     }
                 }))
             });
             fa.sync(a, "fsync", || Err(eio()))
         });
-        in_window.recv().unwrap();
+        in_window.recv().expect("A reaches the window");
         let (seen_tx, seen) = channel();
         let fb = f.clone();
         let tb = std::thread::spawn(move || {
@@ -292,17 +321,17 @@ mod tests {
             });
             let r = fb.sync(b, "fsync", || Ok(()));
             let eio = r.as_ref().err().and_then(|e| e.raw_os_error());
-            let _ = seen_tx.send(Seen::Done(eio.map_or(Ok(()), |e| {
-                Err(std::io::Error::from_raw_os_error(e))
-            })));
+            let _ = seen_tx.send(Seen::Done(
+                eio.map_or(Ok(()), |e| Err(std::io::Error::from_raw_os_error(e))),
+            ));
             r
         });
-        if let Seen::Done(Ok(())) = seen.recv().unwrap() {
+        if let Seen::Done(Ok(())) = seen.recv().expect("B waits or ends") {
             panic!("B's sync ran while A's failure was not recorded yet, and reported success");
         }
-        go.send(()).unwrap();
-        assert!(ta.join().unwrap().is_err());
-        tb.join().unwrap()
+        go.send(()).expect("A waits");
+        assert!(ta.join().expect("A ends").is_err());
+        tb.join().expect("B ends")
     }
 
     #[test]
@@ -325,7 +354,10 @@ mod tests {
 
     #[test]
     fn a_sync_in_the_window_of_a_failing_shared_descriptor_sync_fails() {
-        let shared = SyncOf::Inode { id: (1, 2), fails_fs: true };
+        let shared = SyncOf::Inode {
+            id: (1, 2),
+            fails_fs: true,
+        };
         let r = overlapping(shared, SyncOf::inode((1, 2)));
         assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
     }
@@ -335,7 +367,9 @@ mod tests {
         let f = Failures::default();
         f.inode_failed((1, 2), "fsync: EIO".into());
         assert!(f.sync(SyncOf::inode((1, 3)), "fsync", || Ok(())).is_ok());
-        let r = f.sync(SyncOf::inode((1, 2)), "fsync", || panic!("a failed inode is not synced"));
+        let r = f.sync(SyncOf::inode((1, 2)), "fsync", || {
+            panic!("a failed inode is not synced")
+        });
         assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
     }
 }

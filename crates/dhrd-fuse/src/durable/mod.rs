@@ -26,7 +26,7 @@ use crate::error::{FsError, Result};
 use crate::stats::FsStats;
 use crate::sys::{self, BackingDir, Journal};
 use commit::{Committer, RoundSync, SyncSet};
-use failures::Failures;
+use failures::{Failures, SyncOf};
 use rustix::fs::{Mode, OFlags};
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -241,7 +241,7 @@ impl SyncPolicy {
         let mut set = SyncSet::default();
         self.meta_durable(&mut set, fds)?;
         if !set.is_empty() {
-            set.sync_now()?;
+            set.sync_now(self.failures())?;
             self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -282,17 +282,20 @@ impl SyncPolicy {
             return Ok(());
         }
         let r = match self.named_inodes(&plan) {
-            Some(named) if !plan.syncfs => fsync_plan(&plan, &named),
+            // A failure fails the whole file system: these syncs are one step against
+            // every other sync of it (failures.rs).
+            Some(named) if !plan.syncfs => self.failures().sync(
+                SyncOf::Fs(self.dir.dev()),
+                "sync of directory entries",
+                || fsync_plan(&plan, &named),
+            ),
             _ => {
                 self.changed();
                 return self.sync_metadata();
             }
         };
         if let Err(e) = r {
-            let e = FsError::io("fsync of a directory of the backing", e);
-            self.failures()
-                .fs_failed(self.dir.dev(), format!("sync of directory entries: {e}"));
-            return Err(e);
+            return Err(FsError::io("fsync of a directory of the backing", e));
         }
         self.unsynced.done(&plan);
         self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
@@ -357,9 +360,12 @@ impl SyncPolicy {
         if self.meta_dirty.swap(false, Ordering::AcqRel) {
             // Everything recorded before the syncfs starts is covered by it.
             let seq = self.unsynced.seq_now();
-            if let Err(e) = sys::syncfs(self.dir.root_fd()) {
+            let dev = self.dir.dev();
+            let r = failures.sync(SyncOf::Fs(dev), "syncfs", || {
+                sys::syncfs(self.dir.root_fd())
+            });
+            if let Err(e) = r {
                 self.changed();
-                failures.fs_failed(self.dir.dev(), format!("syncfs: {e}"));
                 return Err(FsError::io("syncfs of the backing file system", e));
             }
             self.unsynced.all_synced(seq);

@@ -12,6 +12,7 @@ use super::dir_handles::Unread;
 use super::Namespace;
 use crate::config::READDIRPLUS_BATCH_MAX;
 use crate::durable::commit::SyncSet;
+use crate::durable::failures::SyncOf;
 use crate::error::{FsError, Result};
 use crate::kernel::{Attr, DirEntry, Entry, Fh, FileKind, Ino, Statfs};
 use crate::sys::{self, FUSE_ROOT_INO};
@@ -187,8 +188,15 @@ impl Namespace {
             set.fsync(&[&fd])
         } else {
             // The directory itself (changes a previous daemon made are not recorded),
-            // then its recorded entries and the new directories above it.
-            sys::fsync(fd.as_fd()).map_err(FsError::from)?;
+            // then its recorded entries and the new directories above it. Checked and
+            // recorded like every sync (C4, failures.rs).
+            let id = (st.st_dev, st.st_ino);
+            self.sync
+                .failures()
+                .sync(SyncOf::inode(id), "fsync of a directory", || {
+                    sys::fsync(fd.as_fd())
+                })
+                .map_err(FsError::from)?;
             self.sync.sync_names(&[st.st_ino])
         }
     }
