@@ -15,8 +15,8 @@
 //! - A sync of a recorded inode, or of any inode of a recorded file system, fails with
 //!   EIO without asking the backing (a failed fsync is never retried as if it had
 //!   succeeded).
-//! - Check, sync and record are one step (`Failures::sync`, the only way the mount runs a
-//!   sync of the backing): a sync of an inode holds that inode's stripe lock (one of
+//! - Check, sync and record are one step (`Failures::sync`, through which the mount runs
+//!   every sync of the backing but those under "Not covered"): a sync of an inode holds that inode's stripe lock (one of
 //!   `SYNC_STRIPES`, by its id) and `whole` shared, a sync of a whole file system (syncfs,
 //!   a journal commit, a batch of directory fsyncs) holds `whole` exclusively, each from
 //!   its check until its failure, if any, is recorded. So a sync that overlaps a failing
@@ -34,9 +34,13 @@
 //! that changed, a committer round that chose syncfs as cheaper than its fsyncs). The
 //! uncontended path is two uncontended lock acquisitions, next to a sync's device flush.
 //!
-//! Not covered: a write that syncs itself (O_DSYNC, RWF_DSYNC, the inode's sync flag) also
-//! takes the shared descriptor's error; it is recorded by the write's own failure path
-//! (data/io.rs), outside this step, and passthrough writes never reach the daemon.
+//! Not covered, so that window stays open there: a write that syncs itself (O_DSYNC,
+//! RWF_DSYNC, the inode's sync flag) can take the shared descriptor's error too; the
+//! daemon records it on the write's failure (data/io.rs, not for ENOSPC or EDQUOT, which
+//! C5 treats as changing nothing), after the write, and a passthrough write's never
+//! reaches the daemon. A sync whose descriptor cannot be identified (fstat failed) has no
+//! inode to lock or record and is only run (commit.rs), and the status probe's fsync of
+//! the backing root (page/mod.rs) reports health, not a request's durability.
 //!
 //! Crash semantics: none of its own; after a restart the backing is read again as it is.
 
