@@ -29,7 +29,7 @@ use crate::tree::{self, Kind};
 use crate::watch::{self, Scope, Watch};
 use dhrd_engine::Durability;
 use dhrd_io::RamBudget;
-use dhrd_pagecache::resident::{FileRef, Opener, Resident, ResidentConfig};
+use dhrd_pagecache::resident::{FileRef, Folios, Opener, Resident, ResidentConfig};
 use parking_lot::Mutex;
 use std::fs::File;
 use std::io;
@@ -186,6 +186,14 @@ impl Attached {
             ResidentConfig {
                 threads: cfg.warm_threads,
                 rate_bytes_per_s: cfg.load_rate,
+                // In `sync` mode every small write is synchronous, and costs far more in a
+                // large folio (see `Folios`); in the other modes writes reach the disk in
+                // bulk and reads win.
+                folios: if cfg.durability == Durability::Sync {
+                    Folios::Order0
+                } else {
+                    Folios::Large
+                },
                 ..ResidentConfig::default()
             },
             budget.clone(),

@@ -69,7 +69,7 @@ mod stats;
 mod warmup;
 
 pub use config::{
-    FileRef, Opener, ResidentConfig, DEMAND_QUEUE_MAX, REFRESH_DELAY, RESIDENT_NICE,
+    FileRef, Folios, Opener, ResidentConfig, DEMAND_QUEUE_MAX, REFRESH_DELAY, RESIDENT_NICE,
     RESIDENT_THREADS_DEFAULT, RESIDENT_THREADS_MAX, WALK_QUEUE_MAX, WARM_READ_BYTES,
     WARM_SEGMENT_BYTES,
 };

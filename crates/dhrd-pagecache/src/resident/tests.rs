@@ -432,3 +432,87 @@ fn a_demand_moves_a_file_the_walk_queued_ahead_of_the_walk() {
     let s = r.stats();
     assert_eq!((s.files_seen, s.files_warmed), (8, 8), "{s:?}");
 }
+
+/// Pages of `path`'s page cache that belong to a folio of more than one page, counted
+/// through a mapping of the file: /proc/self/pagemap gives each page's frame, and
+/// /proc/kpageflags says whether that frame is part of a compound page (a large folio).
+/// Needs root (frame numbers are hidden from others).
+fn pages_in_large_folios(path: &Path) -> (u64, u64) {
+    const KPF_COMPOUND_HEAD: u64 = 1 << 15;
+    const KPF_COMPOUND_TAIL: u64 = 1 << 16;
+    const PFN_MASK: u64 = (1 << 55) - 1;
+    const PRESENT: u64 = 1 << 63;
+    let f = File::open(path).expect("open");
+    let len = f.metadata().expect("meta").len() as usize;
+    // SAFETY: a read-only shared mapping of a file we hold open, read within its length
+    // below and unmapped at the end.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED, "mmap");
+    let pagemap = File::open("/proc/self/pagemap").expect("pagemap");
+    let kpageflags = File::open("/proc/kpageflags").expect("kpageflags (needs root)");
+    let page = dhrd_io::PAGE_BYTES as usize;
+    let (mut large, mut pages) = (0, 0);
+    for off in (0..len).step_by(page) {
+        // SAFETY: inside the mapping made above; a volatile read faults the page in.
+        unsafe { std::ptr::read_volatile((addr as *const u8).add(off)) };
+        let mut e = [0u8; 8];
+        let vpn = (addr as usize + off) / page;
+        pagemap
+            .read_exact_at(&mut e, (vpn * 8) as u64)
+            .expect("pagemap entry");
+        let e = u64::from_ne_bytes(e);
+        assert!(e & PRESENT != 0, "page at {off} not present after a read");
+        let pfn = e & PFN_MASK;
+        assert_ne!(pfn, 0, "frame numbers hidden: the test needs root");
+        let mut fl = [0u8; 8];
+        kpageflags
+            .read_exact_at(&mut fl, pfn * 8)
+            .expect("kpageflags entry");
+        let fl = u64::from_ne_bytes(fl);
+        pages += 1;
+        if fl & (KPF_COMPOUND_HEAD | KPF_COMPOUND_TAIL) != 0 {
+            large += 1;
+        }
+    }
+    // SAFETY: unmaps exactly the mapping made above.
+    unsafe { libc::munmap(addr, len) };
+    (large, pages)
+}
+
+/// `Folios::Order0` leaves one page per folio, which is what keeps small synchronous
+/// writes cheap (see `Folios`); `Folios::Large`, the control, shows that the file system
+/// under test makes large folios at all, so the first half cannot pass for want of them.
+#[test]
+fn the_warm_up_leaves_the_folios_it_is_asked_for() {
+    // On the disk's file system: a tmpfs /tmp makes large folios only when mounted so.
+    let d = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    for (folios, name) in [(Folios::Large, "large"), (Folios::Order0, "order0")] {
+        let (f, len) = make(d.path(), name, 16 << 20);
+        let cfg = ResidentConfig { folios, ..quick() };
+        let r = resident(d.path(), 1 << 30, cfg);
+        r.submit_walked(f, len);
+        r.walk_done();
+        assert!(r.wait_complete(Duration::from_secs(30)));
+        let (large, pages) = pages_in_large_folios(&d.path().join(name));
+        assert_eq!(pages, (16 << 20) / dhrd_io::PAGE_BYTES);
+        match folios {
+            // Some, not all: under memory fragmentation the kernel falls back to smaller
+            // folios for part of a read.
+            Folios::Large => assert!(
+                large > 0,
+                "control: only {large} of {pages} pages in large folios after sequential reads"
+            ),
+            Folios::Order0 => assert_eq!(large, 0, "{large} of {pages} pages in large folios"),
+        }
+        drop(r);
+    }
+}

@@ -14,12 +14,13 @@
 //!
 //! [`RamBudget`]: dhrd_io::RamBudget
 
-use super::config::{RESIDENT_NICE, WARM_READ_BYTES, WARM_SEGMENT_BYTES};
+use super::config::{Folios, RESIDENT_NICE, WARM_READ_BYTES, WARM_SEGMENT_BYTES};
 use super::finish::finish_file;
 use super::state::{check_complete, page_ceil, page_floor, Entry, Inner, Job, Queues, Warming};
 use dhrd_io::PAGE_BYTES;
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -147,6 +148,9 @@ pub(super) fn start_file(inner: &Inner, job: Job) {
         }
     };
     let (file, size) = size;
+    if inner.cfg.folios == Folios::Order0 {
+        advise_order0(&file);
+    }
     // The whole file if the budget allows, else the page-aligned prefix it allows (I11).
     let want = page_ceil(size);
     let mut got = want;
@@ -221,6 +225,16 @@ pub(super) fn warm_range(
     }
     true
 }
+/// Makes the reads through `file`'s own open file description leave order-0 pages
+/// ([`Folios::Order0`]); other opens of the file keep their read-ahead.
+fn advise_order0(file: &File) {
+    // SAFETY: advice on a descriptor we hold open; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    // Fails only for a descriptor that is not an open regular file (EBADF, ESPIPE) or an
+    // unknown advice (EINVAL): none can happen for a file the warm-up just opened.
+    debug_assert_eq!(rc, 0, "posix_fadvise(POSIX_FADV_RANDOM) of a warmed file");
+}
+
 /// Waits as long as the configured rate requires before reading `bytes`.
 pub(super) fn throttle(inner: &Inner, bytes: u64) {
     let Some(rate) = inner.cfg.rate_bytes_per_s.filter(|r| *r > 0) else {
