@@ -7,8 +7,8 @@ Rows (each with its baseline measured in the same run, on the same file system):
 - RAM per data byte after the warm-up (daemon anonymous memory plus the tree's page cache);
 - 4 KiB sync writes by 8 writers to one file, against raw O_DIRECT|O_DSYNC writers of a
   file on the same file system, and against the same buffered writes to a plain file with
-  the sync inode flag and no dhrd (the kernel path an attached file takes), in alternating
-  rounds;
+  the sync inode flag and no dhrd (the kernel path an attached file takes) on order-0 pages
+  and on large folios, in alternating rounds;
 - an archive of `attach_files` small files extracted into an attached directory (`fsync`
   mode), then all of it read again warm, against a plain directory;
 - SQLite commits with WAL and synchronous=full (`fsync` mode) against a plain directory;
@@ -67,11 +67,29 @@ def _warmup(ctx, rows, ratios):
                        "figure": "dhrd-attach", "baseline": "-", "value": (ram or 0) / nbytes})
 
 
+def _cache_as(path, folios):
+    """Drops `path` from the page cache and reads it in again, as order-0 pages
+    (`POSIX_FADV_RANDOM`: what `cp` or a program's own writes leave) or as the large folios
+    sequential reads make (what the warm-up, `vmtouch -t` or a boot's first reads leave).
+    The folio size decides what a 4 KiB synchronous write costs (docs/fuse.md)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if folios == "small":
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        while os.read(fd, 1 << 20):
+            pass
+    finally:
+        os.close(fd)
+
+
 def _writers(ctx, rows, ratios):
-    """Eight writers of one file: raw O_DIRECT|O_DSYNC (the target's baseline), the same
+    """Eight writers of one file: raw O_DIRECT|O_DSYNC (the target's baseline); the same
     buffered writes to a plain file carrying the sync inode flag with no dhrd (the kernel
-    path an attached file in `sync` mode takes: dhrd is not in it, so this is the floor),
-    and the attached file. Rounds alternate; medians of the per-round ratios."""
+    path an attached file in `sync` mode takes, which dhrd is not in), once on order-0
+    pages and once on the large folios the warm-up leaves; and the attached file. Rounds
+    alternate; medians of the per-round ratios."""
     ws, p = ctx.ws, ctx.p
     size = p["attach_bytes"][0]
     rounds = p["attach_writer_rounds"]
@@ -83,22 +101,25 @@ def _writers(ctx, rows, ratios):
     run(["cp", "--sparse=never", ws.source(size), flagged])
     run(["chattr", "+S", flagged])
     common = ["--rw=randwrite", "--bs=4k", "--numjobs=8", f"--size={size}"]
-    got = {"raw": [], "flag": [], "attach": []}
+    got = {"raw": [], "small": [], "large": [], "attach": []}
     a = configs.DhrdAttach(ws, "sync")
     try:
         a.start({"dev.img": size})
         for r in range(rounds):
             got["raw"].append(lib.fio(f"attach-raw-8w-r{r}", common + [f"--filename={raw}", "--direct=1",
                                                                        "--sync=dsync"], p["runtime_s"])["iops"])
-            got["flag"].append(lib.fio(f"attach-flag-8w-r{r}", common + [f"--filename={flagged}"],
-                                       p["runtime_s"])["iops"])
+            for folios in ("small", "large"):
+                _cache_as(flagged, folios)
+                got[folios].append(lib.fio(f"attach-flag-{folios}-8w-r{r}", common + [f"--filename={flagged}"],
+                                           p["runtime_s"])["iops"])
             got["attach"].append(lib.fio(f"attach-8w-r{r}", common + [f"--filename={a.dir}/dev.img"],
                                          p["runtime_s"])["iops"])
     finally:
         a.stop()
         os.unlink(raw)
         shutil.rmtree(flag_dir, ignore_errors=True)
-    names = {"raw": "raw O_DIRECT|O_DSYNC", "flag": "ext4 sync flag, no dhrd", "attach": "dhrd-attach"}
+    names = {"raw": "raw O_DIRECT|O_DSYNC", "small": "ext4 sync flag, no dhrd, order-0 pages",
+             "large": "ext4 sync flag, no dhrd, large folios", "attach": "dhrd-attach"}
     for k, v in got.items():
         rows.append({"what": "8 writers, one file", "config": names[k], "iops": statistics.median(v),
                      "iops_per_round": v})
@@ -106,12 +127,16 @@ def _writers(ctx, rows, ratios):
     def med(num, den):
         per = [n / d for n, d in zip(got[num], got[den]) if d]
         return statistics.median(per) if per else None
-    ratios.append({"what": "4 KiB sync writes, 8 writers on one file, vs raw O_DIRECT|O_DSYNC (target >= 0.9)",
-                   "figure": "dhrd-attach", "baseline": "raw O_DIRECT|O_DSYNC", "value": med("attach", "raw")})
-    ratios.append({"what": "the same, ext4 sync flag without dhrd vs raw O_DIRECT|O_DSYNC (the kernel floor)",
-                   "figure": "ext4 sync flag", "baseline": "raw O_DIRECT|O_DSYNC", "value": med("flag", "raw")})
-    ratios.append({"what": "the same, dhrd-attach vs ext4's sync flag without dhrd (what dhrd adds)",
-                   "figure": "dhrd-attach", "baseline": "ext4 sync flag", "value": med("attach", "flag")})
+    for what, fig, base, num, den in (
+            ("4 KiB sync writes, 8 writers on one file, vs raw O_DIRECT|O_DSYNC (target >= 0.9)",
+             "dhrd-attach", "raw O_DIRECT|O_DSYNC", "attach", "raw"),
+            ("the same, ext4 sync flag without dhrd on order-0 pages vs raw O_DIRECT|O_DSYNC",
+             "ext4 sync flag, order-0", "raw O_DIRECT|O_DSYNC", "small", "raw"),
+            ("the same, ext4 sync flag without dhrd on large folios vs raw O_DIRECT|O_DSYNC",
+             "ext4 sync flag, large folios", "raw O_DIRECT|O_DSYNC", "large", "raw"),
+            ("the same, dhrd-attach vs ext4 sync flag on large folios (what dhrd adds)",
+             "dhrd-attach", "ext4 sync flag, large folios", "attach", "large")):
+        ratios.append({"what": what, "figure": fig, "baseline": base, "value": med(num, den)})
 
 
 def _archive(ctx, rows, ratios):
