@@ -186,14 +186,7 @@ impl Attached {
             ResidentConfig {
                 threads: cfg.warm_threads,
                 rate_bytes_per_s: cfg.load_rate,
-                // In `sync` mode every small write is synchronous, and costs far more in a
-                // large folio (see `Folios`); in the other modes writes reach the disk in
-                // bulk and reads win.
-                folios: if cfg.durability == Durability::Sync {
-                    Folios::Order0
-                } else {
-                    Folios::Large
-                },
+                folios: warm_up_folios(cfg.durability),
                 ..ResidentConfig::default()
             },
             budget.clone(),
@@ -355,6 +348,17 @@ impl Attached {
         Record::remove(self.root.as_fd()).during(|| "removing dhrd's record".into())?;
         let _ = rustix::fs::flock(self.root.as_fd(), rustix::fs::FlockOperation::Unlock);
         Ok(())
+    }
+}
+
+/// The folios the warm-up leaves for a durability mode: in `sync` mode every small write is
+/// synchronous and costs far more in a large folio (see `Folios`, docs/attach.md); in the
+/// other modes writes reach the disk in bulk and reads win.
+fn warm_up_folios(durability: Durability) -> Folios {
+    if durability == Durability::Sync {
+        Folios::Order0
+    } else {
+        Folios::Large
     }
 }
 
