@@ -55,19 +55,9 @@ cleanup() {
 trap cleanup EXIT
 
 PKI=$WORK/pki
-mkdir -p "$PKI" "$WORK/home/.pki/libnbd"
-certtool --generate-privkey --outfile "$PKI/ca-key.pem" 2>/dev/null
-printf 'cn = cost CA\nca\ncert_signing_key\nexpiration_days = 30\n' > "$PKI/ca.info"
-certtool --generate-self-signed --load-privkey "$PKI/ca-key.pem" --template "$PKI/ca.info" \
-  --outfile "$PKI/ca-cert.pem" 2>/dev/null
-certtool --generate-privkey --outfile "$PKI/server-key.pem" 2>/dev/null
-printf 'cn = localhost\ndns_name = localhost\ntls_www_server\nencryption_key\nsigning_key\nexpiration_days = 30\n' \
-  > "$PKI/server.info"
-certtool --generate-certificate --load-ca-certificate "$PKI/ca-cert.pem" \
-  --load-ca-privkey "$PKI/ca-key.pem" --load-privkey "$PKI/server-key.pem" \
-  --template "$PKI/server.info" --outfile "$PKI/server-cert.pem" 2>/dev/null
-cp "$PKI/ca-cert.pem" "$WORK/home/.pki/libnbd/"
-chmod 600 "$PKI"/*key.pem
+# shellcheck source=bench/nbd/pki.sh
+source "$(dirname "$0")/pki.sh"
+make_pki "$PKI" "$WORK/home" "cost CA"
 
 head -c $((256 << 20)) /dev/urandom > "$WORK/data.img"
 "$DHRD" nbd --backing "$WORK/data.img" --socket "$WORK/s.sock" --status-file "$WORK/status" \

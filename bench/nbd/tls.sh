@@ -66,18 +66,9 @@ trap cleanup EXIT
 # Certificates: a CA and a server certificate (certtool, as docs/nbd.md shows); the
 # client's HOME holds the CA where libnbd looks for it.
 PKI=$WORK/pki
-mkdir -p "$PKI" "$WORK/home/.pki/libnbd"
-certtool --generate-privkey --outfile "$PKI/ca-key.pem" 2>/dev/null
-printf 'cn = bench CA\nca\ncert_signing_key\nexpiration_days = 30\n' > "$PKI/ca.info"
-certtool --generate-self-signed --load-privkey "$PKI/ca-key.pem" --template "$PKI/ca.info" \
-  --outfile "$PKI/ca-cert.pem" 2>/dev/null
-certtool --generate-privkey --outfile "$PKI/server-key.pem" 2>/dev/null
-printf 'cn = localhost\ndns_name = localhost\ntls_www_server\nencryption_key\nsigning_key\nexpiration_days = 30\n' \
-  > "$PKI/server.info"
-certtool --generate-certificate --load-ca-certificate "$PKI/ca-cert.pem" \
-  --load-ca-privkey "$PKI/ca-key.pem" --load-privkey "$PKI/server-key.pem" \
-  --template "$PKI/server.info" --outfile "$PKI/server-cert.pem" 2>/dev/null
-cp "$PKI/ca-cert.pem" "$WORK/home/.pki/libnbd/"
+# shellcheck source=bench/nbd/pki.sh
+source "$(dirname "$0")/pki.sh"
+make_pki "$PKI" "$WORK/home" "bench CA"
 
 wait_sock() {
   for _ in $(seq 1 400); do [ -S "$1" ] && return 0; sleep 0.05; done
