@@ -516,3 +516,36 @@ fn the_warm_up_leaves_the_folios_it_is_asked_for() {
         drop(r);
     }
 }
+
+/// A demanded file is handed over as a duplicate of its caller's descriptor; the order-0
+/// advice must land on a description of the warm-up's own, or the caller's own reads
+/// through that descriptor would lose their read-ahead (and their large folios).
+#[test]
+fn order0_warm_up_leaves_the_callers_read_ahead_alone() {
+    let d = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let (f, len) = make(d.path(), "demanded", 16 << 20);
+    let caller = File::open(d.path().join("demanded")).expect("open");
+    let cfg = ResidentConfig {
+        folios: Folios::Order0,
+        ..quick()
+    };
+    let r = resident(d.path(), 1 << 30, cfg);
+    r.demand(f.key, &caller);
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    drop(r);
+    // Out of the cache again, then read in through the caller's own descriptor.
+    // SAFETY: fadvise on a descriptor we hold; a hint only.
+    unsafe { libc::posix_fadvise(caller.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        at += caller.read_at(&mut buf, at).expect("read") as u64;
+    }
+    let (large, pages) = pages_in_large_folios(&d.path().join("demanded"));
+    assert!(
+        large > 0,
+        "the caller's sequential reads left no large folio of {pages} pages: its read-ahead \
+         was advised away"
+    );
+}

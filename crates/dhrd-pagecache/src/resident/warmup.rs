@@ -132,7 +132,7 @@ pub(super) fn next_segment(q: &mut Queues) -> Option<Segment> {
 /// Opens (walked files), sizes and reserves a file, then queues its segments.
 pub(super) fn start_file(inner: &Inner, job: Job) {
     let (key, file) = match job {
-        Job::Demand { key, file } => (key, Ok(file)),
+        Job::Demand { key, file } => (key, demanded_description(inner, file)),
         Job::Walked { f } => (f.key, inner.opener.open(&f)),
     };
     let size = match file.and_then(|f| f.metadata().map(|m| (f, m.len()))) {
@@ -225,6 +225,18 @@ pub(super) fn warm_range(
     }
     true
 }
+/// A demanded file comes as a duplicate of its caller's descriptor, which shares the
+/// caller's open file description: its read-ahead state, and the advice `advise_order0`
+/// gives. For order-0 reads the warm-up opens a description of its own (through
+/// /proc/self/fd, which reaches a file whose last name is gone too), so the caller's reads
+/// keep their read-ahead.
+fn demanded_description(inner: &Inner, file: File) -> io::Result<File> {
+    match inner.cfg.folios {
+        Folios::Large => Ok(file),
+        Folios::Order0 => File::open(format!("/proc/self/fd/{}", file.as_raw_fd())),
+    }
+}
+
 /// Makes the reads through `file`'s own open file description leave order-0 pages
 /// ([`Folios::Order0`]); other opens of the file keep their read-ahead.
 fn advise_order0(file: &File) {
