@@ -55,7 +55,14 @@ fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
         // SAFETY: fadvise on a descriptor we hold; a hint only.
         unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     }
-    // A slow warm-up (1 MiB/s, one thread): the walk's order would reach f15 last.
+    // A slow warm-up (1 MiB/s, one thread) reaches the directory's last entry last. The
+    // walk goes in readdir order, which on ext4 is the order of a hash seeded per file
+    // system, not the order of the names: ask the directory which entry that is.
+    let last = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .last()
+        .unwrap();
     let a = Attach::start(
         &dir,
         &[
@@ -68,7 +75,7 @@ fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
         ],
     );
     let mut buf = [0u8; 16];
-    File::open(dir.join("f15"))
+    File::open(dir.join(&last))
         .unwrap()
         .read_exact(&mut buf)
         .unwrap();
