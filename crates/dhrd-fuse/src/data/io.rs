@@ -67,9 +67,9 @@ impl Files {
         let n = match &h {
             HandleData::Page(open) => {
                 let t = self.page()?;
-                self.refuse_if_failed(key)?;
-                t.write(open, offset, data, ws)
-                    .inspect_err(|e| self.change_failed(key, "write", e))?
+                self.page_change(key, t.syncs_itself(ws), "write", || {
+                    t.write(open, offset, data, ws)
+                })?
             }
             HandleData::Engine { obj, .. } => {
                 obj.write_at(data, offset)?;
@@ -182,10 +182,10 @@ impl Files {
         self.drop_setid_bits(fd, sys::mode_owner(fd)?, caller, Fsetid::LookUp)?;
         let done = match (&src, &dst) {
             (HandleData::Page(s), HandleData::Page(d)) => {
-                self.refuse_if_failed(dst_key)?;
-                self.page()?
-                    .copy(s, offset_in, d, offset_out, want, ws)
-                    .inspect_err(|e| self.change_failed(dst_key, "copy", e))?
+                let t = self.page()?;
+                self.page_change(dst_key, t.syncs_itself(ws), "copy", || {
+                    t.copy(s, offset_in, d, offset_out, want, ws)
+                })?
             }
             (HandleData::Engine { obj: s, .. }, HandleData::Engine { obj: d, .. }) => {
                 let done = EngineTier::copy(s, offset_in, d, offset_out, want)?;

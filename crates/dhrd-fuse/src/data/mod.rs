@@ -355,20 +355,26 @@ impl Files {
             })
     }
 
-    /// A change (write, copy) of backing inode `key` failed (page cache path): recorded
-    /// for status, and, unless it is ENOSPC, EDQUOT or EINTR, which changed nothing (C5),
-    /// as a sticky failure of the inode (failures.rs). Syncs record theirs in
-    /// `sync_inode`, where any error is sticky: it reports a writeback that did not
-    /// happen.
-    fn change_failed(&self, key: u64, what: &str, e: &FsError) {
-        if let Tier::Page(t) = self.tier() {
-            t.record_failure(what, e);
-        }
-        if !matches!(e.errno(), libc::ENOSPC | libc::EDQUOT | libc::EINTR) {
-            self.sync
-                .failures()
-                .inode_failed((self.dir.dev(), key), format!("{what}: {e}"));
-        }
+    /// Runs `change` (a write or copy of backing inode `key`, page cache path) with its
+    /// check and its record (C4, failures.rs): EIO if the inode failed a sync before;
+    /// a failure is recorded for status, and, unless it is ENOSPC, EDQUOT or EINTR,
+    /// which changed nothing (C5), as a sticky failure of the inode. `syncs_itself`: the
+    /// change syncs what it wrote (`PageTier::syncs_itself`).
+    fn page_change<T>(
+        &self,
+        key: u64,
+        syncs_itself: bool,
+        what: &'static str,
+        change: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let id = (self.dir.dev(), key);
+        self.sync.failures().change(id, syncs_itself, what, || {
+            change().inspect_err(|e| {
+                if let Tier::Page(t) = self.tier() {
+                    t.record_failure(what, e);
+                }
+            })
+        })
     }
 
     /// Makes a change of engine object `obj` durable as `ws` asks: in `sync` mode the

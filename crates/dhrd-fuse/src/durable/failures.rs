@@ -44,6 +44,7 @@
 //!
 //! Crash semantics: none of its own; after a restart the backing is read again as it is.
 
+use crate::error::{FsError, Result};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashSet;
 use std::os::fd::BorrowedFd;
@@ -169,6 +170,40 @@ impl Failures {
         }
         r
     }
+
+    /// Runs `change` (a write or copy of inode `id` the daemon serves) with its check and
+    /// its record: EIO without running it if `id` failed before; otherwise its outcome, a
+    /// failure that may have lost data (`change_error_is_sticky`) recorded (`what`, and
+    /// the error) before this returns. `syncs_itself`: the change syncs what it wrote
+    /// (RWF_DSYNC, RWF_SYNC), so it may take the inode's writeback error.
+    pub fn change<T>(
+        &self,
+        id: InodeId,
+        syncs_itself: bool,
+        what: &str,
+        change: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let _ = syncs_itself;
+        hook(Point::Start);
+        hook(Point::Waiting);
+        if self.failed(id) {
+            return Err(FsError::Errno(libc::EIO));
+        }
+        let r = change();
+        hook(Point::Returned);
+        if let Err(e) = &r {
+            if change_error_is_sticky(e.errno()) {
+                self.inode_failed(id, format!("{what}: {e}"));
+            }
+        }
+        r
+    }
+}
+
+/// Whether a change (write, copy) that failed with `errno` may have lost data: all but
+/// ENOSPC, EDQUOT and EINTR, which changed nothing (C5).
+pub fn change_error_is_sticky(errno: i32) -> bool {
+    !matches!(errno, libc::ENOSPC | libc::EDQUOT | libc::EINTR)
 }
 
 /// The stripe of inode `id`.
@@ -295,6 +330,15 @@ mod tests {
     /// record, or its own sync ran in the window and the test fails. Deterministic: A is
     /// let go only once B reached one or the other.
     fn overlapping(a: SyncOf, b: SyncOf) -> std::io::Result<()> {
+        overlapping_with(move |f| f.sync(a, "fsync", || Err(eio())), b)
+    }
+
+    /// `overlapping`, with A's failing step given: `a` runs it on its own thread and must
+    /// fail, passing `Point::Returned` of the step that fails.
+    fn overlapping_with(
+        a: impl FnOnce(&Failures) -> std::io::Result<()> + Send + 'static,
+        b: SyncOf,
+    ) -> std::io::Result<()> {
         use std::sync::mpsc::channel;
         let f = std::sync::Arc::new(Failures::default());
         let (in_window_tx, in_window) = channel();
@@ -309,16 +353,19 @@ mod tests {
                     }
                 }))
             });
-            fa.sync(a, "fsync", || Err(eio()))
+            a(&fa)
         });
         in_window.recv().expect("A reaches the window");
         let (seen_tx, seen) = channel();
         let fb = f.clone();
+        let probe = f.clone();
         let tb = std::thread::spawn(move || {
             let tx = seen_tx.clone();
             SYNC_HOOK.with(|h| {
                 *h.borrow_mut() = Some(Box::new(move |p| {
-                    if p == Point::Waiting {
+                    // Only if B is sure to wait: A holds what B is about to take, and
+                    // keeps it until it is let go. Else B runs on and reports its end.
+                    if p == Point::Waiting && would_wait(&probe, b) {
                         let _ = tx.send(Seen::Waiting);
                     }
                 }))
@@ -336,6 +383,16 @@ mod tests {
         go.send(()).expect("A waits");
         assert!(ta.join().expect("A ends").is_err());
         tb.join().expect("B ends")
+    }
+
+    /// Whether a sync of `of` would wait now for what another holds.
+    fn would_wait(f: &Failures, of: SyncOf) -> bool {
+        match of {
+            SyncOf::Inode { id, .. } => {
+                f.whole.try_read().is_none() || f.stripes[stripe_of(id)].try_lock().is_none()
+            }
+            SyncOf::Fs(_) => f.whole.try_write().is_none(),
+        }
     }
 
     #[test]
@@ -364,6 +421,89 @@ mod tests {
         };
         let r = overlapping(shared, SyncOf::inode((1, 2)));
         assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    /// A write the daemon serves with RWF_DSYNC (an O_DSYNC open, `sync` mode) fails with
+    /// EIO: its own sync took the inode's writeback error, which the kernel reports once
+    /// per open file description, so an fsync of the same description that runs before
+    /// the write's failure is recorded reads success for pages the disk never got
+    /// (modelled here by B's sync returning Ok). B must wait for the record and fail.
+    #[test]
+    fn a_sync_in_the_window_of_a_failing_self_syncing_write_fails() {
+        let failing_write = |f: &Failures| {
+            f.change((1, 2), true, "write", || -> Result<()> {
+                Err(FsError::Errno(libc::EIO))
+            })
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+        };
+        let r = overlapping_with(failing_write, SyncOf::inode((1, 2)));
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    /// Self-syncing writes of one file are not serialised: while one is in its window
+    /// (failed, not yet recorded), another write of the same inode runs and returns.
+    #[test]
+    fn self_syncing_writes_of_one_inode_do_not_wait_for_each_other() {
+        use std::sync::mpsc::channel;
+        let f = std::sync::Arc::new(Failures::default());
+        let (in_window_tx, in_window) = channel();
+        let (go, go_rx) = channel::<()>();
+        let fa = f.clone();
+        let ta = std::thread::spawn(move || {
+            SYNC_HOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |p| {
+                    if p == Point::Returned {
+                        in_window_tx.send(()).expect("test waits");
+                        go_rx.recv().expect("test lets go");
+                    }
+                }))
+            });
+            fa.change((1, 2), true, "write", || -> Result<()> {
+                Err(FsError::Errno(libc::EIO))
+            })
+        });
+        in_window.recv().expect("A reaches the window");
+        let (done_tx, done) = channel();
+        let fb = f.clone();
+        let tb = std::thread::spawn(move || {
+            let r = fb.change((1, 2), true, "write", || Ok(7u32));
+            done_tx.send(()).expect("test waits");
+            r
+        });
+        // A stays in its window until B is done; a B that waited for A would never be.
+        // The bound only turns that deadlock into a failure; it measures nothing.
+        let bound = std::time::Duration::from_secs(120);
+        let b_done = done.recv_timeout(bound).is_ok();
+        go.send(()).expect("A waits");
+        assert!(ta.join().expect("A ends").is_err());
+        assert!(
+            b_done,
+            "a self-syncing write waited for another one of the same inode"
+        );
+        assert_eq!(tb.join().expect("B ends").ok(), Some(7));
+    }
+
+    /// C5: a write that failed with ENOSPC or EDQUOT changed nothing; the inode stays
+    /// writable and syncable. Any other failure of a change is sticky.
+    #[test]
+    fn a_change_failing_with_enospc_is_not_sticky_and_eio_is() {
+        let f = Failures::default();
+        for errno in [libc::ENOSPC, libc::EDQUOT] {
+            let r = f.change((1, 2), true, "write", || -> Result<()> {
+                Err(FsError::Errno(errno))
+            });
+            assert_eq!(r.unwrap_err().errno(), errno);
+            assert!(!f.failed((1, 2)));
+        }
+        let r = f.change((1, 2), true, "write", || -> Result<()> {
+            Err(FsError::Errno(libc::EIO))
+        });
+        assert_eq!(r.unwrap_err().errno(), libc::EIO);
+        assert!(f.failed((1, 2)));
+        let r = f.change((1, 2), false, "write", || -> Result<()> {
+            panic!("a failed inode takes no change")
+        });
+        assert_eq!(r.unwrap_err().errno(), libc::EIO);
     }
 
     #[test]

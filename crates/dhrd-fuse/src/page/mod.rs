@@ -628,13 +628,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
     /// or not the inode has the sync flag) and whenever the open or the write asks for it
     /// (`ws`: RWF_DSYNC for O_DSYNC, RWF_SYNC for O_SYNC), in every mode.
     pub fn write(&self, open: &PageOpen, offset: u64, data: &[u8], ws: WriteSync) -> Result<u32> {
-        use rustix::io::ReadWriteFlags as F;
-        let flags = match ws {
-            WriteSync::File => F::SYNC,
-            WriteSync::Data => F::DSYNC,
-            WriteSync::Mode if self.sync_mode => F::DSYNC,
-            WriteSync::Mode => F::empty(),
-        };
+        let flags = self.write_flags(ws);
         let mut done = 0;
         while done < data.len() {
             let iov = [io::IoSlice::new(&data[done..])];
@@ -646,6 +640,23 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             }
         }
         Ok(done as u32)
+    }
+
+    /// What a daemon-served write asks of the backing for `ws` (see `write`).
+    fn write_flags(&self, ws: WriteSync) -> rustix::io::ReadWriteFlags {
+        use rustix::io::ReadWriteFlags as F;
+        match ws {
+            WriteSync::File => F::SYNC,
+            WriteSync::Data => F::DSYNC,
+            WriteSync::Mode if self.sync_mode => F::DSYNC,
+            WriteSync::Mode => F::empty(),
+        }
+    }
+
+    /// Whether a daemon-served write (or copy) for `ws` syncs what it wrote, and so may
+    /// take the backing file's writeback error (failures.rs).
+    pub fn syncs_itself(&self, ws: WriteSync) -> bool {
+        !self.write_flags(ws).is_empty()
     }
 
     /// COPY_FILE_RANGE between two opens of this path: read and write through the page
