@@ -16,31 +16,37 @@
 //!   EIO without asking the backing (a failed fsync is never retried as if it had
 //!   succeeded).
 //! - Check, sync and record are one step (`Failures::sync`, through which the mount runs
-//!   every sync of the backing but those under "Not covered"): a sync of an inode holds that inode's stripe lock (one of
-//!   `SYNC_STRIPES`, by its id) and `whole` shared, a sync of a whole file system (syncfs,
-//!   a journal commit, a batch of directory fsyncs) holds `whole` exclusively, each from
-//!   its check until its failure, if any, is recorded. So a sync that overlaps a failing
-//!   one of the same inode, or any sync that overlaps a failing syncfs, waits and then
-//!   fails: none runs in the window after another took the error and before it was
-//!   recorded, when it would have read success for pages that never reached the disk.
-//!   Holding two of these (a sync inside a sync) would wait for itself; debug builds
-//!   assert it never happens.
+//!   every sync of the backing but those under "Not covered"): a sync of an inode holds
+//!   that inode's stripe lock (one of `SYNC_STRIPES`, by its id) exclusively and `whole`
+//!   shared, a sync of a whole file system (syncfs, a journal commit, a batch of directory
+//!   fsyncs) holds `whole` exclusively, each from its check until its failure, if any, is
+//!   recorded. So a sync that overlaps a failing one of the same inode, or any sync that
+//!   overlaps a failing syncfs, waits and then fails: none runs in the window after
+//!   another took the error and before it was recorded, when it would have read success
+//!   for pages that never reached the disk. Holding two of these (a sync inside a sync)
+//!   would wait for itself; debug builds assert it never happens.
+//! - A change the daemon serves that syncs itself (a write or copy with RWF_DSYNC or
+//!   RWF_SYNC: O_DSYNC and O_SYNC opens and writes, `sync` mode) is one step with its
+//!   check and record too (`Failures::change`): it holds its inode's stripe shared, so
+//!   such changes of one file run side by side, and a sync of the inode waits for those
+//!   in flight and then sees what they recorded. A change that does not sync cannot take
+//!   a writeback error and takes no lock; its failure is recorded all the same.
 //! - The first failure's description is kept for status.
 //!
-//! Cost: a lock is held only while its sync runs, by the sync that would otherwise have
-//! raced. Syncs of different inodes share a stripe for about 1 pair in `SYNC_STRIPES`, and
-//! then one waits for at most the other's sync. Only whole-file-system syncs exclude all
-//! others, and they are the rare ones (a periodic or unmount flush, directory entries
-//! that changed, a committer round that chose syncfs as cheaper than its fsyncs). The
+//! Cost: a lock is held only while its sync (or self-syncing change) runs, by the sync
+//! that would otherwise have raced. Syncs of different inodes share a stripe for about 1
+//! pair in `SYNC_STRIPES`, and then one waits for at most the other's sync (or the
+//! self-syncing changes in flight). Only whole-file-system syncs exclude all other syncs,
+//! and they are the rare ones (a periodic or unmount flush, directory entries that
+//! changed, a committer round that chose syncfs as cheaper than its fsyncs). The
 //! uncontended path is two uncontended lock acquisitions, next to a sync's device flush.
 //!
-//! Not covered, so that window stays open there: a write that syncs itself (O_DSYNC,
-//! RWF_DSYNC, the inode's sync flag) can take the shared descriptor's error too; the
-//! daemon records it on the write's failure (data/io.rs, not for ENOSPC or EDQUOT, which
-//! C5 treats as changing nothing), after the write, and a passthrough write's never
-//! reaches the daemon. A sync whose descriptor cannot be identified (fstat failed) has no
-//! inode to lock or record and is only run (commit.rs), and the status probe's fsync of
-//! the backing root (page/mod.rs) reports health, not a request's durability.
+//! Not covered: a sync whose descriptor cannot be identified (fstat failed) has no inode
+//! to lock or record and is only run (commit.rs), and the status probe's fsync of the
+//! backing root (page/mod.rs) reports health, not a request's durability. A write the
+//! kernel serves by passthrough never reaches the daemon; the kernel writes through a
+//! description of its own per open, so its sync's error is still reported to the
+//! daemon's next sync of the inode, which records it.
 //!
 //! Crash semantics: none of its own; after a restart the backing is read again as it is.
 
@@ -65,8 +71,9 @@ pub struct Failures {
     inodes: Mutex<HashSet<InodeId>>,
     devs: Mutex<HashSet<u64>>,
     first: Mutex<Option<String>>,
-    /// Held by a sync of an inode from its check until its failure is recorded.
-    stripes: Box<[Mutex<()>]>,
+    /// Exclusive for a sync of an inode, shared for a change that syncs itself, each from
+    /// its check until its failure is recorded.
+    stripes: Box<[RwLock<()>]>,
     /// Shared by every inode sync, exclusive for a sync of a whole file system, from its
     /// check until its failure is recorded. One for every file system of the backing.
     whole: RwLock<()>,
@@ -79,7 +86,7 @@ impl Default for Failures {
             inodes: Mutex::default(),
             devs: Mutex::default(),
             first: Mutex::default(),
-            stripes: (0..SYNC_STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..SYNC_STRIPES).map(|_| RwLock::new(())).collect(),
             whole: RwLock::new(()),
         }
     }
@@ -144,7 +151,7 @@ impl Failures {
             SyncOf::Inode { id, .. } => (
                 Some(self.whole.read()),
                 None,
-                Some(self.stripes[stripe_of(id)].lock()),
+                Some(self.stripes[stripe_of(id)].write()),
             ),
             SyncOf::Fs(_) => (None, Some(self.whole.write()), None),
         };
@@ -183,9 +190,17 @@ impl Failures {
         what: &str,
         change: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let _ = syncs_itself;
         hook(Point::Start);
+        // A change that does not sync cannot take a writeback error: no lock.
+        let _in_sync = syncs_itself.then(|| {
+            debug_assert!(
+                !IN_SYNC.with(|s| s.replace(true)),
+                "a change inside a sync would wait for itself"
+            );
+            InSyncReset
+        });
         hook(Point::Waiting);
+        let _stripe = syncs_itself.then(|| self.stripes[stripe_of(id)].read());
         if self.failed(id) {
             return Err(FsError::Errno(libc::EIO));
         }
@@ -389,7 +404,7 @@ mod tests {
     fn would_wait(f: &Failures, of: SyncOf) -> bool {
         match of {
             SyncOf::Inode { id, .. } => {
-                f.whole.try_read().is_none() || f.stripes[stripe_of(id)].try_lock().is_none()
+                f.whole.try_read().is_none() || f.stripes[stripe_of(id)].try_write().is_none()
             }
             SyncOf::Fs(_) => f.whole.try_write().is_none(),
         }
