@@ -207,3 +207,98 @@ fn a_failed_writeback_of_mapped_stores_fails_the_fsync_in_sync_mode() {
         "fsync after a failed writeback of mapped stores succeeded"
     );
 }
+
+/// One block, aligned for O_DIRECT.
+#[repr(align(4096))]
+struct Block([u8; 4096]);
+
+/// Opens `path` read-write with `flags` added.
+fn open_with(path: &std::path::Path, flags: i32) -> fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(path)
+        .expect("open")
+}
+
+/// A write that syncs itself and fails must leave the file failed: every later fsync of
+/// it, through any open, fails (C4). `flags`: how the file is opened for that write.
+/// Returns the write's error, for the caller to look at.
+fn a_failing_self_syncing_write(
+    name: &str,
+    mode: &str,
+    journal: bool,
+    flags: i32,
+) -> std::io::Error {
+    let s = Scratch::new(name);
+    let (disk, backing, m) = bad_spot(&s, mode, journal);
+    let w = open_with(&m.path("f"), flags);
+    let other = open_with(&m.path("f"), 0);
+    disk.fail_writes_to(&backing.join("f"));
+    let err = w
+        .write_all_at(&Block([7u8; 4096]).0, 0)
+        .expect_err("the write's own sync must fail");
+    // fdatasync first: it writes the inode only for a changed size, so only the data's
+    // writeback error can make it fail.
+    let r_other = other.sync_data();
+    let r_own = w.sync_data();
+    let r_again = other.sync_all();
+    let st = m.status();
+    drop((w, other));
+    teardown(m);
+    assert!(
+        r_other.is_err() && r_own.is_err() && r_again.is_err(),
+        "after a self-syncing write failed ({err}), an fsync reported success for data the \
+         disk never got: other open {r_other:?}, own open {r_own:?}, again {r_again:?}"
+    );
+    assert!(
+        st.contains("read-only:") && !st.contains("read-only:       no"),
+        "status must report the failure: {st}"
+    );
+    err
+}
+
+/// A write the daemon serves (an O_DIRECT open) with RWF_DSYNC, whose own sync takes the
+/// writeback error. The failure injected here fails the device write with ENOSPC (the
+/// loop device's image has no room), which reaches the application as ENOSPC although
+/// it is a sync's error: the pages are lost, so it must be sticky like any other (C4),
+/// and not taken for a C5 ENOSPC of the write itself, which changes nothing. In `fsync`
+/// mode ext4 reports the failure to the daemon's next fsync by another route as well
+/// (a journal commit, or the mapping's error flag), so this passed before the daemon
+/// wrote through a description of its own; the `sync` mode case below did not.
+#[test]
+fn a_daemon_served_o_dsync_write_whose_sync_fails_fails_every_later_fsync() {
+    let flags = libc::O_DIRECT | libc::O_DSYNC;
+    let err = a_failing_self_syncing_write("wberr-dsync-daemon", "fsync", true, flags);
+    eprintln!("the daemon-served O_DSYNC write failed with: {err}");
+}
+
+/// The same through an open the kernel serves by passthrough: the write never reaches
+/// the daemon. The kernel opens its own description of the backing file for every
+/// passthrough open, so the write's sync takes the error on that description only; the
+/// daemon's fsync, on its own description, sees the error as well.
+#[test]
+fn a_passthrough_o_dsync_write_whose_sync_fails_fails_every_later_fsync() {
+    let err = a_failing_self_syncing_write("wberr-dsync-pt", "fsync", true, libc::O_DSYNC);
+    eprintln!("the passthrough O_DSYNC write failed with: {err}");
+}
+
+/// `sync` mode: a plain open's writes are passthrough writes made synchronous by the
+/// backing inode's sync flag.
+#[test]
+fn a_passthrough_write_in_sync_mode_whose_sync_fails_fails_every_later_fsync() {
+    let err = a_failing_self_syncing_write("wberr-sync-pt", "sync", true, 0);
+    eprintln!("the passthrough write in sync mode failed with: {err}");
+}
+
+/// `sync` mode: an O_DIRECT open's writes are served by the daemon with RWF_DSYNC. Its
+/// fsync of a clean file asks the backing file only for its writeback error and commits
+/// the journal. Before, the write and that question used one description: the write's
+/// sync took the error, the ENOSPC was taken for C5's, and every fsync succeeded.
+#[test]
+fn a_daemon_served_write_in_sync_mode_whose_sync_fails_fails_every_later_fsync() {
+    let err = a_failing_self_syncing_write("wberr-sync-daemon", "sync", true, libc::O_DIRECT);
+    eprintln!("the daemon-served write in sync mode failed with: {err}");
+}
