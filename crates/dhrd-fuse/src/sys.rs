@@ -7,8 +7,9 @@
 //! RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`, or through a `*at` call on a directory
 //! descriptor obtained that way with a single name component and `AT_SYMLINK_NOFOLLOW` /
 //! `O_NOFOLLOW`. The only paths resolved from `/` are `/proc/self/fd/N` links of descriptors
-//! obtained that way (to chmod a node that cannot be opened for `fchmod`, and the O_DIRECT
-//! reopen in `dhrd_io::FileBacking::from_file`): such a link names exactly the inode its descriptor holds,
+//! obtained that way (to chmod a node that cannot be opened for `fchmod`, a file's
+//! description of its own in `reopen`, and the O_DIRECT reopen in
+//! `dhrd_io::FileBacking::from_file`): such a link names exactly the inode its descriptor holds,
 //! whatever happens to names meanwhile. A symlink planted in the backing directory is
 //! therefore only ever read as a link (readlink), never followed, and nothing outside the
 //! backing tree (including other mounts below it) is reached. One qualification: a kept
@@ -140,6 +141,18 @@ pub fn chmod_node(dir: BorrowedFd<'_>, name: &OsStr, mode: Mode, expect_ino: u64
     let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
     rustix::fs::chmod(link.as_str(), mode)?;
     Ok(())
+}
+
+/// A new open file description of the inode `fd` holds, with `fd`'s access mode, through
+/// its /proc/self/fd link (which names exactly that inode, also once it has no name).
+/// Its own description means its own place in the file's writeback error sequence: an
+/// error one description's sync takes (the kernel reports it once per description) is
+/// still reported to the other's next sync.
+pub fn reopen(fd: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    let access = rustix::fs::fcntl_getfl(fd)? & OFlags::RWMODE;
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let file = rustix::fs::open(link.as_str(), access | OFlags::CLOEXEC, Mode::empty())?;
+    Ok(file.into())
 }
 
 /// The device number of a FUSE MKNOD request: the kernel sends it in its 32-bit encoding

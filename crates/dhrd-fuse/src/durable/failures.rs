@@ -30,7 +30,12 @@
 //!   check and record too (`Failures::change`): it holds its inode's stripe shared, so
 //!   such changes of one file run side by side, and a sync of the inode waits for those
 //!   in flight and then sees what they recorded. A change that does not sync cannot take
-//!   a writeback error and takes no lock; its failure is recorded all the same.
+//!   a writeback error and takes no lock; its failure is recorded all the same. The
+//!   page cache path writes through a description its syncs never use (page/mod.rs), so
+//!   a writeback error a write's sync took is also reported to the next sync of the inode,
+//!   which records it: also when the write returned ENOSPC or EDQUOT (not sticky as a
+//!   change's error, C5), which a failed device write can report although pages were
+//!   lost.
 //! - The first failure's description is kept for status.
 //!
 //! Cost: a lock is held only while its sync (or self-syncing change) runs, by the sync

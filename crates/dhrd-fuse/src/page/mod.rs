@@ -15,7 +15,8 @@
 //!   and writable opens of a file whose flag could not be set in `sync` mode, are served
 //!   by the daemon (FOPEN_DIRECT_IO on top of the backing id): reads are
 //!   `pread` of the same page cache (O_DIRECT through passthrough would read the disk and
-//!   drop cached pages), writes `pwritev2` with RWF_DSYNC in `sync` mode. The kernel lets
+//!   drop cached pages), writes `pwritev2` with RWF_DSYNC in `sync` mode, through a
+//!   description of the open's own (`PageOpen::write_file`), never the one syncs ask. The kernel lets
 //!   such writes of one file run in parallel (FOPEN_PARALLEL_DIRECT_WRITES), unlike
 //!   passthrough writes, which it serializes on the inode lock. mmap of such an open still
 //!   maps the backing file (the backing id), so every mapping shares the one page cache.
@@ -46,7 +47,12 @@
 //! A sync of a backing file (or of the backing) that failed is sticky (failures.rs): every
 //! later fsync of that file through any open fails with EIO, and the daemon takes no more
 //! changes of it; passthrough writes of opens made before go on reaching the page cache,
-//! and their fsyncs fail.
+//! and their fsyncs fail. The kernel reports a writeback error once per open file
+//! description, and a write that syncs itself (RWF_DSYNC, O_DSYNC, the sync flag) takes
+//! it on the description it writes through: the kernel's own per passthrough open, the
+//! open's `write_file` for a daemon-served one. Neither is the registration's descriptor,
+//! which every sync of the inode asks, so the next sync still sees the error and records
+//! it, whatever errno the write returned.
 
 mod opener;
 
@@ -89,11 +95,26 @@ pub enum Service {
 /// One open regular file.
 #[derive(Clone)]
 pub struct PageOpen {
+    /// The registration's descriptor: reads, syncs, and the backing id.
     pub file: Arc<File>,
+    /// A daemon-served writable open: the description its writes go through, its own
+    /// (`sys::reopen`). A write that syncs itself takes the file's writeback error on
+    /// the description it writes through, and the kernel reports an error once per
+    /// description; on `file` the error is left for the next sync of the inode, which
+    /// then records it, whatever the write's error said (an ENOSPC of the write itself
+    /// changes nothing, C5; one of its sync lost pages, C4).
+    write_file: Option<Arc<File>>,
     pub service: Service,
     pub writable: bool,
     /// A writable passthrough open: who opened it (`Reg::passthrough_writers`).
     pub passthrough_writer: Option<Caller>,
+}
+
+impl PageOpen {
+    /// What the daemon writes this open's data through (see `write_file`).
+    fn write_file(&self) -> &File {
+        self.write_file.as_deref().unwrap_or(&self.file)
+    }
 }
 
 /// Counters of the page-cache path.
@@ -327,16 +348,24 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         };
         let file = reg.file.clone();
         drop(regs);
-        self.opened(key, &file, inserted, known);
-        Ok((
-            PageOpen {
-                file,
-                service,
-                writable,
-                passthrough_writer,
-            },
-            reply,
-        ))
+        let mut open = PageOpen {
+            file,
+            write_file: None,
+            service,
+            writable,
+            passthrough_writer,
+        };
+        if service == Service::Daemon && writable {
+            match crate::sys::reopen(open.file.as_fd()) {
+                Ok(f) => open.write_file = Some(Arc::new(f)),
+                Err(e) => {
+                    self.release(key, open);
+                    return Err(FsError::io("reopen of the backing file for writes", e));
+                }
+            }
+        }
+        self.opened(key, &open.file, inserted, known);
+        Ok((open, reply))
     }
 
     /// The registration table, locked, with inode `key` registered unless it lost its
@@ -632,7 +661,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         let mut done = 0;
         while done < data.len() {
             let iov = [io::IoSlice::new(&data[done..])];
-            match rustix::io::pwritev2(&*open.file, &iov, offset + done as u64, flags) {
+            match rustix::io::pwritev2(open.write_file(), &iov, offset + done as u64, flags) {
                 Ok(0) => return Err(FsError::Errno(libc::EIO)),
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => {}
