@@ -52,6 +52,10 @@ const RECV_CHUNK_BYTES: usize = 64 << 10;
 pub(crate) struct WireCounts {
     pub(crate) recvs: AtomicU64,
     pub(crate) sends: AtomicU64,
+    /// Calls into OpenSSL's read that had nothing to decrypt and asked for more
+    /// ciphertext (WANT_READ): each costs OpenSSL's record-layer entry and an error
+    /// report for nothing.
+    pub(crate) reads_wanting: AtomicU64,
 }
 
 /// OpenSSL's transport: memory only. Reading an empty inbox asks OpenSSL to retry
@@ -70,6 +74,12 @@ pub(crate) struct Wire {
 impl Wire {
     fn unread(&self) -> &[u8] {
         &self.inbox[self.taken..]
+    }
+
+    /// Whether a read can only ask for more: no ciphertext left to hand to OpenSSL and
+    /// the peer's stream not ended.
+    fn starved(&self) -> bool {
+        self.unread().is_empty() && !self.eof
     }
 
     /// Hands received ciphertext to OpenSSL: swapped in when nothing is left unread (no
@@ -288,7 +298,6 @@ impl TlsStream {
     /// deadline. End of stream (a close_notify, or the peer or a shutdown closing the
     /// socket) reads as 0.
     pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = self.raw_fd();
         let mut received = self.received.borrow_mut();
         loop {
             let r = {
@@ -296,37 +305,59 @@ impl TlsStream {
                 if !received.is_empty() {
                     ssl.get_mut().feed(&mut received);
                 }
-                ssl.ssl_read(buf)
-            };
-            let r = match r {
-                Err(e) if e.code() == ErrorCode::ZERO_RETURN => return Ok(0),
-                Err(e) if e.code() == ErrorCode::SYSCALL && e.io_error().is_none() => return Ok(0),
-                r => attempt(r)?,
-            };
-            if let Attempt::Done(n) = r {
-                return Ok(n);
-            }
-            // OpenSSL needs more: receive without the session lock, waiting if need be.
-            // Without a deadline the wait is the `recv` itself (one call, as on a plain
-            // socket); with one, `poll` bounds it.
-            let mut wait = self.read_deadline.get().is_none();
-            loop {
-                self.session.counts.recvs.fetch_add(1, Ordering::Relaxed);
-                match recv_into(fd, &mut received, wait) {
-                    Ok(0) => {
-                        self.session.ssl.lock().get_mut().set_eof();
-                        break;
-                    }
-                    Ok(_) => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    // Also a blocking `recv` that met a receive timeout left on the socket.
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        poll_fd(fd, libc::POLLIN, self.read_deadline.get())?
-                    }
-                    Err(e) => return Err(e),
+                // Nothing to decrypt (no plaintext held, no ciphertext waiting): go
+                // straight to the socket. OpenSSL reads records without read-ahead, so
+                // it holds no whole record it has not decrypted; a partial one needs
+                // more bytes anyway.
+                if ssl.ssl().pending() == 0 && ssl.get_ref().starved() {
+                    None
+                } else {
+                    Some(ssl.ssl_read(buf))
                 }
-                wait = false;
+            };
+            if let Some(r) = r {
+                let r = match r {
+                    Err(e) if e.code() == ErrorCode::ZERO_RETURN => return Ok(0),
+                    Err(e) if e.code() == ErrorCode::SYSCALL && e.io_error().is_none() => {
+                        return Ok(0)
+                    }
+                    r => attempt(r)?,
+                };
+                if let Attempt::Done(n) = r {
+                    return Ok(n);
+                }
+                self.session
+                    .counts
+                    .reads_wanting
+                    .fetch_add(1, Ordering::Relaxed);
             }
+            self.receive(&mut received)?;
+        }
+    }
+
+    /// One `recv` of ciphertext into `received`, without the session lock, waiting if
+    /// need be. Without a read deadline the wait is the `recv` itself (one call, as on a
+    /// plain socket); with one, `poll` bounds it. The end of the stream is marked on the
+    /// wire.
+    fn receive(&self, received: &mut Vec<u8>) -> io::Result<()> {
+        let fd = self.raw_fd();
+        let mut wait = self.read_deadline.get().is_none();
+        loop {
+            self.session.counts.recvs.fetch_add(1, Ordering::Relaxed);
+            match recv_into(fd, received, wait) {
+                Ok(0) => {
+                    self.session.ssl.lock().get_mut().set_eof();
+                    return Ok(());
+                }
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Also a blocking `recv` that met a receive timeout left on the socket.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    poll_fd(fd, libc::POLLIN, self.read_deadline.get())?
+                }
+                Err(e) => return Err(e),
+            }
+            wait = false;
         }
     }
 
@@ -552,6 +583,47 @@ mod tests {
         }
         let recvs = s.wire_counts().recvs.load(Ordering::Relaxed);
         assert_eq!(recvs, 1, "receive calls for eight queued requests");
+    }
+
+    #[test]
+    fn a_request_awaited_at_queue_depth_one_costs_no_fruitless_openssl_read() {
+        let (s, c, _) = session_pair();
+        const REQUESTS: u64 = 16;
+        // The client sends each request only after the server answered the one before,
+        // as at queue depth 1: every read starts with nothing received.
+        let client = std::thread::spawn(move || {
+            let mut c = c;
+            let mut ack = [0u8; 1];
+            for i in 0..REQUESTS as u8 {
+                c.write_all(&[i; 28])?;
+                c.read_exact(&mut ack)?;
+                assert_eq!(ack[0], i, "answer to request {i}");
+            }
+            io::Result::Ok(())
+        });
+        let mut w = Stream::Tls(s.try_clone());
+        let deadline = Some(Instant::now() + Duration::from_secs(30));
+        for i in 0..REQUESTS as u8 {
+            let mut got = [0u8; 28];
+            let mut done = 0;
+            while done < got.len() {
+                let n = s.read(&mut got[done..]).unwrap_or_else(|e| panic!("{e}"));
+                assert!(n > 0, "end of stream");
+                done += n;
+            }
+            assert_eq!(got, [i; 28], "request {i}");
+            let sent = send_parts(&mut w, &[&[i]], 0, deadline);
+            assert_eq!(sent.ok(), Some(Progress::Whole));
+        }
+        let r = client.join().unwrap_or_else(|_| panic!("client thread"));
+        r.unwrap_or_else(|e| panic!("client: {e}"));
+        let counts = s.wire_counts();
+        assert_eq!(
+            counts.reads_wanting.load(Ordering::Relaxed),
+            0,
+            "OpenSSL read calls that found nothing to decrypt, over {REQUESTS} requests"
+        );
+        assert_eq!(counts.recvs.load(Ordering::Relaxed), REQUESTS);
     }
 
     #[test]
