@@ -120,7 +120,8 @@ impl Security {
                 "nbd",
                 serde_json::json!({"connections_negotiated": s.negotiated,
                     "requests": s.requests, "bytes_read": s.bytes_read,
-                    "bytes_written": s.bytes_written, "block_status": s.block_status}),
+                    "bytes_written": s.bytes_written, "block_status": s.block_status,
+                    "polls_caught": s.polls_caught, "polls_missed": s.polls_missed}),
             ),
         ]
     }

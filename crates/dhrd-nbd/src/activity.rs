@@ -46,6 +46,12 @@ pub(crate) struct Traffic {
     pub bytes_written: AtomicU64,
     /// Block status requests answered.
     pub block_status: AtomicU64,
+    /// Waits for a request header that polling ended: the bytes arrived while the reader
+    /// polled, so no kernel wake-up was needed (`conn.rs`, `poll_before_block`).
+    pub polls_caught: AtomicU64,
+    /// Waits where the poll budget ran out first: the reader then blocked, and the
+    /// request cost a wake-up.
+    pub polls_missed: AtomicU64,
 }
 
 /// Bit of `Activity::state`: the server closed the connection's read side to free its

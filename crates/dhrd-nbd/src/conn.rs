@@ -573,28 +573,42 @@ const POLLERS_MAX: usize = 1;
 static EXECUTING: AtomicUsize = AtomicUsize::new(0);
 const POLL_WHILE_EXECUTING_MAX: usize = 1;
 
+/// How a reader's wait for the next request header began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Poll {
+    /// No polling: bytes already buffered, another thread polls, the server is busy, or
+    /// polling is off.
+    Skipped,
+    /// The bytes arrived (or the peer closed) while polling: no wake-up needed.
+    Caught,
+    /// The budget ran out: the reader blocks and the request will cost a wake-up.
+    Missed,
+    /// Other requests started executing: polling stopped to leave them the CPU.
+    Yielded,
+}
+
 /// Waits for the next request by polling the socket (a non-blocking peek) for up to
 /// `budget` before the caller blocks in `read`. A reader blocked in `read` must be woken
 /// by the kernel when the request arrives, which on a VM costs a cross-CPU interrupt
 /// (about 20 us here, half of a 4 KiB read's round trip); a reader that is still polling
 /// sees the bytes without one. Returns at once when data is buffered, when another thread
 /// polls, or when the budget is zero.
-fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) {
+fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) -> Poll {
     if budget.is_zero()
         || !reader.buffer().is_empty()
         || reader.get_ref().has_pending()
         || EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX
     {
-        return;
+        return Poll::Skipped;
     }
     if POLLERS.fetch_add(1, Ordering::AcqRel) >= POLLERS_MAX {
         POLLERS.fetch_sub(1, Ordering::AcqRel);
-        return;
+        return Poll::Skipped;
     }
     let fd = reader.get_ref().raw_fd();
     let started = Instant::now();
     let mut byte = 0u8;
-    loop {
+    let outcome = loop {
         // SAFETY: a one-byte peek into a local on our own open socket; changes nothing.
         let r = unsafe {
             libc::recv(
@@ -605,20 +619,22 @@ fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) {
             )
         };
         if r >= 0 {
-            break; // data, or the peer closed: the read will see it at once
+            break Poll::Caught; // data, or the peer closed: the read will see it at once
         }
         let e = io::Error::last_os_error().kind();
         if e != io::ErrorKind::WouldBlock && e != io::ErrorKind::Interrupted {
-            break; // let the blocking read report it
+            break Poll::Caught; // let the blocking read report it at once
         }
-        if started.elapsed() >= budget
-            || EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX
-        {
-            break;
+        if EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX {
+            break Poll::Yielded;
+        }
+        if started.elapsed() >= budget {
+            break Poll::Missed;
         }
         std::hint::spin_loop();
-    }
+    };
     POLLERS.fetch_sub(1, Ordering::AcqRel);
+    outcome
 }
 
 /// Reads the next request. `Ok(Some)`: a job to execute; `Ok(None)`: the request was
@@ -634,7 +650,12 @@ fn next_job<T: Target>(
         )));
     }
     let mut hb = [0u8; REQUEST_HEADER_BYTES];
-    poll_before_block(reader, sh.params.poll_before_block);
+    let traffic = &sh.activity.traffic;
+    match poll_before_block(reader, sh.params.poll_before_block) {
+        Poll::Caught => traffic.polls_caught.fetch_add(1, Ordering::Relaxed),
+        Poll::Missed => traffic.polls_missed.fetch_add(1, Ordering::Relaxed),
+        Poll::Skipped | Poll::Yielded => 0,
+    };
     match read_msg(reader, &mut hb) {
         Ok(true) => {}
         Ok(false) => return Err(End::Clean),

@@ -345,6 +345,8 @@ struct Totals {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     block_status: AtomicU64,
+    polls_caught: AtomicU64,
+    polls_missed: AtomicU64,
 }
 
 impl Totals {
@@ -354,6 +356,8 @@ impl Totals {
         self.bytes_read.fetch_add(t.bytes_read.load(r), r);
         self.bytes_written.fetch_add(t.bytes_written.load(r), r);
         self.block_status.fetch_add(t.block_status.load(r), r);
+        self.polls_caught.fetch_add(t.polls_caught.load(r), r);
+        self.polls_missed.fetch_add(t.polls_missed.load(r), r);
     }
 }
 
@@ -371,6 +375,10 @@ pub struct ServerStats {
     pub bytes_written: u64,
     /// Block status requests answered.
     pub block_status: u64,
+    /// Request headers that arrived while a reader polled for them (no wake-up), and
+    /// waits where the poll budget ran out and the reader blocked (`--poll-us`).
+    pub polls_caught: u64,
+    pub polls_missed: u64,
     /// TLS handshakes that succeeded.
     pub tls_sessions: u64,
     /// TLS handshakes that failed: a wrong key or certificate, an untrusted client, or
@@ -446,6 +454,8 @@ impl ShutdownHandle {
             bytes_read: sh.closed.bytes_read.load(r) + live(|t| &t.bytes_read),
             bytes_written: sh.closed.bytes_written.load(r) + live(|t| &t.bytes_written),
             block_status: sh.closed.block_status.load(r) + live(|t| &t.block_status),
+            polls_caught: sh.closed.polls_caught.load(r) + live(|t| &t.polls_caught),
+            polls_missed: sh.closed.polls_missed.load(r) + live(|t| &t.polls_missed),
             tls_sessions: sh.tls_sessions.load(r),
             tls_failed: sh.tls_failed.load(r),
             tls_required: sh.tls_required.load(r),
