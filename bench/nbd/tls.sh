@@ -14,10 +14,12 @@
 # place, $HOME/.pki/libnbd, under a HOME made for the run; the servers therefore verify no
 # client certificate (server authentication and encryption, which is what costs).
 #
-# Usage: bench/nbd/tls.sh --out DIR. Writes DIR/results.json, DIR/table.md and
-# DIR/machine.txt. Knobs (environment): SIZE (export of 1 and 2, default 1G), SPARSE_SIZE
-# (export of 3, default 4G), DATA_PERCENT (its data, default 10), SECS (seconds per fio
-# run, default 10), WORKDIR (backing files; a real disk, default /var/tmp).
+# Usage: bench/nbd/tls.sh --out DIR. Writes DIR/results.json, DIR/table.md,
+# DIR/polls.txt (for the 4 KiB runs: how many waits for a request the server's polling
+# missed, from its status file) and DIR/machine.txt. Knobs (environment): SIZE (export of
+# 1 and 2, default 1G), SPARSE_SIZE (export of 3, default 4G), DATA_PERCENT (its data,
+# default 10), SECS (seconds per fio run, default 10), WORKDIR (backing files; a real
+# disk, default /var/tmp).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -95,6 +97,17 @@ wait_loaded() { # NAME: until the status file says the RAM tier is loaded
 
 RESULTS=$WORK/results.jsonl
 : > "$RESULTS"
+: > "$OUT/polls.txt"
+# polls NAME: "requests caught missed" from dhrd's status file (rewritten every second).
+polls() {
+  sleep 1.2
+  python3 -c "import json; n=json.load(open('$WORK/$1.status'))['nbd']; print(n['requests'], n.get('polls_caught', -1), n.get('polls_missed', -1))"
+}
+# poll_share BEFORE AFTER: the waits for a request polling missed (each a kernel wake-up),
+# per request, between two polls outputs.
+poll_share() {
+  python3 -c "a=list(map(int,'$1'.split())); b=list(map(int,'$2'.split())); r=max(b[0]-a[0],1); print('n/a (no poll counters)' if a[2] < 0 else round((b[2]-a[2])/r, 3))"
+}
 # fio_run LABEL URI RW BS QD: one fio run; appends {label, rw, bs, qd, iops, mib_s, p99} to the results.
 fio_run() {
   local label=$1 uri=$2 rw=$3 bs=$4 qd=$5
@@ -121,8 +134,13 @@ wait_loaded dhrd
 PLAIN="nbd+unix:///?socket=$WORK/dhrd.sock"
 TLS="nbds+unix:///?socket=$WORK/dhrd.sock"
 for qd in 1 8; do
-  fio_run "dhrd plain" "$PLAIN" randread 4k "$qd"
-  fio_run "dhrd tls" "$TLS" randread 4k "$qd"
+  for way in plain tls; do
+    uri=$PLAIN; [ "$way" = tls ] && uri=$TLS
+    p0=$(polls dhrd)
+    fio_run "dhrd $way" "$uri" randread 4k "$qd"
+    echo "dhrd $way QD$qd: waits polling missed per request (a wake-up each): $(poll_share "$p0" "$(polls dhrd)")" \
+      | tee -a "$OUT/polls.txt"
+  done
 done
 fio_run "dhrd tls" "$TLS" read 1m 4
 
