@@ -9,6 +9,9 @@
 //!   decryption, an encryption, a buffer swap), never during a `recv`, a `send` or a wait,
 //!   so the reader and a reply writer contend for microseconds of cipher work, not for
 //!   system calls;
+//! - whether received bytes wait untaken (`has_pending`, asked by a reader before it
+//!   polls) is a flag every read sets under the session lock, read without it: the
+//!   reader never queues behind a reply writer's encryption just to ask;
 //! - one reader at a time (the connection's reader lock) receives: it reads as much as
 //!   the socket holds in one `recv` ([`RECV_CHUNK_BYTES`]) and hands it to OpenSSL, so
 //!   requests queued on the socket cost one `recv` together, not two per record (header,
@@ -32,7 +35,7 @@ use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -203,6 +206,10 @@ struct Session {
     out: Mutex<Outgoing>,
     fd: OwnedFd,
     counts: WireCounts,
+    /// Received bytes no read has taken (plaintext OpenSSL holds, ciphertext not yet
+    /// decrypted), as the last read left them; set under the session lock by every read,
+    /// so the reader (the only one who changes it) asks without the lock.
+    buffered: AtomicBool,
 }
 
 /// One handle of a connection's TLS session (a reader's or the writer's). Its deadlines
@@ -223,6 +230,11 @@ impl std::fmt::Debug for TlsStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "TlsStream(fd {})", self.session.fd.as_raw_fd())
     }
+}
+
+/// Whether a session holds received bytes no read has taken.
+fn held(s: &SslStream<Wire>) -> bool {
+    s.ssl().pending() > 0 || !s.get_ref().unread().is_empty()
 }
 
 /// What one attempt of a TLS call asks for.
@@ -247,11 +259,14 @@ fn attempt<T>(r: Result<T, openssl::ssl::Error>) -> io::Result<Attempt<T>> {
 impl TlsStream {
     /// A session whose handshake is done; `fd` is its socket, owned from now on here.
     pub(crate) fn new(s: SslStream<Wire>, fd: OwnedFd) -> Self {
+        // Bytes the client sent right behind its handshake wait in the wire.
+        let buffered = AtomicBool::new(held(&s));
         Self::handle(Arc::new(Session {
             ssl: Mutex::new(s),
             out: Mutex::new(Outgoing::default()),
             fd,
             counts: WireCounts::default(),
+            buffered,
         }))
     }
 
@@ -288,10 +303,12 @@ impl TlsStream {
     }
 
     /// Bytes received that no read has taken yet: decrypted ones OpenSSL holds, or
-    /// ciphertext not yet decrypted.
+    /// ciphertext not yet decrypted. Without the session lock: a reader about to poll
+    /// asks this while a reply writer may be encrypting, and waiting for it would make
+    /// the writer wake the reader before sending its reply. Exact for the reader (the
+    /// caller holds the connection's reader lock, and only reads change it).
     pub(crate) fn has_pending(&self) -> bool {
-        let ssl = self.session.ssl.lock();
-        ssl.ssl().pending() > 0 || !ssl.get_ref().unread().is_empty()
+        self.session.buffered.load(Ordering::Acquire)
     }
 
     /// Reads like a blocking socket, waiting (without the session lock) up to the read
@@ -309,11 +326,13 @@ impl TlsStream {
                 // straight to the socket. OpenSSL reads records without read-ahead, so
                 // it holds no whole record it has not decrypted; a partial one needs
                 // more bytes anyway.
-                if ssl.ssl().pending() == 0 && ssl.get_ref().starved() {
+                let r = if ssl.ssl().pending() == 0 && ssl.get_ref().starved() {
                     None
                 } else {
                     Some(ssl.ssl_read(buf))
-                }
+                };
+                self.session.buffered.store(held(&ssl), Ordering::Release);
+                r
             };
             if let Some(r) = r {
                 let r = match r {
@@ -624,6 +643,34 @@ mod tests {
             "OpenSSL read calls that found nothing to decrypt, over {REQUESTS} requests"
         );
         assert_eq!(counts.recvs.load(Ordering::Relaxed), REQUESTS);
+    }
+
+    #[test]
+    fn whether_bytes_wait_is_known_without_waiting_for_a_writer() {
+        let (s, mut c, _) = session_pair();
+        c.write_all(&[5u8; 28]).unwrap_or_else(|e| panic!("{e}"));
+        let mut got = [0u8; 10];
+        let n = s.read(&mut got).unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 0 && n <= 10, "{n}");
+        assert!(s.has_pending(), "the rest of the request is held decrypted");
+        // A reply writer encrypting under the session lock: the next reader, about to
+        // poll, asks whether bytes are already held. It must not queue behind the
+        // writer (on the reply's critical path: the writer would have to wake it
+        // before it sends).
+        let guard = s.session.ssl.lock();
+        let reader = s.try_clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let asker = std::thread::spawn(move || {
+            let _ = tx.send(reader.has_pending());
+        });
+        let answer = rx.recv_timeout(Duration::from_secs(20));
+        drop(guard);
+        let _ = asker.join();
+        assert_eq!(
+            answer.ok(),
+            Some(true),
+            "no answer while a writer held the lock"
+        );
     }
 
     #[test]
