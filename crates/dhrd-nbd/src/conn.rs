@@ -1,7 +1,8 @@
 //! Transmission phase of one connection.
 //!
 //! Shape (leader/followers, like nbdkit's parallel thread model): up to
-//! [`MAX_WORKERS_PER_CONNECTION`] threads serve one connection. A thread takes the reader
+//! [`MAX_WORKERS_PER_CONNECTION`] threads serve one connection (and at most
+//! [`MAX_WORKERS_PER_PROCESS`] worker threads serve all of them). A thread takes the reader
 //! lock, reads one request (header and write payload), releases the lock, executes the
 //! request against the target and writes the reply under the connection's writer lock.
 //! There is no hand-off between a reader and a worker, so a request costs no extra thread
@@ -47,7 +48,7 @@
 use crate::activity::{Activity, Traffic};
 use crate::limits::{
     MAX_BLOCK_STATUS_EXTENTS, MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES,
-    MAX_WORKERS_PER_CONNECTION, THREAD_STACK_BYTES,
+    MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_PROCESS, THREAD_STACK_BYTES,
 };
 use crate::proto::*;
 use crate::reply::{Borrowing, Replier};
@@ -494,20 +495,31 @@ fn maybe_spawn<T: Target>(sh: &Arc<Shared<T>>) {
     if threads.len() + 1 >= MAX_WORKERS_PER_CONNECTION {
         return;
     }
+    if WORKERS.fetch_add(1, Ordering::SeqCst) >= MAX_WORKERS_PER_PROCESS {
+        WORKERS.fetch_sub(1, Ordering::SeqCst);
+        return;
+    }
     sh.idle.fetch_add(1, Ordering::SeqCst);
     let sh2 = Arc::clone(sh);
     match std::thread::Builder::new()
         .name("dhrd-nbd-worker".into())
         .stack_size(THREAD_STACK_BYTES)
-        .spawn(move || serve_thread(&sh2))
-    {
+        .spawn(move || {
+            serve_thread(&sh2);
+            WORKERS.fetch_sub(1, Ordering::SeqCst);
+        }) {
         Ok(h) => threads.push(h),
         // Out of threads: the existing ones keep serving, just with less parallelism.
         Err(_) => {
             sh.idle.fetch_sub(1, Ordering::SeqCst);
+            WORKERS.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
+
+/// Worker threads of the whole process now (connection threads not counted); at most
+/// [`MAX_WORKERS_PER_PROCESS`].
+static WORKERS: AtomicUsize = AtomicUsize::new(0);
 
 fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
     let mut spare: Vec<u8> = Vec::new();

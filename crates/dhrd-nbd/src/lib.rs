@@ -94,9 +94,18 @@ pub mod limits {
     /// maximal request always fits, so the budget can never deadlock a connection.
     pub const MAX_IN_FLIGHT_BYTES: u64 = 128 << 20;
     /// Threads serving one connection, spawned on demand; also the bound on its requests
-    /// executing at once. Blocking engine calls (a `sync` write waits for fdatasync) need
-    /// several in parallel so they share backing syncs.
-    pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
+    /// executing at once, and so on its writes at the device at once: a `sync` write
+    /// holds its thread for the device's whole latency, so a client that keeps N writes
+    /// queued has N of them at the device only with N threads. 64 covers fio's deepest
+    /// benchmark queue (32) and qemu (16 requests per connection) with room; deeper
+    /// queues (the kernel's client keeps up to 128) wait in the socket beyond it.
+    pub const MAX_WORKERS_PER_CONNECTION: usize = 64;
+    /// Worker threads of the whole process, beyond each connection's own thread. Each may
+    /// keep one payload buffer of up to 1 MiB between requests, so this bounds that
+    /// memory (1 GiB, what 64 connections of 16 threads could keep before the
+    /// per-connection bound grew); a connection that finds it reached keeps serving
+    /// with the threads it has.
+    pub const MAX_WORKERS_PER_PROCESS: usize = 1024;
     /// Connections served at once (the default of `ServerConfig::max_connections`). When
     /// all are taken, a new client gets the slot of the connection idle longest, if one
     /// has been idle for `IDLE_EVICT_AFTER` with no request in flight; otherwise it is
