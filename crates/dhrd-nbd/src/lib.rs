@@ -101,10 +101,10 @@ pub mod limits {
     /// queues (the kernel's client keeps up to 128) wait in the socket beyond it.
     pub const MAX_WORKERS_PER_CONNECTION: usize = 64;
     /// Worker threads of the whole process, beyond each connection's own thread. Each may
-    /// keep one payload buffer of up to 1 MiB between requests, so this bounds that
-    /// memory (1 GiB, what 64 connections of 16 threads could keep before the
-    /// per-connection bound grew); a connection that finds it reached keeps serving
-    /// with the threads it has.
+    /// keep a payload buffer and the file backing's O_DIRECT bounce buffer, up to 1 MiB
+    /// each, between requests, so this bounds that memory at what 64 connections of 16
+    /// threads could keep before the per-connection bound grew; a connection that finds
+    /// it reached keeps serving with the threads it has.
     pub const MAX_WORKERS_PER_PROCESS: usize = 1024;
     /// Connections served at once (the default of `ServerConfig::max_connections`). When
     /// all are taken, a new client gets the slot of the connection idle longest, if one
