@@ -208,6 +208,44 @@ mod tests {
         r.send(b"a reply that may wait for its client");
     }
 
+    /// Counted, not timed: while one reply waits for its client with the writer lock, a
+    /// small reply of another request is handed to that lock's holder and its thread goes
+    /// on (the bound below is liveness only); the client then receives both, whole and
+    /// one after the other.
+    #[test]
+    fn a_small_reply_never_waits_for_the_writer_lock() {
+        let (a, mut b) = UnixStream::pair().unwrap_or_else(|e| panic!("pair: {e}"));
+        let r = std::sync::Arc::new(Replier::new(Stream::Unix(a), Duration::from_secs(60)));
+        let big: Vec<u8> = (0..8 << 20).map(|i| (i % 251) as u8).collect();
+        let (r1, big1) = (std::sync::Arc::clone(&r), big.clone());
+        let first = std::thread::spawn(move || r1.send(&big1));
+        // The first reply holds the lock until the client reads: 8 MiB do not fit the
+        // socket's buffer.
+        while !r.stream.is_locked() {
+            std::thread::yield_now();
+        }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let r2 = std::sync::Arc::clone(&r);
+        let second = std::thread::spawn(move || {
+            r2.send(b"a small reply");
+            let _ = done_tx.send(());
+        });
+        let returned = done_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; (8 << 20) + 13];
+            std::io::Read::read_exact(&mut b, &mut got).map(|_| got)
+        });
+        let _ = (first.join(), second.join());
+        assert!(
+            returned,
+            "a small reply waited for the writer lock while another reply waited for its client"
+        );
+        let got = reader.join().ok().and_then(Result::ok);
+        let mut want = big;
+        want.extend_from_slice(b"a small reply");
+        assert!(got == Some(want), "the replies arrived changed");
+    }
+
     #[test]
     fn a_borrowed_reply_the_client_does_not_take_is_copied_out() {
         let (a, mut b) = UnixStream::pair().unwrap_or_else(|e| panic!("pair: {e}"));
