@@ -12,7 +12,9 @@
 //! Invariants:
 //! - a reply is written only after the target call it reports on returned;
 //! - each reply is written whole under the writer lock, so replies never interleave on
-//!   the wire; the client matches them by handle (`reply.rs`);
+//!   the wire; the client matches them by handle; a small reply that finds the lock taken
+//!   is queued for the lock's holder to send, so its thread goes back to reading at once
+//!   (`reply.rs`);
 //! - no client can hold anything beyond its own connection for longer than a deadline:
 //!   a reply must be written within `ConnParams::reply_timeout` in total, a write payload
 //!   must arrive within `ConnParams::payload_timeout` of its header, in total; either
@@ -323,15 +325,14 @@ fn execute<T: Target>(
                 unsent = replier.send_borrowed(head, data);
             })
         };
+        // The target's memory is no longer borrowed: now the client may be waited for, up
+        // to the reply deadline, and the writer lock (if this reply took it) sends the
+        // replies queued meanwhile before it is let go.
+        if let Some(rest) = unsent {
+            replier.finish(rest);
+        }
         match borrowed {
-            Ok(true) => {
-                // The target's memory is no longer borrowed: now the client may be waited
-                // for, up to the reply deadline.
-                if let Some(rest) = unsent {
-                    replier.finish(rest);
-                }
-                return true;
-            }
+            Ok(true) => return true,
             Ok(false) => {}
             Err(e) => {
                 let errno = report("read", offset, length, &e);

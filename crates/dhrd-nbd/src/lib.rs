@@ -8,8 +8,8 @@
 //! - `conn`: the transmission phase of one connection (a few threads taking turns to
 //!   read requests, executing them in parallel, replies matched by handle under one
 //!   writer lock);
-//! - `reply`: that writer lock, the reply deadline, and the bound on how long borrowed
-//!   RAM may wait for a client;
+//! - `reply`: that writer lock, the queue of small replies that found it taken, the
+//!   reply deadline, and the bound on how long borrowed RAM may wait for a client;
 //! - `socket`: the socket and its deadline-bounded reads and writes;
 //! - `tls`: TLS credentials, the handshake after NBD_OPT_STARTTLS, and the encrypted
 //!   stream a connection's threads share;

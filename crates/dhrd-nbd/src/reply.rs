@@ -13,10 +13,19 @@
 //!   out, the view ends, and only then is the client waited for up to the reply deadline.
 //!   A view pins RAM and delays the engine's reclaim of evicted chunks for the whole
 //!   object, so a client that stops reading must not pin it. Asserted: a thread sending
-//!   borrowed bytes panics if it would wait past that bound ([`Borrowing`]).
+//!   borrowed bytes panics if it would wait past that bound ([`Borrowing`]);
+//! - a reply of at most [`QUEUED_REPLY_MAX_BYTES`] does not wait for the writer lock: when
+//!   the lock is taken it is queued whole, and the thread that holds the lock sends the
+//!   queue (several replies in one `sendmsg`) before it lets go. Every holder looks at the
+//!   queue again after letting go and takes the lock back if it is not empty, and every
+//!   thread that queues tries the lock after queueing, so no queued reply is left behind
+//!   by the last holder. The queue holds at most [`QUEUE_MAX_BYTES`]; a reply that does
+//!   not fit waits for the lock as any larger one does. A thread holding borrowed bytes
+//!   never sends the queue (that could mean waiting for the client): it keeps the lock
+//!   until its borrow has ended ([`Replier::finish`]).
 //!
-//! Crash semantics: none; a reply is sent only after the target call it reports on
-//! returned (see `conn.rs`).
+//! Crash semantics: none; a reply is sent (or queued) only after the target call it
+//! reports on returned (see `conn.rs`).
 
 use crate::limits::BORROWED_WAIT_MAX;
 use crate::socket::{send_parts, Progress, Stream};
@@ -68,8 +77,20 @@ impl Drop for Borrowing {
     }
 }
 
+/// Replies up to this size (a write's or a flush's, an error, a read of up to 4 KiB with
+/// its structured header) are queued rather than wait for the writer lock; larger ones
+/// wait, since copying them would cost more than the wait.
+const QUEUED_REPLY_MAX_BYTES: usize = 4096 + 64;
+/// Most bytes queued at once. Replies to executed requests are bounded by the in-flight
+/// bound, but error replies to requests refused at once are not; past this, a reply waits
+/// for the lock, which holds back a client that sends faster than it takes replies.
+const QUEUE_MAX_BYTES: usize = 1 << 20;
+
 pub(crate) struct Replier {
     stream: Mutex<Stream>,
+    /// Whole replies, back to back, that found the writer lock taken; its holder sends
+    /// them before it lets go.
+    queued: Mutex<Vec<u8>>,
     /// Set when a reply could not be sent; the reader then stops.
     broken: AtomicBool,
     /// Set when that was because the client did not take a reply by its deadline.
@@ -92,6 +113,7 @@ impl Replier {
     pub(crate) fn new(stream: Stream, timeout: Duration) -> Self {
         Self {
             stream: Mutex::new(stream),
+            queued: Mutex::new(Vec::new()),
             broken: AtomicBool::new(false),
             deadline_missed: AtomicBool::new(false),
             timeout,
@@ -111,22 +133,77 @@ impl Replier {
         self.send_parts(&[bytes]);
     }
 
-    /// Writes the parts as one reply (one `sendmsg` in the common case), waiting for the
-    /// lock and for the client as needed, up to the reply timeout.
+    /// Writes the parts as one reply (one `sendmsg` in the common case, with any queued
+    /// replies), waiting for the client as needed, up to the reply timeout. A small reply
+    /// that finds the writer lock taken is queued for its holder instead of waiting.
     pub(crate) fn send_parts(&self, parts: &[&[u8]]) {
         if self.is_broken() {
             return;
         }
+        let bytes: usize = parts.iter().map(|p| p.len()).sum();
+        if bytes <= QUEUED_REPLY_MAX_BYTES {
+            if let Some(s) = self.stream.try_lock() {
+                return self.send_with_queue(s, parts);
+            }
+            let queued = {
+                let mut q = self.queued.lock();
+                let room = q.len() + bytes <= QUEUE_MAX_BYTES;
+                if room {
+                    for p in parts {
+                        q.extend_from_slice(p);
+                    }
+                }
+                room
+            };
+            if queued {
+                // The holder may have looked at the queue and let go before the reply was
+                // in it: then the lock is free, and this thread sends the queue.
+                if let Some(s) = self.stream.try_lock() {
+                    self.send_with_queue(s, &[]);
+                }
+                return;
+            }
+            // The queue is full (error replies to a client that sends requests faster than
+            // it takes replies): wait for the lock, which holds that client back.
+        }
         Borrowing::assert_may_wait(Instant::now() + self.timeout, "waiting for the lock");
-        let mut s = self.stream.lock();
-        let deadline = Instant::now() + self.timeout;
-        self.complete(&mut s, parts, 0, deadline);
+        let s = self.stream.lock();
+        self.send_with_queue(s, parts);
+    }
+
+    /// With the writer lock: sends `parts` and the queued replies, lets go of the lock,
+    /// and takes it back for replies queued meanwhile (see the module's invariants).
+    fn send_with_queue<'a>(&'a self, mut s: MutexGuard<'a, Stream>, parts: &[&[u8]]) {
+        Borrowing::assert_may_wait(Instant::now() + self.timeout, "sending queued replies");
+        let mut own = parts;
+        loop {
+            let queued = std::mem::take(&mut *self.queued.lock());
+            let mut all: Vec<&[u8]> = own.to_vec();
+            if !queued.is_empty() {
+                all.push(&queued);
+            }
+            if !all.is_empty() && !self.is_broken() {
+                let deadline = Instant::now() + self.timeout;
+                self.complete(&mut s, &all, 0, deadline);
+            }
+            drop(s);
+            if self.queued.lock().is_empty() {
+                return;
+            }
+            match self.stream.try_lock() {
+                Some(again) => s = again,
+                // Another holder will look at the queue when it lets go.
+                None => return,
+            }
+            own = &[];
+        }
     }
 
     /// Starts a reply whose `data` is borrowed from the target's memory: sends what the
-    /// client takes within the borrowing thread's bound ([`Borrowing`]). `None`: all of
-    /// it went out (or the connection is broken); otherwise the rest, copied, for
-    /// [`Replier::finish`] once the borrow has ended.
+    /// client takes within the borrowing thread's bound ([`Borrowing`]). `None`: the
+    /// connection is broken; otherwise the rest, copied (perhaps nothing), and the writer
+    /// lock when this thread took it, for [`Replier::finish`] once the borrow has ended:
+    /// only then may the lock's holder send queued replies.
     pub(crate) fn send_borrowed(&self, head: &[u8], data: &[u8]) -> Option<Unsent<'_>> {
         if self.is_broken() {
             return None;
@@ -151,7 +228,10 @@ impl Replier {
             });
         };
         match send_parts(&mut *s, &[head, data], 0, Some(borrow_until)) {
-            Ok(Progress::Whole) => None,
+            Ok(Progress::Whole) => Some(Unsent {
+                held: Some((s, deadline)),
+                bytes: Vec::new(),
+            }),
             Ok(Progress::Partial(sent)) => Some(Unsent {
                 held: Some((s, deadline)),
                 bytes: copy_from(sent),
@@ -167,7 +247,12 @@ impl Replier {
     /// borrow has ended.
     pub(crate) fn finish(&self, unsent: Unsent<'_>) {
         match unsent.held {
-            Some((mut s, deadline)) => self.complete(&mut s, &[&unsent.bytes], 0, deadline),
+            Some((mut s, deadline)) => {
+                if !unsent.bytes.is_empty() {
+                    self.complete(&mut s, &[&unsent.bytes], 0, deadline);
+                }
+                self.send_with_queue(s, &[]);
+            }
             None => self.send(&unsent.bytes),
         }
     }
