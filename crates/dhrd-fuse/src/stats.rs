@@ -56,6 +56,30 @@ impl Histogram {
     }
 }
 
+/// One request counted in progress by `now` while it lives; `max` keeps the most there
+/// ever were at once (a high-water mark, so it only grows like the counters) and `sum`
+/// adds up how many each request found on arrival, itself included (divided by the
+/// number of requests: how many were in progress at once on average, as requests saw it).
+pub struct InFlight<'a> {
+    now: &'a AtomicU64,
+}
+
+impl<'a> InFlight<'a> {
+    pub fn enter(now: &'a AtomicU64, max: &AtomicU64, sum: &AtomicU64) -> Self {
+        let n = now.fetch_add(1, Relaxed) + 1;
+        max.fetch_max(n, Relaxed);
+        sum.fetch_add(n, Relaxed);
+        Self { now }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let before = self.now.fetch_sub(1, Relaxed);
+        debug_assert!(before > 0, "more requests left than entered");
+    }
+}
+
 /// Named latency quantiles (upper bounds in microseconds; None without samples).
 pub type Quantiles = [(&'static str, Option<u64>); 3];
 
@@ -89,6 +113,12 @@ pub struct FsStats {
     /// SETATTR requests (chmod, chown, utimens, truncate; not open(O_TRUNC), see
     /// `open_truncates`).
     pub setattrs: AtomicU64,
+    /// WRITE requests in the daemon now (from the handle's lookup to the reply's data
+    /// being ready), the most there ever were at once, and the sum of what each found on
+    /// arrival: how many writers the mount lets reach the data path together (`InFlight`).
+    pub writes_in_flight: AtomicU64,
+    pub writes_in_flight_max: AtomicU64,
+    pub writes_in_flight_sum: AtomicU64,
     pub read_latency: Histogram,
     pub write_latency: Histogram,
     pub fsync_latency: Histogram,
@@ -97,7 +127,7 @@ pub struct FsStats {
 impl FsStats {
     /// Every counter with its stable name (`dhrd status --json`, `--prometheus`; the
     /// names are documented in docs/fuse.md and only ever added to).
-    pub fn counters(&self) -> [(&'static str, u64); 20] {
+    pub fn counters(&self) -> [(&'static str, u64); 22] {
         let g = |a: &AtomicU64| a.load(Relaxed);
         [
             ("reads", g(&self.reads)),
@@ -120,6 +150,8 @@ impl FsStats {
             ("readdirplus_entries", g(&self.readdirplus_entries)),
             ("readlinks", g(&self.readlinks)),
             ("setattrs", g(&self.setattrs)),
+            ("writes_in_flight_max", g(&self.writes_in_flight_max)),
+            ("writes_in_flight_sum", g(&self.writes_in_flight_sum)),
         ]
     }
 
@@ -159,11 +191,13 @@ impl FsStats {
             g(&self.opens_cached),
             g(&self.open_truncates)
         );
+        let writes = g(&self.writes);
         let _ = writeln!(
             out,
-            "writes:          {} ({} bytes)",
-            g(&self.writes),
-            g(&self.write_bytes)
+            "writes:          {writes} ({} bytes), in the daemon at once: at most {}, mean {:.1}",
+            g(&self.write_bytes),
+            g(&self.writes_in_flight_max),
+            g(&self.writes_in_flight_sum) as f64 / writes.max(1) as f64
         );
         let _ = writeln!(
             out,
@@ -189,5 +223,39 @@ impl FsStats {
         let _ = writeln!(out, "read latency:    {}", self.read_latency.line());
         let _ = writeln!(out, "write latency:   {}", self.write_latency.line());
         let _ = writeln!(out, "fsync latency:   {}", self.fsync_latency.line());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FsStats, InFlight};
+    use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn in_flight_keeps_the_high_water_mark_and_what_each_request_found() {
+        let s = FsStats::default();
+        let enter = || {
+            InFlight::enter(
+                &s.writes_in_flight,
+                &s.writes_in_flight_max,
+                &s.writes_in_flight_sum,
+            )
+        };
+        let a = enter();
+        let b = enter();
+        drop(a);
+        let c = enter();
+        assert_eq!(s.writes_in_flight.load(Relaxed), 2);
+        drop((b, c));
+        let d = enter();
+        drop(d);
+        assert_eq!(s.writes_in_flight.load(Relaxed), 0, "every request left");
+        assert_eq!(
+            s.writes_in_flight_max.load(Relaxed),
+            2,
+            "never more than two"
+        );
+        // Found on arrival: 1, 2, 2 and 1.
+        assert_eq!(s.writes_in_flight_sum.load(Relaxed), 6);
     }
 }

@@ -13,6 +13,7 @@ use crate::engine::EngineTier;
 use crate::error::{FsError, Result};
 use crate::kernel::{Fh, WriteSync};
 use crate::killpriv::{Caller, Fsetid};
+use crate::stats::InFlight;
 use crate::sys;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
@@ -57,6 +58,12 @@ impl Files {
         kill_suidgid: bool,
         write_flags: i32,
     ) -> Result<u32> {
+        let s = &self.stats;
+        let _busy = InFlight::enter(
+            &s.writes_in_flight,
+            &s.writes_in_flight_max,
+            &s.writes_in_flight_sum,
+        );
         let (key, h, open_sync) = self.handles.get(fh)?;
         let ws = open_sync.max(WriteSync::of_flags(write_flags));
         let t = Instant::now();
@@ -77,7 +84,6 @@ impl Files {
                 data.len() as u32
             }
         };
-        let s = &self.stats;
         s.writes.fetch_add(1, Ordering::Relaxed);
         s.write_bytes.fetch_add(u64::from(n), Ordering::Relaxed);
         s.write_latency.record(t.elapsed());
