@@ -51,8 +51,9 @@ pub struct MountArgs {
     /// Cap on the background load rate in bytes per second, e.g. 200M (default: none).
     #[arg(long)]
     pub load_rate: Option<String>,
-    /// FUSE worker threads.
-    #[arg(long, default_value_t = dhrd_fuse::daemon::FUSE_THREADS_DEFAULT)]
+    /// FUSE worker threads: requests served at once before the next one queues in the
+    /// kernel (each concurrent writer or reader holds one for its whole request).
+    #[arg(long, default_value_t = dhrd_fuse::daemon::FUSE_THREADS_DEFAULT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=dhrd_fuse::daemon::FUSE_THREADS_MAX as u64))]
     pub threads: usize,
     /// Nice value of the FUSE worker threads: requests are served ahead of CPU-bound
     /// work, as the kernel's own I/O is (0 leaves them at the default priority).

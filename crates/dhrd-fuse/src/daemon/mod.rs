@@ -33,8 +33,20 @@ use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use threads::{Stop, Stopper};
 
-/// Default number of FUSE worker threads.
-pub const FUSE_THREADS_DEFAULT: usize = 8;
+/// Default number of FUSE worker threads. A worker serves one request at a time, start to
+/// reply, and a durable write holds it for a whole device write; the kernel sends one
+/// request per calling thread and never waits for a worker, so a request that finds every
+/// worker busy waits in the kernel's queue. With as many workers as writers, the worker
+/// that just replied is often not back in `read` when its writer's next request arrives:
+/// 8 writers of one file averaged 6.5 writes in the daemon at 8 workers, 7.1 at 16, and 16
+/// writers never got more than 8 in (docs/fuse.md, "The engine paths"). An idle worker
+/// costs a thread blocked in `read` and the pages of its request buffer it has touched (at
+/// most a request, `MAX_WRITE_BYTES` plus a header), so the default serves 32 concurrent
+/// requests before any of them queues.
+pub const FUSE_THREADS_DEFAULT: usize = 32;
+/// The most FUSE worker threads `--threads` may ask for: each may keep a request buffer of
+/// `MAX_WRITE_BYTES` resident.
+pub const FUSE_THREADS_MAX: usize = 1024;
 /// Default nice value of the FUSE worker threads. A FUSE request is I/O work done on
 /// behalf of the calling process; the kernel does the same work for a local file system in
 /// the caller's context and in interrupt context, ahead of any CPU-bound task. Workers at
