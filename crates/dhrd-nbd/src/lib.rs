@@ -33,6 +33,7 @@ mod conn;
 mod engine;
 mod error;
 pub mod handshake;
+mod listen;
 pub mod proto;
 mod reply;
 pub mod server;

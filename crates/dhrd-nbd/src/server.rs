@@ -1,9 +1,9 @@
 //! Listening, accepting and graceful shutdown.
 //!
 //! Invariants:
-//! - by default only local clients can connect: a Unix socket is created with mode 0600
-//!   before it starts listening (bind, chmod, listen: no window where others can connect),
-//!   and a TCP address must be loopback unless `allow_remote` is set;
+//! - by default only local clients can connect (`listen.rs`): a Unix socket is created
+//!   with mode 0600 before it starts listening (bind, chmod, listen: no window where
+//!   others can connect), and a TCP address must be loopback unless `allow_remote` is set;
 //! - at most `max_connections` connections hold a slot ([`MAX_CONNECTIONS`] by default).
 //!   When all are taken, a new client takes the slot of the negotiated connection that has
 //!   been idle longest, if it has been idle for `idle_evict_after` ([`IDLE_EVICT_AFTER`]
@@ -45,6 +45,7 @@ use crate::limits::{
     HANDSHAKE_TIMEOUT, IDLE_EVICT_AFTER, MAX_CONNECTIONS, PAYLOAD_TIMEOUT, POLL_BEFORE_BLOCK,
     READ_BUFFER_BYTES, REPLY_TIMEOUT, SHUTDOWN_DRAIN_TIMEOUT, THREAD_STACK_BYTES,
 };
+use crate::listen::{bind, Listener};
 use crate::proto::*;
 use crate::socket::Stream;
 use crate::target::Target;
@@ -53,12 +54,9 @@ use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -155,130 +153,6 @@ impl ServerConfig {
             reply_timeout: REPLY_TIMEOUT,
             payload_timeout: PAYLOAD_TIMEOUT,
             tls: None,
-        }
-    }
-}
-
-enum Listener {
-    Unix {
-        l: UnixListener,
-        path: PathBuf,
-        ino: u64,
-    },
-    Tcp(TcpListener),
-}
-
-impl Listener {
-    fn fd(&self) -> RawFd {
-        match self {
-            Listener::Unix { l, .. } => l.as_raw_fd(),
-            Listener::Tcp(l) => l.as_raw_fd(),
-        }
-    }
-
-    fn accept(&self) -> io::Result<Stream> {
-        match self {
-            Listener::Unix { l, .. } => {
-                let (s, _) = l.accept()?;
-                s.set_nonblocking(false)?;
-                Ok(Stream::Unix(s))
-            }
-            Listener::Tcp(l) => {
-                let (s, _) = l.accept()?;
-                s.set_nonblocking(false)?;
-                // Replies are written whole; Nagle would only add latency.
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
-            }
-        }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix { path, ino, .. } = self {
-            // Remove the socket only if it is still ours (not replaced by another server).
-            if std::fs::symlink_metadata(&*path).ok().map(|m| m.ino()) == Some(*ino) {
-                let _ = std::fs::remove_file(&*path);
-            }
-        }
-    }
-}
-
-/// Binds a Unix socket with mode 0600 before listening.
-fn bind_unix(path: &Path) -> Result<Listener, NbdError> {
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_socket() {
-            return Err(NbdError::Config(format!(
-                "{} exists and is not a socket",
-                path.display()
-            )));
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(NbdError::Config(format!(
-                "{} is in use by a running server",
-                path.display()
-            )));
-        }
-        // A stale socket from a server that died: replace it.
-        std::fs::remove_file(path)?;
-    }
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
-        return Err(NbdError::Config(format!(
-            "socket path too long or invalid: {}",
-            path.display()
-        )));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: plain socket(2); the result is checked and owned right away.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error().into());
-    }
-    // SAFETY: fd is a fresh descriptor that nothing else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    // SAFETY: addr is a valid sockaddr_un of `len` bytes that outlives the call.
-    let rc = unsafe { libc::bind(fd, &addr as *const _ as *const libc::sockaddr, len) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error().into());
-    }
-    // Restrict before listen(): until then nobody can connect, so there is no window in
-    // which another user could.
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    // SAFETY: listen(2) on our bound socket.
-    if unsafe { libc::listen(fd, libc::SOMAXCONN) } != 0 {
-        return Err(io::Error::last_os_error().into());
-    }
-    let l = UnixListener::from(owned);
-    l.set_nonblocking(true)?;
-    let ino = std::fs::symlink_metadata(path)?.ino();
-    Ok(Listener::Unix {
-        l,
-        path: path.to_path_buf(),
-        ino,
-    })
-}
-
-fn bind(cfg: &ServerConfig) -> Result<Listener, NbdError> {
-    match &cfg.listen {
-        ListenAddr::Unix(p) => bind_unix(p),
-        ListenAddr::Tcp(a) => {
-            if !a.ip().is_loopback() && !cfg.allow_remote {
-                return Err(NbdError::Config(format!(
-                    "{a} is not a loopback address; pass --allow-remote to listen on it \
-                     (with --tls require and client authentication, docs/nbd.md)"
-                )));
-            }
-            let l = TcpListener::bind(a)?;
-            l.set_nonblocking(true)?;
-            Ok(Listener::Tcp(l))
         }
     }
 }
