@@ -302,3 +302,83 @@ fn a_daemon_served_write_in_sync_mode_whose_sync_fails_fails_every_later_fsync()
     let err = a_failing_self_syncing_write("wberr-sync-daemon", "sync", true, libc::O_DIRECT);
     eprintln!("the daemon-served write in sync mode failed with: {err}");
 }
+
+/// Files opened and closed after the failing write, to push its registration out of the
+/// idle ones kept (`page::LINGER_MAX`, 1,024) with room to spare.
+const OTHER_FILES: usize = dhrd_fuse::page::LINGER_MAX * 2;
+
+/// A self-syncing write fails (`flags`, `mode` as above) and its file is closed before
+/// any sync of it through the mount ran, so the error is only reported to the daemon's
+/// descriptor of the inode, not yet recorded. Then enough other files are opened and
+/// closed for the daemon to drop its idle registration of the file. A later open must
+/// still see the failure: every fsync from then on fails (C4). Before, the registration's
+/// descriptor was closed with the error unseen; the next open got a new one that sampled
+/// the error sequence after the error, and its fsyncs all succeeded.
+fn a_failure_outlives_its_dropped_registration(name: &str, mode: &str, flags: i32) {
+    let s = Scratch::new(name);
+    let disk = FaultyDisk::new(&s, true);
+    let backing = disk.mnt().join("backing");
+    fs::create_dir_all(&backing).expect("backing");
+    fs::write(backing.join("f"), vec![1u8; 65536]).expect("f");
+    for i in 0..OTHER_FILES {
+        fs::write(backing.join(format!("o{i}")), b"").expect("other file");
+    }
+    fs::File::open(backing.join("f"))
+        .and_then(|f| f.sync_all())
+        .expect("allocate f");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", mode]);
+    let w = open_with(&m.path("f"), flags);
+    // The first fsync after a mount is a syncfs of the backing (docs/crash-model.md),
+    // which would fail the whole mount later and hide what this test looks at.
+    w.sync_all().expect("fsync before the fault");
+    disk.fail_writes_to(&backing.join("f"));
+    let err = w
+        .write_all_at(&Block([7u8; 4096]).0, 0)
+        .expect_err("the write's own sync must fail");
+    drop(w);
+    for i in 0..OTHER_FILES {
+        drop(fs::File::open(m.path(&format!("o{i}"))).expect("open other file"));
+    }
+    let g = open_with(&m.path("f"), 0);
+    let r_first = g.sync_data();
+    let r_again = g.sync_all();
+    let h = open_with(&m.path("f"), 0);
+    let r_other = h.sync_all();
+    let st = m.status();
+    drop((g, h));
+    teardown(m);
+    let eio = |r: &std::io::Result<()>| {
+        r.as_ref()
+            .err()
+            .is_some_and(|e| e.raw_os_error() == Some(libc::EIO))
+    };
+    assert!(
+        eio(&r_first) && eio(&r_again) && eio(&r_other),
+        "after a self-syncing write failed ({err}) and its registration was dropped, an \
+         fsync did not fail with EIO: first {r_first:?}, again {r_again:?}, another open \
+         {r_other:?}"
+    );
+    assert!(
+        st.contains("read-only:") && !st.contains("read-only:       no"),
+        "status must report the failure: {st}"
+    );
+    // The file failed, not the whole mount: no syncfs ran to catch the error.
+    assert!(
+        !st.contains("the backing file system:"),
+        "the failure was only caught by a syncfs of the backing: {st}"
+    );
+}
+
+/// Passthrough: the write's error went to the kernel's description of the open only.
+#[test]
+fn a_passthrough_write_failure_outlives_its_dropped_registration() {
+    a_failure_outlives_its_dropped_registration("wberr-drop-pt", "fsync", libc::O_DSYNC);
+}
+
+/// Daemon-served: the write returned ENOSPC (C5 does not record it), its sync lost pages.
+#[test]
+fn a_daemon_served_write_failure_outlives_its_dropped_registration() {
+    let flags = libc::O_DIRECT | libc::O_DSYNC;
+    a_failure_outlives_its_dropped_registration("wberr-drop-daemon", "fsync", flags);
+}
