@@ -158,6 +158,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
             object_cache: a.object_cache,
             dir_fds_max: dhrd_fuse::meta::nodes::DIR_FDS_MAX,
             linger_max: dhrd_fuse::page::LINGER_MAX,
+            kept_fds_max: dhrd_fuse::durable::kept::KEPT_FDS_MAX,
         },
         allow_other: a.allow_other,
         threads: a.threads.max(1),

@@ -161,6 +161,10 @@ pub struct FsConfig {
     /// Page cache path: registrations kept after their last close
     /// (`page::LINGER_MAX`; lowered to fit the descriptor limit at start).
     pub linger_max: usize,
+    /// Page cache path: descriptors of dropped registrations kept until asked for their
+    /// writeback error (`kept::KEPT_FDS_MAX`; lowered to fit the descriptor limit at
+    /// start).
+    pub kept_fds_max: usize,
 }
 
 #[cfg(test)]

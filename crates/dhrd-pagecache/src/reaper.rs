@@ -86,9 +86,26 @@ impl Reaper {
         self.inner.cv.notify_one();
     }
 
+    /// Runs `f` on a reaper thread (or here, if the queue is full): work that may block
+    /// (a file's writeback) and that no request waits for.
+    pub fn run_later<F: FnOnce() + Send + 'static>(&self, f: F) {
+        self.drop_later(RunOnDrop(Some(f)));
+    }
+
     /// Values waiting now.
     pub fn pending(&self) -> usize {
         self.inner.q.lock().0.len()
+    }
+}
+
+/// Runs its function when dropped (`Reaper::run_later`).
+struct RunOnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for RunOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
     }
 }
 

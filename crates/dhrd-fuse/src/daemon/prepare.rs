@@ -159,8 +159,9 @@ pub fn prepare(backing: &Path, mountpoint: &Path) -> Result<(BackingDir, PathBuf
 /// Raises the soft descriptor limit to the hard one: each cached object holds descriptors.
 /// Fails when even that cannot hold a full object cache, rather than letting opens fail
 /// with EMFILE once the cache fills. The other caches of descriptors (kept directories,
-/// idle registrations) take what is left, half and a quarter of it at most, so that they
-/// can never starve the opens that need descriptors.
+/// idle registrations, descriptors kept unchecked) take what is left, a half, a quarter
+/// and an eighth of it at most, so that they can never starve the opens that need
+/// descriptors.
 pub fn raise_nofile(fs: &mut FsConfig) -> Result<()> {
     let object_cache = fs.object_cache;
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
@@ -184,6 +185,7 @@ pub fn raise_nofile(fs: &mut FsConfig) -> Result<()> {
             let spare = usize::try_from(have - need).unwrap_or(usize::MAX);
             fs.dir_fds_max = fs.dir_fds_max.min(spare / 2);
             fs.linger_max = fs.linger_max.min(spare / 4);
+            fs.kept_fds_max = fs.kept_fds_max.min(spare / 8);
             Ok(())
         }
         None => Ok(()),

@@ -32,7 +32,7 @@ use crate::engine::EngineTier;
 use crate::error::{FsError, Result};
 use crate::kernel::{Invalidate, WriteSync};
 use crate::killpriv::{self, Caller, Fsetid};
-use crate::page::{BackingOpener, PageOpen, PageTier, Service};
+use crate::page::{Backing, BackingOpener, PageOpen, PageTier, Service};
 use crate::stats::FsStats;
 use crate::sys::{self, BackingDir};
 use dhrd_engine::RamBudget;
@@ -155,6 +155,7 @@ impl Files {
     fn start_page_tier(&self) -> std::result::Result<PageTier, String> {
         // Deleted files are let go off the request threads (reaper.rs): with the sync
         // flag, freeing one is a journal commit.
+        self.sync.failures().set_kept_max(self.cfg.kept_fds_max);
         let reaper = Reaper::new(REAPER_THREADS, "dhrd-reap")
             .map_err(|e| format!("starting the reaper threads: {e}"))?;
         let resident = Resident::new(
@@ -174,6 +175,10 @@ impl Files {
             resident,
             self.cfg.linger_max,
             reaper,
+            Backing {
+                failures: self.sync.failures_shared(),
+                dev: self.dir.dev(),
+            },
         ))
     }
 

@@ -320,7 +320,7 @@ pub struct Committer {
     toggle: std::sync::atomic::AtomicBool,
     /// Inodes and file systems that failed a sync: never synced again, their sets fail
     /// (failures.rs). Shared with the data requests, which record what they see too.
-    failures: Failures,
+    failures: Arc<Failures>,
     /// Rounds run and sets they covered, for status.
     rounds: AtomicU64,
     sets: AtomicU64,
@@ -358,7 +358,7 @@ impl Committer {
             syncer,
             policy,
             toggle: std::sync::atomic::AtomicBool::new(false),
-            failures: Failures::default(),
+            failures: Arc::default(),
             rounds: AtomicU64::new(0),
             sets: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
@@ -392,6 +392,11 @@ impl Committer {
     /// Inodes and file systems that failed a sync (failures.rs).
     pub fn failures(&self) -> &Failures {
         &self.failures
+    }
+
+    /// The same, shared (the page cache path keeps descriptors there, kept.rs).
+    pub fn failures_shared(&self) -> Arc<Failures> {
+        self.failures.clone()
     }
 
     pub fn counts(&self) -> CommitCounts {

@@ -55,11 +55,14 @@
 //!
 //! Crash semantics: none of its own; after a restart the backing is read again as it is.
 
+use super::kept::{Evicted, Kept, KEPT_FDS_MAX};
 use crate::error::{FsError, Result};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashSet;
-use std::os::fd::BorrowedFd;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// (device, inode) of a backing inode.
 pub type InodeId = (u64, u64);
@@ -82,6 +85,10 @@ pub struct Failures {
     /// Shared by every inode sync, exclusive for a sync of a whole file system, from its
     /// check until its failure is recorded. One for every file system of the backing.
     whole: RwLock<()>,
+    /// Descriptors of dropped registrations not asked for their writeback error yet
+    /// (kept.rs). Lock order: after the locks above, and after the page cache path's
+    /// registration table; nothing is locked while it is held.
+    kept: Mutex<Kept<Arc<File>>>,
 }
 
 impl Default for Failures {
@@ -93,6 +100,7 @@ impl Default for Failures {
             first: Mutex::default(),
             stripes: (0..SYNC_STRIPES).map(|_| RwLock::new(())).collect(),
             whole: RwLock::new(()),
+            kept: Mutex::new(Kept::new(KEPT_FDS_MAX)),
         }
     }
 }
@@ -168,6 +176,15 @@ impl Failures {
             return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
         let r = sync();
+        // The descriptors kept of the inode are asked too (kept.rs): one of them may hold
+        // an error this sync's descriptor was opened too late to see.
+        let r = match of {
+            SyncOf::Inode {
+                id,
+                fails_fs: false,
+            } => r.and_then(|()| self.check_kept(id)),
+            _ => r,
+        };
         hook(Point::Returned);
         if let Err(e) = &r {
             let what = format!("{what}: {e}");
@@ -217,6 +234,68 @@ impl Failures {
             }
         }
         r
+    }
+}
+
+/// The descriptors the page cache path keeps after dropping a registration (kept.rs).
+impl Failures {
+    /// Sets the bound of descriptors kept unchecked (at start).
+    pub fn set_kept_max(&self, max: usize) {
+        self.kept.lock().set_max(max);
+    }
+
+    /// Keeps `fd` of inode `id` until a sync of the inode, or a syncfs, asks it for its
+    /// writeback error. Returns the oldest one past the bound, which the caller hands to
+    /// `check_evicted` off the request threads.
+    #[must_use]
+    pub fn keep(&self, id: InodeId, fd: Arc<File>) -> Option<Evicted<Arc<File>>> {
+        self.kept.lock().keep(id, fd)
+    }
+
+    /// Asks a kept descriptor past the bound for its writeback error, recording it like
+    /// any sync of its inode (the sync itself has nothing to write), and lets it go.
+    pub fn check_evicted(&self, e: Evicted<Arc<File>>) {
+        let _ = self.sync(
+            SyncOf::inode(e.id),
+            "writeback check of a closed file",
+            || Ok(()),
+        );
+        // Gone already if that sync checked it; still here if the inode had failed.
+        drop(self.kept.lock().remove(e.stamp));
+    }
+
+    /// A stamp to take before a syncfs of the backing starts (`release_kept`).
+    pub fn kept_now(&self) -> u64 {
+        self.kept.lock().now()
+    }
+
+    /// A syncfs that started at stamp `before` succeeded through a descriptor open since
+    /// before anything was kept: it reported every writeback error of the file system
+    /// since then, so the descriptors kept before it have nothing left to tell.
+    pub fn release_kept(&self, before: u64) {
+        let gone = self.kept.lock().release_before(before);
+        drop(gone);
+    }
+
+    /// Takes the descriptors kept of inode `id` out (it lost its last name: nothing can
+    /// open it again); the caller drops them where freeing the inode may block.
+    pub fn forget_kept(&self, id: InodeId) -> Vec<Arc<File>> {
+        self.kept.lock().take(id)
+    }
+
+    /// Descriptors kept now, those being checked included (status).
+    pub fn kept_len(&self) -> usize {
+        self.kept.lock().len()
+    }
+
+    /// Asks every descriptor kept of inode `id` for its writeback error (after a sync of
+    /// the inode, which wrote its dirty pages) and lets them go.
+    fn check_kept(&self, id: InodeId) -> std::io::Result<()> {
+        let fds = self.kept.lock().take(id);
+        for fd in &fds {
+            crate::sys::writeback_check(fd.as_fd())?;
+        }
+        Ok(())
     }
 }
 
@@ -535,5 +614,25 @@ mod tests {
             panic!("a failed inode is not synced")
         });
         assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
+
+    /// A descriptor past the bound is checked like a sync of its inode and let go; it
+    /// is found by every sync of the inode until then.
+    #[test]
+    fn an_evicted_descriptor_is_checked_and_let_go() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let file = |n: &str| Arc::new(File::create(d.path().join(n)).expect("create"));
+        let f = Failures::default();
+        f.set_kept_max(1);
+        assert!(f.keep((1, 2), file("a")).is_none());
+        let e = f.keep((1, 3), file("b")).expect("past the bound");
+        assert_eq!((e.id, f.kept_len()), ((1, 2), 2));
+        f.check_evicted(e);
+        assert_eq!(f.kept_len(), 1);
+        assert!(!f.failed((1, 2)), "a clean file checks clean");
+        // A syncfs that started after it lets go of the rest.
+        let started = f.kept_now();
+        f.release_kept(started);
+        assert_eq!(f.kept_len(), 0);
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod commit;
 pub mod failures;
+pub mod kept;
 pub mod unsynced;
 
 use crate::error::{FsError, Result};
@@ -110,6 +111,11 @@ impl SyncPolicy {
     /// Inodes and file systems that failed a sync (failures.rs).
     pub fn failures(&self) -> &Failures {
         self.committer.failures()
+    }
+
+    /// The same, shared (the page cache path keeps descriptors there, kept.rs).
+    pub fn failures_shared(&self) -> Arc<Failures> {
+        self.committer.failures_shared()
     }
 
     /// Makes a metadata change durable per the durability mode (see module header): in
@@ -360,6 +366,7 @@ impl SyncPolicy {
         if self.meta_dirty.swap(false, Ordering::AcqRel) {
             // Everything recorded before the syncfs starts is covered by it.
             let seq = self.unsynced.seq_now();
+            let kept = failures.kept_now();
             let dev = self.dir.dev();
             let r = failures.sync(SyncOf::Fs(dev), "syncfs", || {
                 sys::syncfs(self.dir.root_fd())
@@ -369,6 +376,9 @@ impl SyncPolicy {
                 return Err(FsError::io("syncfs of the backing file system", e));
             }
             self.unsynced.all_synced(seq);
+            // Through the root descriptor, open since the start: it reported every
+            // writeback error of the backing since (failures.rs, kept.rs).
+            failures.release_kept(kept);
             self.stats.metadata_syncs.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())

@@ -43,6 +43,7 @@ fn config(durability: Durability, read_path: ReadPath) -> FsConfig {
         object_cache: 16,
         dir_fds_max: 16,
         linger_max: 16,
+        kept_fds_max: 16,
     }
 }
 

@@ -59,6 +59,7 @@ mod opener;
 pub use opener::BackingOpener;
 
 use crate::config::COPY_STEP_BYTES;
+use crate::durable::failures::Failures;
 use crate::error::{FsError, Result};
 use crate::kernel::{OpenReply, ReplyFlags, WriteSync};
 use crate::killpriv::Caller;
@@ -138,6 +139,9 @@ struct Reg<B> {
     /// When it last became idle (a stamp of `Regs::idle`), to tell a stale queue entry
     /// from the current one.
     idle_stamp: u64,
+    /// It was opened for writing: when dropped, its descriptor is kept until asked for
+    /// its writeback error (`Failures::keep`), which a later open's would not report.
+    written: bool,
     /// Who holds each writable passthrough open: their writes never reach the daemon, so
     /// a set-id bit they would drop is not given while they hold it
     /// (`with_passthrough_writers`).
@@ -161,7 +165,7 @@ impl<B> Regs<B> {
     /// mount waits for the lock meanwhile (measured: one `sched_yield` of a spinning
     /// worker per open of a stream of files past the kept ones).
     #[must_use]
-    fn trim(&mut self) -> Vec<Reg<B>> {
+    fn trim(&mut self) -> Vec<(u64, Reg<B>)> {
         let mut gone = Vec::new();
         while self.idle.len() > self.linger_max {
             let Some((key, stamp)) = self.idle.pop_front() else {
@@ -172,7 +176,7 @@ impl<B> Regs<B> {
                 .get(&key)
                 .is_some_and(|r| r.opens == 0 && r.idle_stamp == stamp)
             {
-                gone.extend(self.map.remove(&key));
+                gone.extend(self.map.remove(&key).map(|r| (key, r)));
             }
         }
         gone
@@ -215,10 +219,27 @@ pub struct PageTier<B = crate::kernel::BackingId> {
     /// Drops what held a deleted file (its registration, the last open's descriptor) off
     /// the request threads: with the sync flag, freeing the inode is a journal commit.
     reaper: Reaper,
+    /// Sticky sync failures, and the descriptors of dropped registrations kept there.
+    failures: Arc<Failures>,
+    /// The backing file system (inodes are `(dev, key)` there).
+    dev: u64,
+}
+
+/// Where the page cache path records and keeps: the mount's failures and its backing
+/// file system (`PageTier::new`).
+pub struct Backing {
+    pub failures: Arc<Failures>,
+    pub dev: u64,
 }
 
 impl<B: Send + Sync + 'static> PageTier<B> {
-    pub fn new(sync_mode: bool, resident: Resident, linger_max: usize, reaper: Reaper) -> Self {
+    pub fn new(
+        sync_mode: bool,
+        resident: Resident,
+        linger_max: usize,
+        reaper: Reaper,
+        backing: Backing,
+    ) -> Self {
         Self {
             sync_mode,
             regs: Mutex::new(Regs {
@@ -231,6 +252,8 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             stats: PageStats::default(),
             failure: Mutex::new(None),
             reaper,
+            failures: backing.failures,
+            dev: backing.dev,
         }
     }
 
@@ -328,6 +351,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         reg.opens += 1;
         if writable {
             reg.writers += 1;
+            reg.written = true;
         }
         debug_assert!(reg.writers <= reg.opens, "more writers than opens of {key}");
         let passthrough_writer = writer.filter(|_| !by_daemon && reg.id.is_some());
@@ -394,6 +418,7 @@ impl<B: Send + Sync + 'static> PageTier<B> {
                 writers: 0,
                 sync_ok,
                 unlinked: false,
+                written: false,
                 idle_stamp: 0,
                 passthrough_writers: Vec::new(),
             });
@@ -491,8 +516,15 @@ impl<B: Send + Sync + 'static> PageTier<B> {
                 );
             }
         }
+        // Kept before the table's lock goes: a new registration of the inode, and its
+        // syncs, can only come after, and find it.
+        let evicted = self.keep_written(&trimmed);
         drop(regs);
         drop(trimmed);
+        for e in evicted {
+            let failures = self.failures.clone();
+            self.reaper.run_later(move || failures.check_evicted(e));
+        }
         if let Some(reg) = gone {
             // The file's last name and last open are gone: whichever of these goes last
             // frees the inode.
@@ -510,8 +542,26 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         }
     }
 
+    /// Keeps the descriptors of the dropped registrations `gone` that were opened for
+    /// writing (`Reg::written`); returns those past the bound, to be checked.
+    fn keep_written(
+        &self,
+        gone: &[(u64, Reg<B>)],
+    ) -> Vec<crate::durable::kept::Evicted<Arc<File>>> {
+        gone.iter()
+            .filter(|(_, r)| r.written)
+            .filter_map(|(key, r)| self.failures.keep((self.dev, *key), r.file.clone()))
+            .collect()
+    }
+
+    /// Descriptors of dropped registrations kept now (`Failures::keep`; status).
+    pub fn kept_files(&self) -> usize {
+        self.failures.kept_len()
+    }
+
     /// Inode `key` lost its last name: an idle registration is dropped now, an open one at
-    /// its last close, and the warm-up forgets the file.
+    /// its last close, and the warm-up forgets the file. Descriptors kept of it go too:
+    /// nothing can open it again to ask, and they would keep its space.
     pub fn unlinked(&self, key: u64) {
         let mut regs = self.regs.lock();
         let mut gone = None;
@@ -523,6 +573,8 @@ impl<B: Send + Sync + 'static> PageTier<B> {
             }
         }
         drop(regs);
+        let kept = self.failures.forget_kept((self.dev, key));
+        let gone = (gone.is_some() || !kept.is_empty()).then_some((gone, kept));
         // The registration goes to the reaper with the warm-up's pin, in one handoff.
         self.resident.forget_with(key, gone);
     }

@@ -2,6 +2,7 @@
 //! real files without a kernel mount.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 use super::*;
+use crate::durable::failures::SyncOf;
 use dhrd_engine::RamBudget;
 use dhrd_pagecache::resident::{FileRef, Opener, ResidentConfig};
 use std::os::unix::fs::PermissionsExt;
@@ -33,6 +34,10 @@ fn tier(sync: bool) -> PageTier<u32> {
         r,
         LINGER_MAX,
         Reaper::new(1, "test-reap").expect("reaper"),
+        Backing {
+            failures: Arc::default(),
+            dev: 1,
+        },
     )
 }
 
@@ -294,4 +299,42 @@ fn daemon_writes_reach_the_page_cache_every_open_reads() {
     assert_eq!(t.read(&r, 0, 5).expect("read"), b"hello");
     t.release(3, w);
     t.release(3, r);
+}
+
+/// A registration opened for writing keeps its descriptor after it is dropped (past the
+/// idle ones kept), until a sync of its inode asks it, or its inode loses its last name;
+/// a read-only one is closed (failures.rs, kept.rs).
+#[test]
+fn a_dropped_written_registration_keeps_its_descriptor_until_asked() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let t = tier(false);
+    let open_close = |k: u64, writer: Option<Caller>| {
+        let p = d.path().join(format!("f{k}"));
+        if !p.exists() {
+            std::fs::write(&p, b"x").expect("write");
+        }
+        let (o, _) = t.open(k, 0, writer, || rw(&p), |_| Ok(1)).expect("open");
+        t.release(k, o);
+    };
+    let n = LINGER_MAX as u64;
+    open_close(0, Some(ROOT));
+    open_close(1, None);
+    open_close(2, Some(ROOT));
+    for k in 10..10 + n {
+        open_close(k, None);
+    }
+    assert!((0..3).all(|k| t.held_file(k).is_none()), "dropped");
+    assert_eq!(
+        t.kept_files(),
+        2,
+        "the written ones are kept, the read-only one not"
+    );
+    // A sync of inode 0 asks its kept descriptor and lets it go.
+    t.failures
+        .sync(SyncOf::inode((1, 0)), "fsync", || Ok(()))
+        .expect("sync");
+    assert_eq!(t.kept_files(), 1);
+    // Inode 2 loses its last name: nothing can ask any more.
+    t.unlinked(2);
+    assert_eq!(t.kept_files(), 0);
 }

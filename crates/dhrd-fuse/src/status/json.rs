@@ -163,6 +163,7 @@ fn add_page(doc: &mut Value, sh: &Mount, t: &PageTier) {
     doc["ram"]["max_map_count_raised_from"] = json!(r.map_count.raised.map(|(f, _)| f));
     doc["page_cache"] = json!({
         "open_inodes": t.open_inodes(),
+        "kept_unchecked_fds": t.kept_files(),
         "sync_flags_set": g(&ps.sync_flags_set),
         "sync_flags_cleared": g(&ps.sync_flags_cleared),
         "sync_flag_failures": g(&ps.sync_flag_failures),

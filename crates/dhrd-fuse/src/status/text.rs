@@ -142,6 +142,12 @@ fn render_page(s: &mut String, sh: &Mount, t: &PageTier, l: &LoadTotals) {
             human(c.writeback_pages * dhrd_io::PAGE_BYTES)
         );
     }
+    // Descriptors of closed, written files not yet asked for a writeback error (kept.rs).
+    let _ = writeln!(
+        s,
+        "kept unchecked:  {} descriptors of written files closed before any sync asked them",
+        t.kept_files()
+    );
 }
 
 /// Load and RAM of the engine path.
