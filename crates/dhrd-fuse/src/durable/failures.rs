@@ -36,6 +36,10 @@
 //!   which records it: also when the write returned ENOSPC or EDQUOT (not sticky as a
 //!   change's error, C5), which a failed device write can report although pages were
 //!   lost.
+//! - A sync of an inode also asks, in the same step, the descriptors the page cache path
+//!   kept of it after dropping their registrations (kept.rs), and records what they
+//!   report: a writeback error unseen on a closed registration's descriptor is never
+//!   lost to a later open's new one, which would not report it.
 //! - The first failure's description is kept for status.
 //!
 //! Cost: a lock is held only while its sync (or self-syncing change) runs, by the sync

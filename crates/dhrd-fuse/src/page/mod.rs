@@ -31,6 +31,10 @@
 //!   its inode loses its last name (`unlinked`), so it never keeps a deleted file's space;
 //!   a first open that races the unlink looks at the link count once its registration is
 //!   in, since the unlink may have come before it and found nothing to mark.
+//! - A registration that was ever opened for writing is not closed when dropped past the
+//!   kept ones: its descriptor goes to `Failures::keep` (durable/kept.rs) before the
+//!   table's lock is released, so a writeback error unseen on it is still asked by the
+//!   next sync of the inode. An unlink of the last name lets the kept ones go.
 //! - D3 by construction: every read and write of every open, by the kernel or the daemon,
 //!   goes through the backing file's one page cache.
 //! - The sync flag set by dhrd is marked with the `trusted.dhrd.sync` xattr, so a mount in
