@@ -9,67 +9,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod common;
+use common::freeze::{wait_for_writes_at_once, writes_at_once, Frozen};
 use common::*;
 use std::fs;
 use std::os::unix::fs::FileExt;
-use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// More writers than the old default of 8 workers, fewer than a mount should serve.
 const WRITERS: usize = 16;
 const BLOCK_BYTES: usize = 4096;
-/// How long the test waits for the writes to pile up before it counts them. Not a timing
-/// assertion: a slow machine only makes the writes arrive later, and the count that fails
-/// the test (a fixed worker pool) stays where it is however long one waits.
-const PILE_UP_WAIT: Duration = Duration::from_secs(30);
-
-fn fsfreeze(flag: &str, fs: &std::path::Path) -> bool {
-    Command::new("fsfreeze")
-        .arg(flag)
-        .arg(fs)
-        .status()
-        .expect("fsfreeze (util-linux) is required")
-        .success()
-}
-
-/// A frozen file system, thawed when dropped: a failing test must not leave the daemon's
-/// writes (and the loop device's unmount) hanging.
-struct Frozen<'a>(&'a std::path::Path);
-
-impl<'a> Frozen<'a> {
-    fn new(fs: &'a std::path::Path) -> Self {
-        assert!(
-            fsfreeze("--freeze", fs),
-            "fsfreeze --freeze {}",
-            fs.display()
-        );
-        Self(fs)
-    }
-}
-
-impl Drop for Frozen<'_> {
-    fn drop(&mut self) {
-        let thawed = fsfreeze("--unfreeze", self.0);
-        if !std::thread::panicking() {
-            assert!(thawed, "fsfreeze --unfreeze {}", self.0.display());
-        }
-    }
-}
-
-/// The most writes the daemon served at once, from the `writes:` status line.
-fn writes_at_once(m: &Mount) -> u64 {
-    let st = m.status();
-    let line = st
-        .lines()
-        .find(|l| l.starts_with("writes:"))
-        .unwrap_or_else(|| panic!("no writes line in status:\n{st}"));
-    line.split("at most ")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no 'at most N' in {line:?}"))
-}
-
 fn pattern(writer: usize) -> Vec<u8> {
     vec![b'a' + (writer % 26) as u8; BLOCK_BYTES]
 }
@@ -120,12 +67,7 @@ fn sixteen_writers_of_one_file_are_in_the_daemon_at_once_on_the_engine() {
             std::thread::spawn(move || f.write_all_at(&pattern(i), ((i + 1) * BLOCK_BYTES) as u64))
         })
         .collect();
-    let t = Instant::now();
-    let mut seen = writes_at_once(&m);
-    while seen < WRITERS as u64 && t.elapsed() < PILE_UP_WAIT {
-        std::thread::sleep(Duration::from_millis(50));
-        seen = writes_at_once(&m);
-    }
+    let seen = wait_for_writes_at_once(&m, WRITERS as u64);
     drop(frozen);
     for w in writers {
         w.join().expect("writer").expect("write through the mount");

@@ -2,6 +2,7 @@
 //! always cleans up (unmount on Drop, even when the test panics).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod freeze;
 pub mod pjdfstest;
 
 use std::os::fd::AsRawFd;
