@@ -19,6 +19,9 @@ pub const READDIRPLUS_BATCH_MAX: usize = 1024;
 pub const PASSTHROUGH_LOAD_WAIT: Duration = Duration::from_secs(2);
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Least `max_background` the daemon announces at INIT: the kernel's (and fuser's and
+/// libfuse's) default. Page cache readahead and writeback are background requests too.
+pub const MAX_BACKGROUND_MIN: u16 = 16;
 /// Block size reported by stat for regular files.
 pub const STAT_BLKSIZE: u32 = 4096;
 /// Most bytes one COPY_FILE_RANGE request copies. The reply counts in 32 bits, and a

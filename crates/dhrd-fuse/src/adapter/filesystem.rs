@@ -5,7 +5,7 @@
 //! Crash semantics: none of its own (see `mount`).
 
 use super::convert::{caller, entry, errno, file_attr, fopen, fuser_backing, kind, set_time};
-use crate::config::{ReaddirPlus, ATTR_TTL, MAX_WRITE_BYTES};
+use crate::config::{ReaddirPlus, ATTR_TTL, MAX_BACKGROUND_MIN, MAX_WRITE_BYTES};
 use crate::error::Result;
 use crate::kernel::{BackingId, Fh, Ino, Negotiated, OpenReply, ReplyFlags, SetAttr};
 use crate::mount::Mount;
@@ -33,11 +33,13 @@ fn passthrough_stack_depth(m: &Mount) -> u32 {
 /// The `fuser::Filesystem` adapter; all state lives in [`Mount`].
 pub struct DhrdFs {
     m: Arc<Mount>,
+    /// The session's worker threads: how many requests the daemon serves at once.
+    workers: usize,
 }
 
 impl DhrdFs {
-    pub fn new(m: Arc<Mount>) -> Self {
-        Self { m }
+    pub fn new(m: Arc<Mount>, workers: usize) -> Self {
+        Self { m, workers }
     }
 }
 
@@ -71,9 +73,30 @@ fn offer(config: &mut KernelConfig, flag: InitFlags) -> bool {
     config.capabilities().contains(flag) && config.add_capabilities(flag).is_ok()
 }
 
+/// Asynchronous direct I/O (io_uring, libaio: databases, VMs with `aio=native`): without
+/// `FUSE_ASYNC_DIO` the kernel serves each such I/O synchronously in the submitter, so a
+/// process with 24 in flight has one in the daemon at a time. With it, the kernel sends
+/// them (and the `max_write` pieces of a large one) as background requests without
+/// waiting, and holds back those beyond `max_background`: that is raised to the worker
+/// count, so that every worker may serve one. Congestion (which makes the kernel skip
+/// async readahead and background writeback) starts at three quarters of it, as the
+/// kernel's default does.
+fn offer_async_dio(config: &mut KernelConfig, workers: usize) {
+    offer(config, InitFlags::FUSE_ASYNC_DIO);
+    let max = u16::try_from(workers)
+        .unwrap_or(u16::MAX)
+        .max(MAX_BACKGROUND_MIN);
+    // Both refuse only 0.
+    let set = config.set_max_background(max);
+    debug_assert!(set.is_ok(), "max_background {max}: {set:?}");
+    let set = config.set_congestion_threshold(max / 4 * 3);
+    debug_assert!(set.is_ok(), "congestion_threshold {}: {set:?}", max / 4 * 3);
+}
+
 impl Filesystem for DhrdFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         offer(config, InitFlags::FUSE_PARALLEL_DIROPS);
+        offer_async_dio(config, self.workers);
         // A symlink's target never changes (a new target is a new inode), so the kernel
         // may keep it: following a symlink again costs no READLINK round trip.
         offer(config, InitFlags::FUSE_CACHE_SYMLINKS);

@@ -51,7 +51,8 @@ impl Session {
         cfg.acl = acl;
         cfg.n_threads = Some(o.threads.max(1));
         cfg.clone_fd = true;
-        let session = fuser::Session::new(DhrdFs::new(m.clone()), mountpoint, &cfg)?;
+        let session =
+            fuser::Session::new(DhrdFs::new(m.clone(), o.threads.max(1)), mountpoint, &cfg)?;
         m.set_notices(Box::new(Notices(session.notifier())));
         Ok(Session(session))
     }
