@@ -8,8 +8,10 @@
 //!
 //! As in mount_writers.rs, the backing ext4 is frozen (`fsfreeze`) so that the writes pile
 //! up in the daemon, and `dhrd status` counts how many got there at once, without timing.
-//! Reads on the engine path come from RAM and never block, so nothing holds them in the
-//! daemon to be counted: the reads here are checked for their data only.
+//! Both data paths are counted: on the page cache path the daemon serves O_DIRECT opens.
+//! Reads are checked for their data only: on the engine they come from RAM, and a frozen
+//! file system holds writes, not reads, so nothing keeps them in the daemon to be counted
+//! (and the daemon counts only writes).
 //!
 //! Crash and failure semantics (docs/crash-model.md): a large asynchronous write is split
 //! into `max_write` pieces sent in parallel; once it completes with O_DSYNC every piece is
@@ -115,8 +117,8 @@ fn large_pattern(i: usize) -> u8 {
 }
 
 /// A backing ext4 on a loop device with file `f` of `FILE_BYTES` zeros, durable before
-/// the mount, and an engine-direct mount in `sync` durability over it.
-fn engine_mount(s: &Scratch) -> (LoopFs, std::path::PathBuf, Mount) {
+/// the mount, and a mount on `read_path` in `sync` durability over it.
+fn mount_on(s: &Scratch, read_path: &str) -> (LoopFs, std::path::PathBuf, Mount) {
     let disk = LoopFs::new(s);
     let backing = disk.mnt.join("backing");
     fs::create_dir_all(&backing).expect("backing");
@@ -124,13 +126,7 @@ fn engine_mount(s: &Scratch) -> (LoopFs, std::path::PathBuf, Mount) {
     let (ok, out) = sh(&format!("sync -f {}", backing.display()));
     assert!(ok, "sync: {out}");
     let mnt = s.sub("mnt");
-    let args = [
-        "--quiet",
-        "--read-path",
-        "engine-direct",
-        "--durability",
-        "sync",
-    ];
+    let args = ["--quiet", "--read-path", read_path, "--durability", "sync"];
     let m = Mount::start(&backing, &mnt, &args);
     m.wait_loaded();
     (disk, backing, m)
@@ -148,9 +144,19 @@ fn open_and_touch(m: &Mount, extra_flags: i32) -> fs::File {
 }
 
 #[test]
-fn async_direct_writes_of_one_process_are_in_the_daemon_at_once() {
-    let s = Scratch::new("aio-depth");
-    let (disk, backing, m) = engine_mount(&s);
+fn async_direct_writes_of_one_process_are_in_the_daemon_at_once_on_the_engine() {
+    depth("engine-direct");
+}
+
+/// On the page cache path the daemon serves O_DIRECT opens itself (docs/fuse.md).
+#[test]
+fn async_direct_writes_of_one_process_are_in_the_daemon_at_once_on_the_page_cache_path() {
+    depth("pagecache");
+}
+
+fn depth(read_path: &str) {
+    let s = Scratch::new(&format!("aio-depth-{read_path}"));
+    let (disk, backing, m) = mount_on(&s, read_path);
     let f = open_and_touch(&m, 0);
 
     let frozen = Frozen::new(&disk.mnt);
@@ -210,7 +216,7 @@ fn async_direct_writes_of_one_process_are_in_the_daemon_at_once() {
 #[test]
 fn a_large_async_dsync_write_goes_in_parallel_pieces_and_is_durable_when_it_completes() {
     let s = Scratch::new("aio-large");
-    let (disk, backing, m) = engine_mount(&s);
+    let (disk, backing, m) = mount_on(&s, "engine-direct");
     let f = open_and_touch(&m, libc::O_DSYNC);
     let pieces = (LARGE_BYTES / PIECE_BYTES) as u64;
 
@@ -253,7 +259,7 @@ fn a_large_async_dsync_write_goes_in_parallel_pieces_and_is_durable_when_it_comp
 #[test]
 fn a_failing_large_async_write_fails_whole_and_the_mount_stays_failed() {
     let s = Scratch::new("aio-eio");
-    let (disk, _backing, m) = engine_mount(&s);
+    let (disk, _backing, m) = mount_on(&s, "engine-direct");
     let f = open_and_touch(&m, libc::O_DSYNC);
 
     disk.shut_down();
