@@ -90,11 +90,6 @@ impl Activity {
         !self.transmitting.load(Ordering::Acquire)
     }
 
-    /// Requests between header and reply now.
-    pub(crate) fn in_flight(&self) -> u64 {
-        self.state.load(Ordering::Acquire) & !CLOSING
-    }
-
     /// A request header was read: from now until [`Activity::end`] the connection is busy.
     pub(crate) fn begin(&self) {
         let before = self.state.fetch_add(1, Ordering::AcqRel);

@@ -36,11 +36,9 @@
 //!   already being received, executed or answered is never cut by that; requests whose
 //!   header arrives after the decision may be cut, as at shutdown;
 //! - before blocking for the next request, the reader may poll its socket with
-//!   non-blocking peeks for `ConnParams::poll_before_block` counted from the connection's
-//!   last reply (a client waiting for a reply sends nothing before it), at most
-//!   [`POLL_MAX_BUDGETS`] budgets in all; polling never consumes bytes, at most one
-//!   thread of the process polls at a time, and only while at most one request executes,
-//!   so it spends CPU only when the server would otherwise sleep;
+//!   non-blocking peeks for `ConnParams::poll_before_block`; polling never consumes bytes,
+//!   at most one thread of the process polls at a time, and only while at most one request
+//!   executes, so it spends CPU only when the server would otherwise sleep;
 //! - `Activity` records writes that no FLUSH of the connection has covered, so a
 //!   connection closed by the server can flush them on the client's behalf;
 //! - NBD_CMD_BLOCK_STATUS is served only after the client selected `base:allocation`; its
@@ -587,10 +585,6 @@ const POLLERS_MAX: usize = 1;
 /// and would take CPU from the requests of other clients when it is busy.
 static EXECUTING: AtomicUsize = AtomicUsize::new(0);
 const POLL_WHILE_EXECUTING_MAX: usize = 1;
-/// Most a reader polls in all, in budgets, when requests of its connection keep
-/// executing: a request that takes longer is a device access, beside which a wake-up is
-/// cheap, and spinning through it would only spend a CPU.
-const POLL_MAX_BUDGETS: u32 = 10;
 
 /// How a reader's wait for the next request header began.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -612,13 +606,7 @@ enum Poll {
 /// (about 20 us here, half of a 4 KiB read's round trip); a reader that is still polling
 /// sees the bytes without one. Returns at once when data is buffered, when another thread
 /// polls, or when the budget is zero.
-///
-/// The budget counts from the moment none of the connection's requests is in flight, not
-/// from the start of polling: with leader/followers the next reader starts polling while
-/// the request it follows still executes, and a client at queue depth 1 sends nothing
-/// until that reply is out, so a budget counted from the start would be spent on the
-/// server's own work (a larger read, a TLS record's encryption) and miss the client.
-fn poll_before_block(reader: &BufReader<Stream>, budget: Duration, activity: &Activity) -> Poll {
+fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) -> Poll {
     if budget.is_zero()
         || !reader.buffer().is_empty()
         || reader.get_ref().has_pending()
@@ -632,8 +620,6 @@ fn poll_before_block(reader: &BufReader<Stream>, budget: Duration, activity: &Ac
     }
     let fd = reader.get_ref().raw_fd();
     let started = Instant::now();
-    let cap = budget.saturating_mul(POLL_MAX_BUDGETS);
-    let mut quiet_since = started;
     let mut byte = 0u8;
     let outcome = loop {
         // SAFETY: a one-byte peek into a local on our own open socket; changes nothing.
@@ -655,11 +641,7 @@ fn poll_before_block(reader: &BufReader<Stream>, budget: Duration, activity: &Ac
         if EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX {
             break Poll::Yielded;
         }
-        let now = Instant::now();
-        if activity.in_flight() > 0 {
-            quiet_since = now;
-        }
-        if now - quiet_since >= budget || now - started >= cap {
+        if started.elapsed() >= budget {
             break Poll::Missed;
         }
         std::hint::spin_loop();
@@ -682,7 +664,7 @@ fn next_job<T: Target>(
     }
     let mut hb = [0u8; REQUEST_HEADER_BYTES];
     let traffic = &sh.activity.traffic;
-    match poll_before_block(reader, sh.params.poll_before_block, &sh.activity) {
+    match poll_before_block(reader, sh.params.poll_before_block) {
         Poll::Caught => traffic.polls_caught.fetch_add(1, Ordering::Relaxed),
         Poll::Missed => traffic.polls_missed.fetch_add(1, Ordering::Relaxed),
         Poll::Skipped | Poll::Yielded => 0,

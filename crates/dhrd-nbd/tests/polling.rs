@@ -8,7 +8,6 @@ mod common;
 
 use common::*;
 use dhrd_nbd::proto::*;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// A client at queue depth 1 that sends each request as soon as it has the last reply.
@@ -46,22 +45,6 @@ fn waits_for_requests_are_counted_as_caught_by_polling_or_missed() {
     ping_pong(&mut c, 4, Duration::from_millis(100));
     let s = srv.handle().stats();
     assert!(s.polls_missed >= 3, "{s:?}");
-    drop(c);
-    srv.stop();
-
-    // Requests that take longer than the budget to execute: the client cannot send its
-    // next one before it has the reply, so the wait for it starts when the reply is out,
-    // not when the reader began polling while the last request still executed. Counted
-    // from the reply, the budget catches every request.
-    let target = MemTarget::new(1 << 20);
-    target.slow_reads_ms.store(600, Ordering::Relaxed);
-    let srv = TestServer::start_with(target, |c| {
-        c.poll_before_block = Duration::from_millis(300);
-    });
-    let (mut c, _, _) = RawClient::handshake(&srv.sock);
-    ping_pong(&mut c, 3, Duration::ZERO);
-    let s = srv.handle().stats();
-    assert_eq!(s.polls_missed, 0, "{s:?}");
     drop(c);
     srv.stop();
 

@@ -281,8 +281,6 @@ pub struct MemTarget {
     pub read_only: bool,
     pub flushes: std::sync::atomic::AtomicU64,
     pub slow_writes: AtomicBool,
-    /// Milliseconds each read takes (0: none).
-    pub slow_reads_ms: std::sync::atomic::AtomicU64,
 }
 
 impl MemTarget {
@@ -293,7 +291,6 @@ impl MemTarget {
             read_only: false,
             flushes: Default::default(),
             slow_writes: AtomicBool::new(false),
-            slow_reads_ms: Default::default(),
         }
     }
 }
@@ -306,10 +303,6 @@ impl Target for MemTarget {
         self.read_only
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), NbdError> {
-        let ms = self.slow_reads_ms.load(Ordering::Relaxed);
-        if ms > 0 {
-            std::thread::sleep(Duration::from_millis(ms));
-        }
         let d = self.data.lock();
         let o = offset as usize;
         buf.copy_from_slice(&d[o..o + buf.len()]);
