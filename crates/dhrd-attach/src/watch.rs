@@ -70,6 +70,15 @@ const BASE_MASK: u64 = libc::FAN_CLOSE_WRITE | libc::FAN_DELETE;
 const TREE_MASK: u64 =
     libc::FAN_CREATE | libc::FAN_RENAME | libc::FAN_ONDIR | libc::FAN_EVENT_ON_CHILD;
 
+/// How a directory joined the tree (`Watch::adopt_dir`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Adopt {
+    /// Made in the tree: its files are new and still being written.
+    Made,
+    /// Moved in from elsewhere on the file system.
+    MovedIn,
+}
+
 /// Counters for status.
 #[derive(Debug, Default)]
 pub struct WatchStats {
@@ -256,7 +265,7 @@ impl Watch {
         }
         if self.scope == Scope::Tree && ev.is(libc::FAN_CREATE) {
             if ev.on_dir() {
-                self.adopt_dir(ctx, target);
+                self.adopt_dir(ctx, target, Adopt::Made);
             } else if ctx.flags.is_some() {
                 // Made here (inherits the flags) or linked in from outside (may not). In
                 // the other modes a new file needs nothing until it is closed.
@@ -354,7 +363,7 @@ impl Watch {
             (false, true) => {
                 self.stats.moved_in.fetch_add(1, Ordering::Relaxed);
                 if ev.on_dir() {
-                    self.adopt_dir(ctx, target);
+                    self.adopt_dir(ctx, target, Adopt::MovedIn);
                 } else if let Some(f) = open_regular(ctx.root, target) {
                     self.give_flags(ctx, &f);
                     ctx.resident.demand(target.key(), &f);
@@ -388,8 +397,12 @@ impl Watch {
     }
 
     /// A directory made in, or moved into, the tree: flags (by flags), a mark on it and on
-    /// every directory below, and its files to the warm-up.
-    fn adopt_dir(&self, ctx: &Ctx<'_>, target: &Handle) {
+    /// every directory below, and its files to the warm-up: at once for a directory moved
+    /// in (its data is old and may be wanted now), through the changed files' delay for one
+    /// made here (an extraction or a build is still writing its files; pinning each as it
+    /// appears would cost the writer a map, a lock and a read per file on the same CPUs,
+    /// and its close would ask for the pin again).
+    fn adopt_dir(&self, ctx: &Ctx<'_>, target: &Handle, how: Adopt) {
         let Ok(fd) = target.open(ctx.root, libc::O_RDONLY | libc::O_DIRECTORY) else {
             return;
         };
@@ -399,16 +412,21 @@ impl Watch {
         let repaired_before = ctx.flags.map(|s| FlagStats::get(&s.set));
         let resident = ctx.resident;
         let walked = |dir: BorrowedFd<'_>, e: &tree::Entry<'_>| {
-            if e.kind == Kind::File {
-                if let Ok(h) = Handle::of(dir, Some(e.name)) {
-                    resident.submit_walked(
-                        dhrd_pagecache::resident::FileRef {
-                            key: h.key(),
-                            path: e.rel.clone(),
-                        },
-                        e.size,
-                    );
-                }
+            if e.kind != Kind::File {
+                return;
+            }
+            let Ok(h) = Handle::of(dir, Some(e.name)) else {
+                return;
+            };
+            match how {
+                Adopt::MovedIn => resident.submit_walked(
+                    dhrd_pagecache::resident::FileRef {
+                        key: h.key(),
+                        path: e.rel.clone(),
+                    },
+                    e.size,
+                ),
+                Adopt::Made => self.note_changed(ctx, &h),
             }
         };
         match ctx.flags {

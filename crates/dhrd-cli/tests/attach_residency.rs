@@ -116,3 +116,42 @@ fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
     let (ok, out) = a.detach();
     assert!(ok, "{out}");
 }
+
+/// Files in a directory made after attach are pinned through the changed files' delay (as
+/// any file written after attach), not by the warm-up the moment the directory is seen:
+/// an extraction still writing them would pay for each pin on its own CPUs. The watch is
+/// held back while the directory and its files are made, so no close of theirs reaches
+/// the daemon (the directory's mark comes after them) and only the directory's walk can
+/// find them; that they are counted as refreshed shows which way they went.
+#[test]
+fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
+    let s = Scratch::new("attach-made-dir");
+    let disk = LoopFs::new(&s);
+    let dir = disk.mnt.join("data");
+    std::fs::create_dir(&dir).unwrap();
+    let stall = s.0.join("stall");
+    let a = Attach::start_env(
+        &dir,
+        &["--durability", "fsync"],
+        &[("DHRD_FAULT_WATCH_STALL_FILE", stall.to_str().unwrap())],
+    );
+    a.wait_warm();
+    // The stall is looked at between batches. A watch waiting for events when it is set
+    // would take the directory's creation at once: one more event first (a directory,
+    // which is never pinned) wakes it, and after that batch it stalls.
+    std::fs::write(&stall, b"").unwrap();
+    std::fs::create_dir(dir.join("poke")).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::create_dir_all(dir.join("made/deeper")).unwrap();
+    std::fs::write(dir.join("made/a"), vec![1u8; 1 << 20]).unwrap();
+    std::fs::write(dir.join("made/deeper/b"), vec![2u8; 1 << 20]).unwrap();
+    std::fs::remove_file(&stall).unwrap();
+    let st = wait_for(&a, "the made directory's files pinned", |s| {
+        s["ram"]["pinned_files"] == 2
+    });
+    assert_eq!(st["ram"]["pinned_bytes"], 2 << 20, "{st}");
+    assert_eq!(st["watch"]["refreshed"], 2, "{st}");
+    assert_eq!(st["warmup"]["files_demanded"], 2, "{st}");
+    let (ok, out) = a.detach();
+    assert!(ok, "{out}");
+}
