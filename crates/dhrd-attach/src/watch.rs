@@ -40,8 +40,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Pause between batches of events (see the module header).
+/// Pause between batches of events (see the module header) where a late event leaves a
+/// window: `sync` kept by flags (a file renamed in waits this long for its flag), and the
+/// warm-up's demand of opened files.
 pub const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(2);
+/// Pause between batches where lateness only delays a pin or its release (`fsync` and
+/// `periodic`, `sync` by the mount's option, once the warm-up is done). Longer batches
+/// cost the daemon fewer wake-ups, and the kernel merges an event into a queued one of
+/// the same file and process (a file closed after writing ten times may be one event): on
+/// the
+/// fileserver workload (50 threads, 2,000 files), the daemon's CPU fell from 0.92-0.95 s to
+/// 0.30-0.34 s in 10 s.
+pub const EVENT_BATCH_PAUSE_RELAXED: Duration = Duration::from_millis(20);
 /// How long a file closed after writing waits before the warm-up hears of it: a file
 /// written and deleted within this time (a temporary file, a mail spool's message, the
 /// fileserver's files) costs the daemon no system call at all, only the events' parsing.
@@ -244,7 +254,16 @@ impl Watch {
                 }
             }
             self.hand_on_changed(ctx, false);
-            std::thread::sleep(EVENT_BATCH_PAUSE);
+            std::thread::sleep(self.pause(ctx));
+        }
+    }
+
+    /// How long to let events gather before the next batch (`EVENT_BATCH_PAUSE_RELAXED`).
+    fn pause(&self, ctx: &Ctx<'_>) -> Duration {
+        if ctx.flags.is_some() || self.open_events.load(Ordering::Acquire) {
+            EVENT_BATCH_PAUSE
+        } else {
+            EVENT_BATCH_PAUSE_RELAXED
         }
     }
 

@@ -444,21 +444,7 @@ mod tests {
     ) -> std::io::Result<()> {
         use std::sync::mpsc::channel;
         let f = std::sync::Arc::new(Failures::default());
-        let (in_window_tx, in_window) = channel();
-        let (go, go_rx) = channel::<()>();
-        let fa = f.clone();
-        let ta = std::thread::spawn(move || {
-            SYNC_HOOK.with(|h| {
-                *h.borrow_mut() = Some(Box::new(move |p| {
-                    if p == Point::Returned {
-                        in_window_tx.send(()).expect("test waits");
-                        go_rx.recv().expect("test lets go");
-                    }
-                }))
-            });
-            a(&fa)
-        });
-        in_window.recv().expect("A reaches the window");
+        let (ta, go) = park_in_window(&f, a);
         let (seen_tx, seen) = channel();
         let fb = f.clone();
         let probe = f.clone();
@@ -486,6 +472,32 @@ mod tests {
         go.send(()).expect("A waits");
         assert!(ta.join().expect("A ends").is_err());
         tb.join().expect("B ends")
+    }
+
+    /// Runs `a` (A) on its own thread and returns once A is in its window: its failing
+    /// step returned (`Point::Returned`) and the failure is not recorded yet. A stays there
+    /// until the returned sender lets it go.
+    fn park_in_window<T: Send + 'static>(
+        f: &std::sync::Arc<Failures>,
+        a: impl FnOnce(&Failures) -> T + Send + 'static,
+    ) -> (std::thread::JoinHandle<T>, std::sync::mpsc::Sender<()>) {
+        use std::sync::mpsc::channel;
+        let (in_window_tx, in_window) = channel();
+        let (go, go_rx) = channel::<()>();
+        let fa = f.clone();
+        let ta = std::thread::spawn(move || {
+            SYNC_HOOK.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |p| {
+                    if p == Point::Returned {
+                        in_window_tx.send(()).expect("test waits");
+                        go_rx.recv().expect("test lets go");
+                    }
+                }))
+            });
+            a(&fa)
+        });
+        in_window.recv().expect("A reaches the window");
+        (ta, go)
     }
 
     /// Whether a sync of `of` would wait now for what another holds.
@@ -549,23 +561,11 @@ mod tests {
     fn self_syncing_writes_of_one_inode_do_not_wait_for_each_other() {
         use std::sync::mpsc::channel;
         let f = std::sync::Arc::new(Failures::default());
-        let (in_window_tx, in_window) = channel();
-        let (go, go_rx) = channel::<()>();
-        let fa = f.clone();
-        let ta = std::thread::spawn(move || {
-            SYNC_HOOK.with(|h| {
-                *h.borrow_mut() = Some(Box::new(move |p| {
-                    if p == Point::Returned {
-                        in_window_tx.send(()).expect("test waits");
-                        go_rx.recv().expect("test lets go");
-                    }
-                }))
-            });
+        let (ta, go) = park_in_window(&f, |fa: &Failures| {
             fa.change((1, 2), true, "write", || -> Result<()> {
                 Err(FsError::Errno(libc::EIO))
             })
         });
-        in_window.recv().expect("A reaches the window");
         let (done_tx, done) = channel();
         let fb = f.clone();
         let tb = std::thread::spawn(move || {
