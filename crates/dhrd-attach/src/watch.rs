@@ -47,10 +47,9 @@ pub const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(2);
 /// Pause between batches where lateness only delays a pin or its release (`fsync` and
 /// `periodic`, `sync` by the mount's option, once the warm-up is done). Longer batches
 /// cost the daemon fewer wake-ups, and the kernel merges an event into a queued one of
-/// the same file and process (a file closed after writing ten times may be one event): on
-/// the
-/// fileserver workload (50 threads, 2,000 files), the daemon's CPU fell from 0.92-0.95 s to
-/// 0.30-0.34 s in 10 s.
+/// the same file and process (a file closed after writing ten times may be one event). On
+/// the fileserver workload (50 threads, 2,000 files) the daemon's CPU fell from 0.92-0.95 s
+/// to 0.30-0.34 s in 10 s.
 pub const EVENT_BATCH_PAUSE_RELAXED: Duration = Duration::from_millis(20);
 /// How long a file closed after writing waits before the warm-up hears of it: a file
 /// written and deleted within this time (a temporary file, a mail spool's message, the
