@@ -170,7 +170,8 @@ impl Attached {
                 ));
             }
         }
-        let watch = Watch::new(scope).during(|| "starting the fanotify watch".into())?;
+        let watch = Watch::new(scope, sync_by == SyncBy::InodeFlags)
+            .during(|| "starting the fanotify watch".into())?;
         watch
             .start(root.as_fd())
             .during(|| format!("watching {}", dir.display()))?;

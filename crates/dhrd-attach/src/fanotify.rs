@@ -94,6 +94,29 @@ impl Group {
         self.mark(libc::FAN_MARK_ADD, on, obj, mask)
     }
 
+    /// Adds `mask` to the ignore mask of the mark on directory `obj` with the semantics of
+    /// `FAN_MARK_IGNORE` (Linux 6.0): events on directories are ignored only with
+    /// `FAN_ONDIR` in `mask`, so `FAN_CREATE` alone ignores the creation of files and keeps
+    /// that of directories. EINVAL on older kernels.
+    pub fn ignore(&self, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
+        self.mark(
+            libc::FAN_MARK_ADD | libc::FAN_MARK_IGNORE | libc::FAN_MARK_IGNORED_SURV_MODIFY,
+            MarkOn::Inode,
+            obj,
+            mask,
+        )
+    }
+
+    /// Removes `mask` from the ignore mask of the mark on directory `obj` (`ignore`).
+    pub fn unignore(&self, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
+        self.mark(
+            libc::FAN_MARK_REMOVE | libc::FAN_MARK_IGNORE,
+            MarkOn::Inode,
+            obj,
+            mask,
+        )
+    }
+
     /// Removes `mask` from the mark on `obj` (the mark goes when its mask is empty).
     pub fn remove(&self, on: MarkOn, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
         self.mark(libc::FAN_MARK_REMOVE, on, obj, mask)

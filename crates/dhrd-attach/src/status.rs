@@ -319,6 +319,7 @@ pub fn json(a: &Attached) -> Value {
             "forgotten": g(&w.forgotten),
             "dirs_marked": a.watch.dirs_marked(),
             "mark_failures": g(&w.mark_failures),
+            "creates_ignored": g(&w.creates_ignored),
             "moved_in": g(&w.moved_in),
             "moved_out": g(&w.moved_out),
         },

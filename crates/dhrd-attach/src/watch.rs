@@ -10,7 +10,8 @@
 //! - in a subdirectory (`Scope::Tree`), each directory carries an inode mark, so the
 //!   daemon hears of new directories (marked, and flagged when `sync` is by flags) and of
 //!   files and directories moved in (flagged, marked, warmed) or out (forgotten, unmarked);
-//!   with `sync` by flags, every created or linked-in file is checked for its flag.
+//!   with `sync` by flags, every created or linked-in file is checked for its flag; in
+//!   the other modes the marks ignore the creation of files, which needs nothing.
 //!
 //! Where the directory is the root of its file system (`Scope::Filesystem`) one mark covers
 //! every inode and nothing can move in from outside.
@@ -73,6 +74,12 @@ pub enum Scope {
     Tree,
 }
 
+/// What a directory's mark ignores where file creations are not wanted: `FAN_CREATE`
+/// without `FAN_ONDIR`, so new directories are still reported. The kernel then queues no
+/// event for a new file, which an application creating many small files pays for in its
+/// own system call (one of the three events a file created, written and deleted costs).
+const FILE_CREATE_IGNORED: u64 = libc::FAN_CREATE;
+
 /// Events every scope asks for.
 const BASE_MASK: u64 = libc::FAN_CLOSE_WRITE | libc::FAN_DELETE;
 /// What a directory mark adds: entry events of its children, and directories too.
@@ -99,6 +106,8 @@ pub struct WatchStats {
     /// Directories that could not be marked (`fs.fanotify.max_user_marks`): files moved
     /// into them are not seen; files created there still inherit their flags.
     pub mark_failures: AtomicU64,
+    /// Directory marks that ignore the creation of files (`FILE_CREATE_IGNORED`).
+    pub creates_ignored: AtomicU64,
     pub moved_in: AtomicU64,
     pub moved_out: AtomicU64,
 }
@@ -116,6 +125,11 @@ pub struct Ctx<'a> {
 pub struct Watch {
     group: Group,
     pub scope: Scope,
+    /// Whether the creation of a file is an event the daemon wants (`sync` kept by flags:
+    /// a file linked in may lack its flag). Elsewhere each directory's mark ignores it
+    /// (`FILE_CREATE_IGNORED`).
+    file_creates: bool,
+
     /// Tree scope: the marked directories by key, with their handles (to change or remove
     /// their marks).
     dirs: Mutex<HashMap<u64, Handle>>,
@@ -134,11 +148,12 @@ struct Changed {
 }
 
 impl Watch {
-    /// A watch with `FAN_OPEN` on (the warm-up runs first).
-    pub fn new(scope: Scope) -> io::Result<Self> {
+    /// A watch with `FAN_OPEN` on (the warm-up runs first); `file_creates`: see the field.
+    pub fn new(scope: Scope, file_creates: bool) -> io::Result<Self> {
         Ok(Self {
             group: Group::new()?,
             scope,
+            file_creates,
             dirs: Mutex::new(HashMap::new()),
             open_events: AtomicBool::new(true),
             changed: Mutex::new(Changed::default()),
@@ -181,6 +196,11 @@ impl Watch {
             Ok(()) => {
                 self.stats.dirs_marked.fetch_add(1, Ordering::Relaxed);
                 self.dirs.lock().insert(h.key(), h);
+                // Without FAN_MARK_IGNORE (before Linux 6.0) the events come and are
+                // parsed for nothing, as before.
+                if !self.file_creates && self.group.ignore(fd, FILE_CREATE_IGNORED).is_ok() {
+                    self.stats.creates_ignored.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Err(_) => {
                 self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
@@ -500,6 +520,9 @@ impl Watch {
                     self.dirs.lock().remove(&h.key());
                 }
                 let _ = self.group.remove(MarkOn::Inode, d, all);
+                if !self.file_creates {
+                    let _ = self.group.unignore(d, FILE_CREATE_IGNORED);
+                }
             },
             |d, _, e| match e.kind {
                 Kind::Dir => Some(()),
