@@ -40,13 +40,22 @@ pub struct Entry<'a> {
     pub dev: u64,
 }
 
-/// Opens `rel` (a directory, or "" for the root itself) beneath `root`.
+/// Opens `rel` (a directory, or "" for the root itself) beneath `root`, for reading its
+/// entries without updating its access time: the daemon's walks are not an application's
+/// reads, and a timestamp an application just set (utimensat) must stay as it set it.
+/// Without the right to O_NOATIME (not the owner, no CAP_FOWNER) it opens as usual.
 pub fn open_dir(root: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
-    open_beneath(
+    use rustix::fs::OFlags;
+    match open_beneath(
         root,
         rel,
-        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
-    )
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOATIME,
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            open_beneath(root, rel, OFlags::DIRECTORY | OFlags::RDONLY)
+        }
+        r => r,
+    }
 }
 
 /// Opens `rel` beneath `root` with `flags`, never through a symlink or another mount.
@@ -212,5 +221,49 @@ mod tests {
             rustix::fs::OFlags::RDONLY
         )
         .is_err());
+    }
+
+    /// A walk reads directories without touching their access time (relatime would
+    /// update an access time older than the modification time on the first read).
+    #[test]
+    fn a_walk_leaves_access_times_alone() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sub = dir.path().join("sub");
+        std::fs::create_dir_all(sub.join("deeper")).expect("mkdir");
+        std::fs::write(sub.join("f"), b"x").expect("write");
+        let old = rustix::fs::Timespec {
+            tv_sec: 1_000_000,
+            tv_nsec: 0,
+        };
+        let times = rustix::fs::Timestamps {
+            last_access: old,
+            last_modification: rustix::fs::Timespec {
+                tv_sec: 2_000_000,
+                tv_nsec: 0,
+            },
+        };
+        for d in [&sub, &sub.join("deeper")] {
+            rustix::fs::utimensat(rustix::fs::CWD, d, &times, rustix::fs::AtFlags::empty())
+                .expect("utimensat");
+        }
+        let root = std::fs::File::open(dir.path()).expect("open root");
+        let w = walk(
+            root.as_fd(),
+            Path::new(""),
+            (),
+            &|| false,
+            |_, _, _| {},
+            |_, _, e| (e.kind == Kind::Dir).then_some(()),
+        );
+        assert_eq!(w.dirs, 3);
+        for d in [&sub, &sub.join("deeper")] {
+            let st = rustix::fs::stat(d).expect("stat");
+            assert_eq!(
+                st.st_atime,
+                1_000_000,
+                "{} read with an access time update",
+                d.display()
+            );
+        }
     }
 }
