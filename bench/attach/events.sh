@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# What an attached directory's daemon costs small-file work (docs/attach.md, "What the
+# daemon costs small-file work"): a plain directory and `dhrd attach --durability fsync`
+# of a subdirectory, each run on a fresh journalled ext4 (loop device with direct I/O over
+# an image on the disk under test, as the suite's JournaledDisk), in alternating pairs.
+# For each run: the workload's own figure and the daemon's CPU (utime+stime ticks of
+# 10 ms, from /proc) over the workload, and the events the watch read.
+#
+#   sudo bench/attach/events.sh [--rounds N] [--only extract,fileserver,metaops] [--out DIR]
+#
+# extract: `tar -xf` of the suite's archive of 20,000 files of 1-8 KiB (bench/suite/apps.py).
+# fileserver: `dhrd-bench fileserver`, 50 threads, 2,000 files of 16 KiB mean, 10 s.
+# metaops: `dhrd-bench metaops`, 100,000 empty files created, stat'ed, unlinked, 1 thread.
+# Builds release binaries from this tree first. Needs root (loop devices, fanotify).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+rounds=3 only=extract,fileserver,metaops out=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rounds) rounds=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "usage: $0 [--rounds N] [--only extract,fileserver,metaops] [--out DIR]" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "$0: needs root (loop devices, fanotify)" >&2; exit 2; }
+(cd "$here" && cargo build --release -q -p dhrd -p dhrd-bench)
+dhrd=$here/target/release/dhrd bench=$here/target/release/dhrd-bench
+work=$(mktemp -d /var/tmp/dhrd-attach-events.XXXXXX)
+loop=""
+cleanup() {
+  mountpoint -q "$work/fs" 2>/dev/null && { "$dhrd" detach "$work/fs/d" >/dev/null 2>&1 || true; umount "$work/fs" || true; }
+  [ -n "$loop" ] && losetup -d "$loop" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+if [[ $only == *extract* ]]; then
+  (cd "$here/bench/suite" && python3 -c "import apps; apps.make_archive('$work/a.tar', 20000)")
+fi
+
+fresh_fs() {
+  rm -f "$work/img"; fallocate -l 3G "$work/img"
+  loop=$(losetup --find --show --direct-io=on "$work/img")
+  mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 "$loop"
+  mkdir -p "$work/fs"; mount "$loop" "$work/fs"; mkdir "$work/fs/d"
+}
+drop_fs() { umount "$work/fs"; losetup -d "$loop"; loop=""; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# one WORKLOAD CONFIG ROUND: prints one line of figures.
+one() {
+  local wl=$1 cfg=$2 rnd=$3 pid="" t0 t1 c0=0 c1=0 fig events=""
+  fresh_fs
+  if [ "$cfg" = attach ]; then
+    pid=$("$dhrd" attach "$work/fs/d" --daemon --quiet --durability fsync | grep -o 'daemon [0-9]*' | grep -o '[0-9]*')
+    c0=$(ticks "$pid")
+  fi
+  case $wl in
+    extract)
+      t0=$(date +%s.%N); tar -xf "$work/a.tar" -C "$work/fs/d"; t1=$(date +%s.%N)
+      fig="extract_s=$(echo "$t1 - $t0" | bc)" ;;
+    fileserver)
+      fig="ops_per_s=$("$bench" fileserver --dir "$work/fs/d" --files 2000 --threads 50 --secs 10 \
+        --mean-file-bytes 16384 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["ops_per_sec"]))')" ;;
+    metaops)
+      fig="ops_per_s=$("$bench" metaops --dir "$work/fs/d" --threads 1 --files-per-thread 100000 2>/dev/null \
+        | python3 -c 'import json,sys; t=sys.stdin.read(); print(int(json.loads(t[t.index("{"):])["ops_per_sec"]))')" ;;
+  esac
+  if [ -n "$pid" ]; then
+    c1=$(ticks "$pid")
+    events=" watch_events=$("$dhrd" status "$work/fs/d" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["watch"]["events"])')"
+    "$dhrd" detach "$work/fs/d" >/dev/null
+    while [ -e "/proc/$pid" ]; do sleep 0.05; done
+  fi
+  drop_fs
+  echo "$wl round=$rnd config=$cfg $fig daemon_cpu_ticks=$((c1 - c0))$events"
+}
+
+{
+  echo "# bench/attach/events.sh on $(git -C "$here" rev-parse --short HEAD)$(git -C "$here" diff --quiet HEAD -- crates || echo ' (uncommitted changes)'), $(date -u +%FT%TZ), kernel $(uname -r)"
+  for wl in ${only//,/ }; do
+    for r in $(seq "$rounds"); do
+      if [ $((r % 2)) = 1 ]; then one "$wl" plain "$r"; one "$wl" attach "$r"
+      else one "$wl" attach "$r"; one "$wl" plain "$r"; fi
+    done
+  done
+} | if [ -n "$out" ]; then mkdir -p "$out"; tee "$out/events.txt"; else cat; fi
