@@ -52,7 +52,7 @@ one() {
   local wl=$1 cfg=$2 rnd=$3 pid="" t0 t1 c0=0 c1=0 fig events=""
   fresh_fs
   if [ "$cfg" = attach ]; then
-    pid=$("$dhrd" attach "$work/fs/d" --daemon --quiet --durability fsync | grep -o 'daemon [0-9]*' | grep -o '[0-9]*')
+    pid=$("$dhrd" attach "$work/fs/d" --daemon --quiet --durability fsync 2>&1 | grep -o 'daemon [0-9]*' | grep -o '[0-9]*')
     c0=$(ticks "$pid")
   fi
   case $wl in
