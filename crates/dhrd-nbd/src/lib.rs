@@ -45,7 +45,8 @@ mod wait;
 
 pub use engine::EngineTarget;
 pub use error::NbdError;
-pub use server::{ListenAddr, Server, ServerConfig, ServerStats, ShutdownHandle};
+pub use listen::ListenAddr;
+pub use server::{Server, ServerConfig, ServerStats, ShutdownHandle};
 pub use target::Target;
 pub use tls::{read_psk_file, TlsConfig, TlsCredentials};
 

@@ -11,16 +11,31 @@
 //!
 //! Crash semantics: none; a socket left by a killed server is replaced at the next bind.
 
-use crate::server::{ListenAddr, ServerConfig};
 use crate::socket::Stream;
 use crate::NbdError;
 use std::io;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
 
 pub(crate) enum Listener {
     Unix {
@@ -129,11 +144,12 @@ fn bind_unix(path: &Path) -> Result<Listener, NbdError> {
     })
 }
 
-pub(crate) fn bind(cfg: &ServerConfig) -> Result<Listener, NbdError> {
-    match &cfg.listen {
+/// Binds `addr`; a TCP address that is not loopback only with `allow_remote`.
+pub(crate) fn bind(addr: &ListenAddr, allow_remote: bool) -> Result<Listener, NbdError> {
+    match addr {
         ListenAddr::Unix(p) => bind_unix(p),
         ListenAddr::Tcp(a) => {
-            if !a.ip().is_loopback() && !cfg.allow_remote {
+            if !a.ip().is_loopback() && !allow_remote {
                 return Err(NbdError::Config(format!(
                     "{a} is not a loopback address; pass --allow-remote to listen on it \
                      (with --tls require and client authentication, docs/nbd.md)"

@@ -45,7 +45,7 @@ use crate::limits::{
     HANDSHAKE_TIMEOUT, IDLE_EVICT_AFTER, MAX_CONNECTIONS, PAYLOAD_TIMEOUT, POLL_BEFORE_BLOCK,
     READ_BUFFER_BYTES, REPLY_TIMEOUT, SHUTDOWN_DRAIN_TIMEOUT, THREAD_STACK_BYTES,
 };
-use crate::listen::{bind, Listener};
+use crate::listen::{bind, ListenAddr, Listener};
 use crate::proto::*;
 use crate::socket::Stream;
 use crate::target::Target;
@@ -54,28 +54,11 @@ use crate::NbdError;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
-use std::net::{Shutdown, SocketAddr};
+use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Where the server listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListenAddr {
-    Unix(PathBuf),
-    Tcp(SocketAddr),
-}
-
-impl std::fmt::Display for ListenAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -388,7 +371,7 @@ impl<T: Target> Server<T> {
             Some(t) => Some(Arc::new(TlsServer::new(&t.credentials)?)),
             None => None,
         };
-        let listener = bind(&cfg)?;
+        let listener = bind(&cfg.listen, cfg.allow_remote)?;
         Ok(Self {
             tls,
             target: Arc::new(target),
