@@ -73,14 +73,8 @@ struct TreeOpener(Arc<OwnedFd>);
 impl Opener for TreeOpener {
     fn open(&self, f: &FileRef) -> io::Result<File> {
         use rustix::fs::OFlags;
-        let fd = tree::open_beneath(
-            self.0.as_fd(),
-            &f.path,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOATIME,
-        )
-        .or_else(|_| {
-            tree::open_beneath(self.0.as_fd(), &f.path, OFlags::RDONLY | OFlags::NONBLOCK)
-        })?;
+        let fd =
+            tree::open_beneath_noatime(self.0.as_fd(), &f.path, OFlags::RDONLY | OFlags::NONBLOCK)?;
         let st = rustix::fs::fstat(&fd)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG
             || Handle::of(fd.as_fd(), None)?.key() != f.key

@@ -43,17 +43,20 @@ pub struct Entry<'a> {
 /// Opens `rel` (a directory, or "" for the root itself) beneath `root`, for reading its
 /// entries without updating its access time: the daemon's walks are not an application's
 /// reads, and a timestamp an application just set (utimensat) must stay as it set it.
-/// Without the right to O_NOATIME (not the owner, no CAP_FOWNER) it opens as usual.
 pub fn open_dir(root: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
     use rustix::fs::OFlags;
-    match open_beneath(
-        root,
-        rel,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOATIME,
-    ) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            open_beneath(root, rel, OFlags::DIRECTORY | OFlags::RDONLY)
-        }
+    open_beneath_noatime(root, rel, OFlags::DIRECTORY | OFlags::RDONLY)
+}
+
+/// `open_beneath` with O_NOATIME added, so what the daemon reads keeps its access time;
+/// without the right to it (not the owner, no CAP_FOWNER: EPERM) it opens as usual.
+pub fn open_beneath_noatime(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    flags: rustix::fs::OFlags,
+) -> io::Result<OwnedFd> {
+    match open_beneath(root, rel, flags | rustix::fs::OFlags::NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open_beneath(root, rel, flags),
         r => r,
     }
 }
