@@ -125,11 +125,10 @@ pub struct Ctx<'a> {
 pub struct Watch {
     group: Group,
     pub scope: Scope,
-    /// Whether the creation of a file is an event the daemon wants (`sync` kept by flags:
-    /// a file linked in may lack its flag). Elsewhere each directory's mark ignores it
-    /// (`FILE_CREATE_IGNORED`).
-    file_creates: bool,
-
+    /// `sync` is kept by inode flags: a late event leaves a window (`EVENT_BATCH_PAUSE`),
+    /// and the creation of a file is wanted (a file linked in may lack its flag);
+    /// elsewhere each directory's mark ignores it (`FILE_CREATE_IGNORED`).
+    sync_by_flags: bool,
     /// Tree scope: the marked directories by key, with their handles (to change or remove
     /// their marks).
     dirs: Mutex<HashMap<u64, Handle>>,
@@ -148,12 +147,12 @@ struct Changed {
 }
 
 impl Watch {
-    /// A watch with `FAN_OPEN` on (the warm-up runs first); `file_creates`: see the field.
-    pub fn new(scope: Scope, file_creates: bool) -> io::Result<Self> {
+    /// A watch with `FAN_OPEN` on (the warm-up runs first); `sync_by_flags`: see the field.
+    pub fn new(scope: Scope, sync_by_flags: bool) -> io::Result<Self> {
         Ok(Self {
             group: Group::new()?,
             scope,
-            file_creates,
+            sync_by_flags,
             dirs: Mutex::new(HashMap::new()),
             open_events: AtomicBool::new(true),
             changed: Mutex::new(Changed::default()),
@@ -198,7 +197,7 @@ impl Watch {
                 self.dirs.lock().insert(h.key(), h);
                 // Without FAN_MARK_IGNORE (before Linux 6.0) the events come and are
                 // parsed for nothing, as before.
-                if !self.file_creates && self.group.ignore(fd, FILE_CREATE_IGNORED).is_ok() {
+                if !self.sync_by_flags && self.group.ignore(fd, FILE_CREATE_IGNORED).is_ok() {
                     self.stats.creates_ignored.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -273,13 +272,13 @@ impl Watch {
                 }
             }
             self.hand_on_changed(ctx, false);
-            std::thread::sleep(self.pause(ctx));
+            std::thread::sleep(self.pause());
         }
     }
 
     /// How long to let events gather before the next batch (`EVENT_BATCH_PAUSE_RELAXED`).
-    fn pause(&self, ctx: &Ctx<'_>) -> Duration {
-        if ctx.flags.is_some() || self.open_events.load(Ordering::Acquire) {
+    fn pause(&self) -> Duration {
+        if self.sync_by_flags || self.open_events.load(Ordering::Acquire) {
             EVENT_BATCH_PAUSE
         } else {
             EVENT_BATCH_PAUSE_RELAXED
@@ -520,7 +519,7 @@ impl Watch {
                     self.dirs.lock().remove(&h.key());
                 }
                 let _ = self.group.remove(MarkOn::Inode, d, all);
-                if !self.file_creates {
+                if !self.sync_by_flags {
                     let _ = self.group.unignore(d, FILE_CREATE_IGNORED);
                 }
             },
