@@ -121,7 +121,8 @@ impl Security {
                 serde_json::json!({"connections_negotiated": s.negotiated,
                     "requests": s.requests, "bytes_read": s.bytes_read,
                     "bytes_written": s.bytes_written, "block_status": s.block_status,
-                    "polls_caught": s.polls_caught, "polls_missed": s.polls_missed}),
+                    "polls_caught": s.polls_caught, "polls_missed": s.polls_missed,
+                    "quiet_handoffs": s.quiet_handoffs, "takeovers": s.takeovers}),
             ),
         ]
     }

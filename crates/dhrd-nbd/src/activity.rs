@@ -52,6 +52,12 @@ pub(crate) struct Traffic {
     /// Waits where the poll budget ran out first: the reader then blocked, and the
     /// request cost a wake-up.
     pub polls_missed: AtomicU64,
+    /// Requests whose reader gave its role up without waking another thread, the
+    /// connection being serial (`gate.rs`).
+    pub quiet_handoffs: AtomicU64,
+    /// Quiet vacancies of the reader role that lasted past their bound and were taken by
+    /// the waiting thread (`gate.rs`).
+    pub takeovers: AtomicU64,
 }
 
 /// Bit of `Activity::state`: the server closed the connection's read side to free its

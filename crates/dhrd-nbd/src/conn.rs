@@ -3,11 +3,15 @@
 //! Shape (leader/followers, like nbdkit's parallel thread model): up to
 //! [`MAX_WORKERS_PER_CONNECTION`] threads serve one connection (and at most
 //! [`MAX_WORKERS_PER_PROCESS`] worker threads serve all of them). A thread takes the reader
-//! lock, reads one request (header and write payload), releases the lock, executes the
-//! request against the target and writes the reply under the connection's writer lock.
-//! There is no hand-off between a reader and a worker, so a request costs no extra thread
-//! wake-up; while one thread executes, the next one is already waiting for the next
-//! request. Threads are spawned on demand: when the last idle thread takes a request.
+//! role (`gate.rs`), reads one request (header and write payload), gives the role up,
+//! executes the request against the target and writes the reply under the connection's
+//! writer lock. There is no hand-off of the request between a reader and a worker; while
+//! one thread executes, the next one is already waiting for the next request. Only a
+//! connection whose client never overlaps its requests (QD 1) keeps the role with the
+//! thread that executes: its requests with small replies give the role up without
+//! waking a follower, a wake-up that would otherwise sit between reading a write and
+//! starting its device write (`gate.rs` bounds how long such a vacancy lasts). Threads
+//! are spawned on demand: when the last idle thread takes a request.
 //!
 //! Invariants:
 //! - a reply is written only after the target call it reports on returned;
@@ -46,6 +50,7 @@
 //!   exactly one), at most [`MAX_BLOCK_STATUS_EXTENTS`] of them; it reads no data.
 
 use crate::activity::{Activity, Traffic};
+use crate::gate::{Handoff, ReaderGate};
 use crate::limits::{
     MAX_BLOCK_STATUS_EXTENTS, MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES,
     MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_PROCESS, THREAD_STACK_BYTES,
@@ -123,6 +128,14 @@ enum Op {
     },
 }
 
+impl Op {
+    /// The reply is a header alone (or an error): it cannot block for long on a client
+    /// busy sending requests, so the reader role may be kept through it (`gate.rs`).
+    fn small_reply(self) -> bool {
+        !matches!(self, Op::Read | Op::BlockStatus { .. })
+    }
+}
+
 /// Largest payload buffer a thread keeps between requests (see [`recycle`]).
 const KEEP_PAYLOAD_BUFFER_BYTES: usize = 1 << 20;
 
@@ -147,7 +160,8 @@ fn recycle(spare: &mut Vec<u8>, payload: Vec<u8>) {
     }
 }
 
-/// The reading side of a connection, owned by whichever thread holds the lock.
+/// The reading side of a connection, owned by whichever thread holds the reader role
+/// (its lock is therefore never contended).
 struct ReadSide {
     reader: BufReader<Stream>,
     /// Set once reading has stopped; every thread then finishes its job and exits.
@@ -158,6 +172,12 @@ struct Shared<T: Target> {
     target: Arc<T>,
     params: ConnParams,
     read_side: Mutex<ReadSide>,
+    /// Which thread reads next, and whether handing that on wakes a thread.
+    gate: ReaderGate,
+    /// The connection's socket, for peeks by threads without the reader role.
+    socket_fd: std::os::fd::RawFd,
+    /// Requests read and not yet replying (the reader's count of overlap, `gate.rs`).
+    executing: AtomicUsize,
     replier: Replier,
     budget: Budget,
     /// Threads not executing a request (waiting for or holding the reader lock).
@@ -294,12 +314,40 @@ fn block_status<T: Target>(
 /// Executes one job and sends its reply; returns whether the target call succeeded.
 /// Counts the job as successful in `traffic` before its reply is sent, so a client that has
 /// its reply sees it counted.
+/// What a request does once, just before its reply starts: it stops counting as
+/// executing (after this a QD 1 client may send its next request, which must not see
+/// this one as overlapping), and a request that gave the reader role up quietly
+/// (`gate.rs`) looks for bytes the client sent while it executed, which a QD 1 client
+/// cannot have sent.
+struct BeforeReply<'a> {
+    executing: &'a AtomicUsize,
+    /// The gate and the socket to peek, for a request executed after a quiet hand-off.
+    quiet: Option<(&'a ReaderGate, std::os::fd::RawFd)>,
+    done: std::cell::Cell<bool>,
+}
+
+impl BeforeReply<'_> {
+    fn run(&self) {
+        if self.done.replace(true) {
+            return;
+        }
+        let before = self.executing.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "a request stopped executing twice");
+        if let Some((gate, fd)) = self.quiet {
+            if bytes_waiting(fd) {
+                gate.note_overlap();
+            }
+        }
+    }
+}
+
 fn execute<T: Target>(
     target: &T,
     params: &ConnParams,
     job: &Job,
     replier: &Replier,
     traffic: &Traffic,
+    before_reply: &BeforeReply<'_>,
 ) -> bool {
     let framing = params.framing;
     let &Job {
@@ -320,6 +368,7 @@ fn execute<T: Target>(
             let _borrowing = Borrowing::start();
             target.read_borrowed(offset, length as usize, &mut |data| {
                 traffic.count(op, length);
+                before_reply.run();
                 unsent = replier.send_borrowed(head, data);
             })
         };
@@ -334,6 +383,7 @@ fn execute<T: Target>(
             Ok(false) => {}
             Err(e) => {
                 let errno = report("read", offset, length, &e);
+                before_reply.run();
                 replier.send(&error_reply(framing, true, handle, errno));
                 return false;
             }
@@ -347,6 +397,7 @@ fn execute<T: Target>(
                 Ok(()) => {
                     encode_reply_header(&mut buf[..hdr], framing, true, handle, 0, offset, length);
                     traffic.count(op, length);
+                    before_reply.run();
                     replier.send(&buf);
                     return true;
                 }
@@ -371,6 +422,7 @@ fn execute<T: Target>(
             match block_status(target, id, job, req_one) {
                 Ok(reply) => {
                     traffic.count(op, length);
+                    before_reply.run();
                     replier.send(&reply);
                     return true;
                 }
@@ -382,6 +434,7 @@ fn execute<T: Target>(
     if error == 0 {
         traffic.count(op, length);
     }
+    before_reply.run();
     let structured = matches!(op, Op::Read | Op::BlockStatus { .. });
     replier.send(&error_reply(framing, structured, handle, error));
     error == 0
@@ -451,10 +504,14 @@ pub(crate) fn serve<T: Target>(
     activity: Arc<Activity>,
 ) -> End {
     let replier = Replier::new(writer, params.reply_timeout);
+    let socket_fd = reader.get_ref().raw_fd();
     let sh = Arc::new(Shared {
         target,
         params,
         read_side: Mutex::new(ReadSide { reader, end: None }),
+        gate: ReaderGate::new(),
+        socket_fd,
+        executing: AtomicUsize::new(0),
         replier,
         budget: Budget {
             state: Mutex::new((0, 0)),
@@ -522,23 +579,43 @@ static WORKERS: AtomicUsize = AtomicUsize::new(0);
 
 fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
     let mut spare: Vec<u8> = Vec::new();
+    let traffic = &sh.activity.traffic;
     loop {
-        let job = {
+        let Some(taken) = sh.gate.claim() else {
+            sh.idle.fetch_sub(1, Ordering::SeqCst);
+            return;
+        };
+        if taken.takeover {
+            traffic.takeovers.fetch_add(1, Ordering::Relaxed);
+        }
+        let read = {
             let mut rs = sh.read_side.lock();
-            if rs.end.is_some() {
-                sh.idle.fetch_sub(1, Ordering::SeqCst);
-                return;
-            }
-            match next_job(&mut rs.reader, sh, &mut spare) {
-                Ok(Some(job)) => job,
-                Ok(None) => continue,
-                Err(end) => {
-                    rs.end = Some(end);
-                    sh.idle.fetch_sub(1, Ordering::SeqCst);
-                    return;
+            debug_assert!(
+                rs.end.is_none(),
+                "the reader role outlived the end of reading"
+            );
+            loop {
+                match next_job(&mut rs.reader, sh, &mut spare) {
+                    Ok(Some(read)) => break Ok(read),
+                    // Answered with an error: the role stays with this thread.
+                    Ok(None) => continue,
+                    Err(end) => {
+                        rs.end = Some(end);
+                        break Err(());
+                    }
                 }
             }
         };
+        let Ok((job, overlap)) = read else {
+            sh.gate.end();
+            sh.idle.fetch_sub(1, Ordering::SeqCst);
+            return;
+        };
+        let how = sh.gate.decide(overlap, job.op.small_reply());
+        sh.gate.release(how);
+        if how == Handoff::Quiet {
+            traffic.quiet_handoffs.fetch_add(1, Ordering::Relaxed);
+        }
         sh.idle.fetch_sub(1, Ordering::SeqCst);
         maybe_spawn(sh);
         let charged = job.charged;
@@ -552,13 +629,21 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
         if counted {
             EXECUTING.fetch_add(1, Ordering::Relaxed);
         }
+        let before_reply = BeforeReply {
+            executing: &sh.executing,
+            quiet: (how == Handoff::Quiet).then_some((&sh.gate, sh.socket_fd)),
+            done: std::cell::Cell::new(false),
+        };
         let ok = execute(
             &*sh.target,
             &sh.params,
             &job,
             &sh.replier,
             &sh.activity.traffic,
+            &before_reply,
         );
+        // Every reply path ran it already; this only keeps the count right if one did not.
+        before_reply.run();
         if counted {
             EXECUTING.fetch_sub(1, Ordering::Relaxed);
         }
@@ -650,13 +735,34 @@ fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) -> Poll {
     outcome
 }
 
-/// Reads the next request. `Ok(Some)`: a job to execute; `Ok(None)`: the request was
-/// answered with an error already; `Err`: reading stops.
+/// Whether the client has sent bytes not read yet, without blocking or consuming them.
+fn bytes_waiting(fd: std::os::fd::RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into a local on our own open socket; changes nothing.
+    let r = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    r > 0
+}
+
+/// Reads the next request. `Ok(Some((job, overlap)))`: a job to execute, and whether it
+/// showed that the client overlaps its requests (another of the connection's requests
+/// was in flight, or more bytes were already read or decrypted behind it), which
+/// `gate.rs` weighs. Not counted: a request already in the socket when the reader came
+/// for it, which a QD 1 client's next request can be when the reply's wake-up lets the
+/// client run before this thread is back (a request that arrives during a quiet
+/// execution is seen before its reply instead, [`execute`]); `Ok(None)`: the request was answered with
+/// an error already; `Err`: reading stops.
 fn next_job<T: Target>(
     reader: &mut BufReader<Stream>,
     sh: &Shared<T>,
     spare: &mut Vec<u8>,
-) -> Result<Option<Job>, End> {
+) -> Result<Option<(Job, bool)>, End> {
     if sh.replier.is_broken() {
         return Err(End::Error(NbdError::Protocol(
             "reply could not be sent".into(),
@@ -674,6 +780,9 @@ fn next_job<T: Target>(
         Ok(false) => return Err(End::Clean),
         Err(e) => return Err(End::Error(NbdError::Io(e))),
     }
+    // Looked at once the header is here, not when the wait for it began: at QD 1 the
+    // previous request is still executing while its successor's reader waits.
+    let mut overlap = sh.executing.load(Ordering::Acquire) > 0;
     // Busy from the header on, not from the end of the payload: a write payload still
     // arriving must not let the server choose this connection to close. Counted while
     // the reader lock is held, so a decision to close that saw nothing in flight saw no
@@ -684,7 +793,12 @@ fn next_job<T: Target>(
         // Answered with an error, or reading stops: no job will end it.
         sh.activity.end();
     }
-    r
+    overlap |= !reader.buffer().is_empty() || reader.get_ref().has_pending();
+    if matches!(r, Ok(Some(_))) {
+        // Counted while the reader role is held, so the next reader sees it.
+        sh.executing.fetch_add(1, Ordering::AcqRel);
+    }
+    r.map(|j| j.map(|j| (j, overlap)))
 }
 
 /// The rest of [`next_job`] once a request header has been read.

@@ -32,6 +32,7 @@ pub mod client;
 mod conn;
 mod engine;
 mod error;
+mod gate;
 pub mod handshake;
 mod listen;
 pub mod proto;

@@ -204,6 +204,8 @@ struct Totals {
     block_status: AtomicU64,
     polls_caught: AtomicU64,
     polls_missed: AtomicU64,
+    quiet_handoffs: AtomicU64,
+    takeovers: AtomicU64,
 }
 
 impl Totals {
@@ -215,6 +217,8 @@ impl Totals {
         self.block_status.fetch_add(t.block_status.load(r), r);
         self.polls_caught.fetch_add(t.polls_caught.load(r), r);
         self.polls_missed.fetch_add(t.polls_missed.load(r), r);
+        self.quiet_handoffs.fetch_add(t.quiet_handoffs.load(r), r);
+        self.takeovers.fetch_add(t.takeovers.load(r), r);
     }
 }
 
@@ -236,6 +240,11 @@ pub struct ServerStats {
     /// waits where the poll budget ran out and the reader blocked (`--poll-us`).
     pub polls_caught: u64,
     pub polls_missed: u64,
+    /// Requests read on a serial connection (no other request in flight or waiting, for
+    /// a while) that did not wake another thread to read the next one, and quiet
+    /// vacancies of the reader role that outlasted their bound (conn.rs, gate.rs).
+    pub quiet_handoffs: u64,
+    pub takeovers: u64,
     /// TLS handshakes that succeeded.
     pub tls_sessions: u64,
     /// TLS handshakes that failed: a wrong key or certificate, an untrusted client, or
@@ -313,6 +322,8 @@ impl ShutdownHandle {
             block_status: sh.closed.block_status.load(r) + live(|t| &t.block_status),
             polls_caught: sh.closed.polls_caught.load(r) + live(|t| &t.polls_caught),
             polls_missed: sh.closed.polls_missed.load(r) + live(|t| &t.polls_missed),
+            quiet_handoffs: sh.closed.quiet_handoffs.load(r) + live(|t| &t.quiet_handoffs),
+            takeovers: sh.closed.takeovers.load(r) + live(|t| &t.takeovers),
             tls_sessions: sh.tls_sessions.load(r),
             tls_failed: sh.tls_failed.load(r),
             tls_required: sh.tls_required.load(r),

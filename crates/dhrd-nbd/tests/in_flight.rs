@@ -20,7 +20,7 @@ use dhrd_nbd::EngineTarget;
 use parking_lot::{Condvar, Mutex};
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SIZE: usize = 4 << 20;
 const BLOCK: usize = 4096;
@@ -33,6 +33,8 @@ const DOOR_GIVES_UP_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct DoorState {
+    /// Writes the door waits for before it opens.
+    want: usize,
     in_flight: usize,
     high_water: usize,
     /// Once set (enough writes arrived, or the liveness bound passed), writes go through.
@@ -42,7 +44,6 @@ struct DoorState {
 /// A backing whose durable writes wait at a door until `want` of them are in flight.
 struct Door<D> {
     inner: D,
-    want: usize,
     st: Mutex<DoorState>,
     cv: Condvar,
 }
@@ -52,7 +53,7 @@ impl<D: Durable> Door<D> {
         let mut st = self.st.lock();
         st.in_flight += 1;
         st.high_water = st.high_water.max(st.in_flight);
-        if st.in_flight >= self.want {
+        if st.in_flight >= st.want {
             st.open = true;
             self.cv.notify_all();
         }
@@ -70,6 +71,19 @@ impl<D: Durable> Door<D> {
 
     fn high_water(&self) -> usize {
         self.st.lock().high_water
+    }
+
+    fn in_flight(&self) -> usize {
+        self.st.lock().in_flight
+    }
+
+    /// Closes the door again until `want` writes wait at it; the high-water mark restarts.
+    fn close_until(&self, want: usize) {
+        let mut st = self.st.lock();
+        *st = DoorState {
+            want,
+            ..DoorState::default()
+        };
     }
 }
 
@@ -137,8 +151,10 @@ fn export(want: usize) -> (HybridObject<Arc<Door<SimBacking>>>, Arc<Door<SimBack
     sim.set_direct_dsync(Some(BLOCK as u64));
     let door = Arc::new(Door {
         inner: sim,
-        want,
-        st: Mutex::new(DoorState::default()),
+        st: Mutex::new(DoorState {
+            want,
+            ..DoorState::default()
+        }),
         cv: Condvar::new(),
     });
     let obj = HybridObject::open(
@@ -288,4 +304,74 @@ fn a_backing_error_among_writes_in_flight_is_sticky_and_loses_no_acknowledged_wr
     }
     let (_c2, _, flags) = RawClient::handshake(&srv.sock);
     assert_ne!(flags & TFLAG_READ_ONLY, 0, "new connections are not told");
+}
+
+/// A client that has sent one write at a time for a while has its writes served without
+/// waking a second thread (the connection is serial, `gate.rs`): the thread that read a
+/// write executes it while the reader role stays vacant. When that client then fills a
+/// queue while a write is still at the device, the queue must still reach the device at
+/// once: the waiting thread takes the vacancy after its bound and reading resumes in
+/// parallel. A gate that left the role vacant for good would hold the queue behind the
+/// first write (and the door) and show a high-water mark of 1.
+#[test]
+fn a_client_that_turns_from_one_write_at_a_time_to_a_full_queue_gets_the_queue_to_the_device() {
+    const ONE_AT_A_TIME: usize = 64;
+    let (obj, door) = export(1);
+    let srv = TestServer::start(EngineTarget::new(obj.clone(), false));
+    let (mut c, _, _) = RawClient::handshake(&srv.sock);
+    for i in 0..ONE_AT_A_TIME {
+        c.request(0, CMD_WRITE, i as u64, offset_of(i), BLOCK as u32);
+        c.send(&pattern(BLOCK, 400 + i as u64));
+        assert_eq!(c.simple_reply().ok(), Some((0, i as u64)), "write {i}");
+    }
+    let serial = srv.handle().stats();
+    assert!(
+        serial.quiet_handoffs > 0,
+        "one write at a time never made the connection serial: {serial:?}"
+    );
+    door.close_until(DEPTH);
+    // The first write of the queue alone, until it waits at the device: nothing else is
+    // in the socket when it is read, so it leaves the reader role quietly.
+    c.request(0, CMD_WRITE, 1000, offset_of(0), BLOCK as u32);
+    c.send(&pattern(BLOCK, 1000));
+    let since = Instant::now();
+    while door.in_flight() == 0 {
+        assert!(
+            since.elapsed() < DOOR_GIVES_UP_AFTER,
+            "the first write never came"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for i in 1..DEPTH {
+        c.request(0, CMD_WRITE, 1000 + i as u64, offset_of(i), BLOCK as u32);
+        c.send(&pattern(BLOCK, 1000 + i as u64));
+    }
+    let mut replies: Vec<(u64, u32)> = (0..DEPTH)
+        .map(|_| {
+            let (err, h) = c.simple_reply().unwrap_or_else(|e| panic!("reply: {e}"));
+            (h, err)
+        })
+        .collect();
+    replies.sort_unstable();
+    let want: Vec<(u64, u32)> = (0..DEPTH).map(|i| (1000 + i as u64, 0)).collect();
+    assert_eq!(replies, want);
+    assert_eq!(
+        door.high_water(),
+        DEPTH,
+        "after one write at a time, a queue of {DEPTH} had at most {} at the device at once",
+        door.high_water()
+    );
+    let after = srv.handle().stats();
+    assert!(
+        after.takeovers > serial.takeovers,
+        "the vacancy was not taken by the waiting thread: {after:?}"
+    );
+    let durable = door.inner.durable();
+    for i in 0..DEPTH {
+        let o = offset_of(i) as usize;
+        assert!(
+            durable[o..o + BLOCK] == pattern(BLOCK, 1000 + i as u64)[..],
+            "acknowledged write {i} of the queue is not durable"
+        );
+    }
 }
