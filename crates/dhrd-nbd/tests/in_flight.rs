@@ -191,6 +191,19 @@ fn pipelined_writes(c: &mut RawClient, n: usize, seed: u64) -> Vec<(u64, u32)> {
         .collect()
 }
 
+/// Every write `i` of a queue of DEPTH (pattern `seed + i` at `offset_of(i)`) is on the
+/// simulated device's durable image.
+fn assert_queue_durable(door: &Door<SimBacking>, seed: u64) {
+    let durable = door.inner.durable();
+    for i in 0..DEPTH {
+        let o = offset_of(i) as usize;
+        assert!(
+            durable[o..o + BLOCK] == pattern(BLOCK, seed + i as u64)[..],
+            "acknowledged write {i} is not durable"
+        );
+    }
+}
+
 #[test]
 fn a_full_queue_of_writes_from_one_connection_is_at_the_device_at_once() {
     let (obj, door) = export(DEPTH);
@@ -208,14 +221,7 @@ fn a_full_queue_of_writes_from_one_connection_is_at_the_device_at_once() {
         door.high_water()
     );
     // C3: acknowledged means durable; a FLUSH after the replies changes nothing of that.
-    let durable = door.inner.durable();
-    for i in 0..DEPTH {
-        let o = offset_of(i) as usize;
-        assert!(
-            durable[o..o + BLOCK] == pattern(BLOCK, 100 + i as u64)[..],
-            "acknowledged write {i} is not durable"
-        );
-    }
+    assert_queue_durable(&door, 100);
     c.request(0, CMD_FLUSH, 999, 0, 0);
     assert_eq!(c.simple_reply().ok(), Some((0, 999)));
     // RAM holds what the backing holds.
@@ -366,12 +372,5 @@ fn a_client_that_turns_from_one_write_at_a_time_to_a_full_queue_gets_the_queue_t
         after.takeovers > serial.takeovers,
         "the vacancy was not taken by the waiting thread: {after:?}"
     );
-    let durable = door.inner.durable();
-    for i in 0..DEPTH {
-        let o = offset_of(i) as usize;
-        assert!(
-            durable[o..o + BLOCK] == pattern(BLOCK, 1000 + i as u64)[..],
-            "acknowledged write {i} of the queue is not durable"
-        );
-    }
+    assert_queue_durable(&door, 1000);
 }
