@@ -55,6 +55,7 @@ use crate::limits::{
     MAX_BLOCK_STATUS_EXTENTS, MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES,
     MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_PROCESS, THREAD_STACK_BYTES,
 };
+use crate::poll::{bytes_waiting, poll_before_block, Poll, EXECUTING};
 use crate::proto::*;
 use crate::reply::{Borrowing, Replier};
 use crate::socket::{read_by, Stream};
@@ -658,96 +659,6 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
         recycle(&mut spare, job.payload);
         sh.idle.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-/// Threads of the whole process that are polling a socket now; at most
-/// [`POLLERS_MAX`], so polling never takes more than one CPU however many clients are
-/// connected.
-static POLLERS: AtomicUsize = AtomicUsize::new(0);
-const POLLERS_MAX: usize = 1;
-/// Threads of the whole process executing a request now. A reader polls only while at
-/// most one does: polling pays when the server would otherwise sleep between requests,
-/// and would take CPU from the requests of other clients when it is busy.
-static EXECUTING: AtomicUsize = AtomicUsize::new(0);
-const POLL_WHILE_EXECUTING_MAX: usize = 1;
-
-/// How a reader's wait for the next request header began.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Poll {
-    /// No polling: bytes already buffered, another thread polls, the server is busy, or
-    /// polling is off.
-    Skipped,
-    /// The bytes arrived (or the peer closed) while polling: no wake-up needed.
-    Caught,
-    /// The budget ran out: the reader blocks and the request will cost a wake-up.
-    Missed,
-    /// Other requests started executing: polling stopped to leave them the CPU.
-    Yielded,
-}
-
-/// Waits for the next request by polling the socket (a non-blocking peek) for up to
-/// `budget` before the caller blocks in `read`. A reader blocked in `read` must be woken
-/// by the kernel when the request arrives, which on a VM costs a cross-CPU interrupt
-/// (about 20 us here, half of a 4 KiB read's round trip); a reader that is still polling
-/// sees the bytes without one. Returns at once when data is buffered, when another thread
-/// polls, or when the budget is zero.
-fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) -> Poll {
-    if budget.is_zero()
-        || !reader.buffer().is_empty()
-        || reader.get_ref().has_pending()
-        || EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX
-    {
-        return Poll::Skipped;
-    }
-    if POLLERS.fetch_add(1, Ordering::AcqRel) >= POLLERS_MAX {
-        POLLERS.fetch_sub(1, Ordering::AcqRel);
-        return Poll::Skipped;
-    }
-    let fd = reader.get_ref().raw_fd();
-    let started = Instant::now();
-    let mut byte = 0u8;
-    let outcome = loop {
-        // SAFETY: a one-byte peek into a local on our own open socket; changes nothing.
-        let r = unsafe {
-            libc::recv(
-                fd,
-                (&mut byte as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if r >= 0 {
-            break Poll::Caught; // data, or the peer closed: the read will see it at once
-        }
-        let e = io::Error::last_os_error().kind();
-        if e != io::ErrorKind::WouldBlock && e != io::ErrorKind::Interrupted {
-            break Poll::Caught; // let the blocking read report it at once
-        }
-        if EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX {
-            break Poll::Yielded;
-        }
-        if started.elapsed() >= budget {
-            break Poll::Missed;
-        }
-        std::hint::spin_loop();
-    };
-    POLLERS.fetch_sub(1, Ordering::AcqRel);
-    outcome
-}
-
-/// Whether the client has sent bytes not read yet, without blocking or consuming them.
-fn bytes_waiting(fd: std::os::fd::RawFd) -> bool {
-    let mut byte = 0u8;
-    // SAFETY: a one-byte peek into a local on our own open socket; changes nothing.
-    let r = unsafe {
-        libc::recv(
-            fd,
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    r > 0
 }
 
 /// Reads the next request. `Ok(Some((job, overlap)))`: a job to execute, and whether it

@@ -35,6 +35,7 @@ mod error;
 mod gate;
 pub mod handshake;
 mod listen;
+mod poll;
 pub mod proto;
 mod reply;
 pub mod server;
