@@ -312,9 +312,6 @@ fn block_status<T: Target>(
     Ok(encode_block_status_reply(job.handle, context_id, &d))
 }
 
-/// Executes one job and sends its reply; returns whether the target call succeeded.
-/// Counts the job as successful in `traffic` before its reply is sent, so a client that has
-/// its reply sees it counted.
 /// What a request does once, just before its reply starts: it stops counting as
 /// executing (after this a QD 1 client may send its next request, which must not see
 /// this one as overlapping), and a request that gave the reader role up quietly
@@ -342,6 +339,9 @@ impl BeforeReply<'_> {
     }
 }
 
+/// Executes one job and sends its reply; returns whether the target call succeeded.
+/// Counts the job as successful in `traffic` before its reply is sent, so a client that has
+/// its reply sees it counted.
 fn execute<T: Target>(
     target: &T,
     params: &ConnParams,

@@ -22,7 +22,9 @@
 //!   connection is serial one parked thread (the *watcher*) waits with that deadline and
 //!   takes a vacancy that old, so a request that arrives while another executes (a client
 //!   turning from QD 1 to a deeper queue, or a device write that stalls) waits for one
-//!   hold at most, never for a request that cannot finish until it is read;
+//!   hold at most, never for a request that cannot finish until it is read (a connection
+//!   left with no second thread by the process's thread limit waits for the request
+//!   executing, as it would for any thread);
 //! - any sign of overlap, and any takeover by the watcher, ends serial mode at once; it
 //!   returns only after another [`SERIAL_AFTER_QUIET_REQUESTS`] quiet requests;
 //! - the watcher stops its deadline wake-ups once the role has been held for
