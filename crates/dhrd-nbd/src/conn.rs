@@ -55,7 +55,7 @@ use crate::limits::{
     MAX_BLOCK_STATUS_EXTENTS, MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_REQUESTS, MAX_PAYLOAD_BYTES,
     MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_PROCESS, THREAD_STACK_BYTES,
 };
-use crate::poll::{bytes_waiting, poll_before_block, Poll, EXECUTING};
+use crate::poll::{bytes_buffered, bytes_waiting, poll_before_block, Poll, EXECUTING};
 use crate::proto::*;
 use crate::reply::{Borrowing, Replier};
 use crate::socket::{read_by, Stream};
@@ -663,12 +663,12 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
 
 /// Reads the next request. `Ok(Some((job, overlap)))`: a job to execute, and whether it
 /// showed that the client overlaps its requests (another of the connection's requests
-/// was in flight, or more bytes were already read or decrypted behind it), which
-/// `gate.rs` weighs. Not counted: a request already in the socket when the reader came
-/// for it, which a QD 1 client's next request can be when the reply's wake-up lets the
-/// client run before this thread is back (a request that arrives during a quiet
-/// execution is seen before its reply instead, [`execute`]); `Ok(None)`: the request was answered with
-/// an error already; `Err`: reading stops.
+/// was executing, or more bytes were already read or decrypted behind it), which
+/// `gate.rs` weighs; `Ok(None)`: the request was answered with an error already; `Err`:
+/// reading stops. Not counted as overlap: a request already in the socket when the
+/// reader came for it, which a QD 1 client's next request can be when the reply's
+/// wake-up lets the client run before this thread is back (one that arrives during a
+/// quiet execution is seen before that request's reply instead, [`BeforeReply`]).
 fn next_job<T: Target>(
     reader: &mut BufReader<Stream>,
     sh: &Shared<T>,
@@ -704,7 +704,7 @@ fn next_job<T: Target>(
         // Answered with an error, or reading stops: no job will end it.
         sh.activity.end();
     }
-    overlap |= !reader.buffer().is_empty() || reader.get_ref().has_pending();
+    overlap |= bytes_buffered(reader);
     if matches!(r, Ok(Some(_))) {
         // Counted while the reader role is held, so the next reader sees it.
         sh.executing.fetch_add(1, Ordering::AcqRel);

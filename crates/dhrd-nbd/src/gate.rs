@@ -74,7 +74,7 @@ pub(crate) enum Handoff {
     Quiet,
 }
 
-/// Counts of how the role changed hands, for the connection's statistics.
+/// How a claim got the role, for the connection's statistics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Taken {
     /// The claim took a quiet vacancy left by another thread after [`QUIET_HOLD_MAX`].

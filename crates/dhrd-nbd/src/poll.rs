@@ -13,6 +13,7 @@
 
 use crate::socket::Stream;
 use std::io::{self, BufReader};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -49,8 +50,7 @@ pub(crate) enum Poll {
 /// polls, or when the budget is zero.
 pub(crate) fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) -> Poll {
     if budget.is_zero()
-        || !reader.buffer().is_empty()
-        || reader.get_ref().has_pending()
+        || bytes_buffered(reader)
         || EXECUTING.load(Ordering::Relaxed) > POLL_WHILE_EXECUTING_MAX
     {
         return Poll::Skipped;
@@ -61,17 +61,8 @@ pub(crate) fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) ->
     }
     let fd = reader.get_ref().raw_fd();
     let started = Instant::now();
-    let mut byte = 0u8;
     let outcome = loop {
-        // SAFETY: a one-byte peek into a local on our own open socket; changes nothing.
-        let r = unsafe {
-            libc::recv(
-                fd,
-                (&mut byte as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
+        let r = peek_one(fd);
         if r >= 0 {
             break Poll::Caught; // data, or the peer closed: the read will see it at once
         }
@@ -91,17 +82,28 @@ pub(crate) fn poll_before_block(reader: &BufReader<Stream>, budget: Duration) ->
     outcome
 }
 
-/// Whether the client has sent bytes not read yet, without blocking or consuming them.
-pub(crate) fn bytes_waiting(fd: std::os::fd::RawFd) -> bool {
+/// A non-blocking one-byte peek at the socket: `recv`'s result (1: a byte waits, 0: the
+/// peer closed, -1: see errno). Consumes nothing.
+fn peek_one(fd: RawFd) -> isize {
     let mut byte = 0u8;
     // SAFETY: a one-byte peek into a local on our own open socket; changes nothing.
-    let r = unsafe {
+    unsafe {
         libc::recv(
             fd,
             (&mut byte as *mut u8).cast(),
             1,
             libc::MSG_PEEK | libc::MSG_DONTWAIT,
         )
-    };
-    r > 0
+    }
+}
+
+/// Whether the client has sent bytes not read yet, without blocking or consuming them.
+pub(crate) fn bytes_waiting(fd: RawFd) -> bool {
+    peek_one(fd) > 0
+}
+
+/// Whether bytes the client sent are already in the reader's buffer or, with TLS,
+/// decrypted and waiting: the next read needs no system call.
+pub(crate) fn bytes_buffered(reader: &BufReader<Stream>) -> bool {
+    !reader.buffer().is_empty() || reader.get_ref().has_pending()
 }
