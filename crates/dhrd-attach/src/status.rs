@@ -215,10 +215,11 @@ fn activity_text(s: &mut String, a: &Attached) {
     let w = &a.watch.stats;
     let _ = writeln!(
         s,
-        "watch:           {} events; {} opens demanded, {} writers' closes refreshed, {} files forgotten; {}",
+        "watch:           {} events; {} opens demanded, {} writers' closes refreshed ({} waiting), {} files forgotten; {}",
         g(&w.events),
         g(&w.demanded),
         g(&w.refreshed),
+        a.watch.changed_waiting(),
         g(&w.forgotten),
         match a.scope {
             Scope::Filesystem => "one mark on the file system".to_string(),
@@ -316,6 +317,7 @@ pub fn json(a: &Attached) -> Value {
             "events": g(&w.events),
             "demanded": g(&w.demanded),
             "refreshed": g(&w.refreshed),
+            "changed_waiting": a.watch.changed_waiting(),
             "forgotten": g(&w.forgotten),
             "dirs_marked": a.watch.dirs_marked(),
             "mark_failures": g(&w.mark_failures),
