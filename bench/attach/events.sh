@@ -6,21 +6,22 @@
 # For each run: the workload's own figure and the daemon's CPU (utime+stime ticks of
 # 10 ms, from /proc) over the workload, and the events the watch read.
 #
-#   sudo bench/attach/events.sh [--rounds N] [--only extract,fileserver,metaops] [--out DIR]
+#   sudo bench/attach/events.sh [--rounds N] [--only extract,fileserver,metaops] [--files N] [--out DIR]
 #
 # extract: `tar -xf` of the suite's archive of 20,000 files of 1-8 KiB (bench/suite/apps.py).
-# fileserver: `dhrd-bench fileserver`, 50 threads, 2,000 files of 16 KiB mean, 10 s.
+# fileserver: `dhrd-bench fileserver`, 50 threads, 2,000 files (--files) of 16 KiB mean, 10 s.
 # metaops: `dhrd-bench metaops`, 100,000 empty files created, stat'ed, unlinked, 1 thread.
 # Builds release binaries from this tree first. Needs root (loop devices, fanotify).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-rounds=3 only=extract,fileserver,metaops out=""
+rounds=3 only=extract,fileserver,metaops files=2000 out=""
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
+    --files) files=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--rounds N] [--only extract,fileserver,metaops] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rounds N] [--only extract,fileserver,metaops] [--files N] [--out DIR]" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (loop devices, fanotify)" >&2; exit 2; }
@@ -39,7 +40,10 @@ if [[ $only == *extract* ]]; then
 fi
 
 fresh_fs() {
-  rm -f "$work/img"; fallocate -l 3G "$work/img"
+  # Room as the suite's fileserver gives it: three times the fileset, and 3 GiB at least.
+  local img_bytes=$(( files * 16384 * 3 + (256 << 20) ))
+  [ "$img_bytes" -ge $((3 << 30)) ] || img_bytes=$((3 << 30))
+  rm -f "$work/img"; fallocate -l "$img_bytes" "$work/img"
   loop=$(losetup --find --show --direct-io=on "$work/img")
   mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 "$loop"
   mkdir -p "$work/fs"; mount "$loop" "$work/fs"; mkdir "$work/fs/d"
@@ -60,7 +64,7 @@ one() {
       t0=$(date +%s.%N); tar -xf "$work/a.tar" -C "$work/fs/d"; t1=$(date +%s.%N)
       fig="extract_s=$(echo "$t1 - $t0" | bc)" ;;
     fileserver)
-      fig="ops_per_s=$("$bench" fileserver --dir "$work/fs/d" --files 2000 --threads 50 --secs 10 \
+      fig="ops_per_s=$("$bench" fileserver --dir "$work/fs/d" --files "$files" --threads 50 --secs 10 \
         --mean-file-bytes 16384 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["ops_per_sec"]))')" ;;
     metaops)
       fig="ops_per_s=$("$bench" metaops --dir "$work/fs/d" --threads 1 --files-per-thread 100000 2>/dev/null \
@@ -73,7 +77,7 @@ one() {
     while [ -e "/proc/$pid" ]; do sleep 0.05; done
   fi
   drop_fs
-  echo "$wl round=$rnd config=$cfg $fig daemon_cpu_ticks=$((c1 - c0))$events"
+  echo "$wl round=$rnd config=$cfg$([ "$wl" = fileserver ] && echo " files=$files") $fig daemon_cpu_ticks=$((c1 - c0))$events"
 }
 
 {
