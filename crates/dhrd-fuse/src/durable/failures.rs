@@ -287,6 +287,11 @@ impl Failures {
         self.kept.lock().take(id)
     }
 
+    /// A descriptor kept of inode `id`, if any (to look at the inode through it).
+    pub fn kept_of(&self, id: InodeId) -> Option<Arc<File>> {
+        self.kept.lock().any_of(id).cloned()
+    }
+
     /// Descriptors kept now, those being checked included (status).
     pub fn kept_len(&self) -> usize {
         self.kept.lock().len()

@@ -113,6 +113,12 @@ impl<T: Clone> Kept<T> {
         })
     }
 
+    /// One descriptor kept of inode `id`, if any.
+    pub fn any_of(&self, id: InodeId) -> Option<&T> {
+        let stamp = self.by_inode.get(&id)?.first()?;
+        self.entries.get(stamp).map(|e| &e.fd)
+    }
+
     /// Takes every entry of inode `id` out (a sync of it checks them; an inode with no
     /// name left needs no check).
     pub fn take(&mut self, id: InodeId) -> Vec<T> {

@@ -567,6 +567,9 @@ impl<B: Send + Sync + 'static> PageTier<B> {
     /// its last close, and the warm-up forgets the file. Descriptors kept of it go too:
     /// nothing can open it again to ask, and they would keep its space.
     pub fn unlinked(&self, key: u64) {
+        if self.still_named(key) {
+            return;
+        }
         let mut regs = self.regs.lock();
         let mut gone = None;
         if let Some(reg) = regs.map.get_mut(&key) {
@@ -581,6 +584,20 @@ impl<B: Send + Sync + 'static> PageTier<B> {
         let gone = (gone.is_some() || !kept.is_empty()).then_some((gone, kept));
         // The registration goes to the reaper with the warm-up's pin, in one handoff.
         self.resident.forget_with(key, gone);
+    }
+
+    /// Whether inode `key`, said to have lost its last name, has one after all. The caller
+    /// judged from a link count read before its unlink, and a link made meanwhile (another
+    /// request, or a program outside the mount) leaves the file a name: dropping its
+    /// descriptors then would leave a writeback error unasked. A descriptor held of the
+    /// inode (its registration's or a kept one) tells for certain, and a count of 0 is
+    /// final: a file whose last name went can never be linked again (only an O_TMPFILE
+    /// file can). With no descriptor held there is nothing to lose but the warm-up's pin.
+    fn still_named(&self, key: u64) -> bool {
+        let held = self
+            .held_file(key)
+            .or_else(|| self.failures.kept_of((self.dev, key)));
+        held.is_some_and(|f| pagecache::link_count(f.as_fd()).is_ok_and(|n| n > 0))
     }
 
     /// Runs `f` with the callers holding writable passthrough opens of inode `key` (none

@@ -122,13 +122,16 @@ fn one_registration_per_inode_shared_by_its_opens_kept_after_the_last_close_unti
         .expect("reopen");
     assert_eq!(ids(&r).1, 1, "the kept registration is reused");
     // Losing its last name while open: dropped at the last close, not kept.
+    std::fs::remove_file(&p).expect("unlink");
     t.unlinked(7);
     assert!(t.held_file(7).is_some());
     t.release(7, o);
     assert!(t.held_file(7).is_none());
+    std::fs::write(&p, b"data").expect("write");
     let (o, r) = t.open(7, 0, None, || rw(&p), |_| Ok(3)).expect("reopen");
     assert_eq!(ids(&r).1, 3, "a new registration once the old one went");
     t.release(7, o);
+    std::fs::remove_file(&p).expect("unlink");
     t.unlinked(7);
     assert!(t.held_file(7).is_none(), "an idle one goes at once");
 }
@@ -335,6 +338,59 @@ fn a_dropped_written_registration_keeps_its_descriptor_until_asked() {
         .expect("sync");
     assert_eq!(t.kept_files(), 1);
     // Inode 2 loses its last name: nothing can ask any more.
+    std::fs::remove_file(d.path().join("f2")).expect("unlink");
     t.unlinked(2);
+    assert_eq!(t.kept_files(), 0);
+}
+
+/// The unlink of what its caller took for a file's last name (a link count read before
+/// it) races a link made meanwhile: the file still has a name, and the descriptors that
+/// would report its writeback error stay, the registration's and a kept one alike.
+/// Before, both were dropped unchecked.
+#[test]
+fn a_name_added_while_the_last_one_went_keeps_the_descriptors_that_can_report_errors() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let t = tier(false);
+    let path = |k: u64| d.path().join(format!("f{k}"));
+    let open_close = |k: u64, writer: Option<Caller>| {
+        if !path(k).exists() {
+            std::fs::write(path(k), b"x").expect("write");
+        }
+        let (o, _) = t
+            .open(k, 0, writer, || rw(&path(k)), |_| Ok(1))
+            .expect("open");
+        t.release(k, o);
+    };
+    // Inode 0: an idle registration of a written file. Inode 1: past the idle ones kept,
+    // its descriptor waits in the table of kept ones.
+    open_close(0, Some(ROOT));
+    open_close(1, Some(ROOT));
+    for k in 10..10 + LINGER_MAX as u64 {
+        open_close(k, None);
+    }
+    assert!(t.held_file(0).is_none() && t.held_file(1).is_none());
+    assert_eq!(t.kept_files(), 2);
+    open_close(0, Some(ROOT));
+    assert!(t.held_file(0).is_some());
+    for k in [0, 1] {
+        std::fs::hard_link(path(k), d.path().join(format!("again{k}"))).expect("link");
+        std::fs::remove_file(path(k)).expect("unlink");
+        t.unlinked(k);
+    }
+    assert!(
+        t.held_file(0).is_some(),
+        "the registration of a named file went"
+    );
+    assert_eq!(
+        t.kept_files(),
+        2,
+        "a named file's kept descriptor went unasked"
+    );
+    // Its last name goes for real: now they go.
+    for k in [0, 1] {
+        std::fs::remove_file(d.path().join(format!("again{k}"))).expect("unlink");
+        t.unlinked(k);
+    }
+    assert!(t.held_file(0).is_none());
     assert_eq!(t.kept_files(), 0);
 }
