@@ -13,7 +13,7 @@
 mod common;
 use common::*;
 use std::fs;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::process::Command;
 
 #[test]
@@ -155,6 +155,7 @@ fn a_writeback_error_reaches_every_open_at_its_next_fsync_and_stays() {
     let (a, b) = (open(), open());
     a.write_all_at(&[2u8; 4096], 0).expect("write a");
     b.write_all_at(&[3u8; 4096], 8192).expect("write b");
+    let ino = fs::metadata(backing.join("f")).expect("stat f").ino();
     disk.fail_writes_to(&backing.join("f"));
     let ra = a.sync_all();
     let rb = b.sync_all();
@@ -175,6 +176,11 @@ fn a_writeback_error_reaches_every_open_at_its_next_fsync_and_stays() {
     assert!(
         st.contains("read-only:") && !st.contains("read-only:       no"),
         "status must report the failure: {st}"
+    );
+    // One file failed, not the file system: status says which (by backing inode).
+    assert!(
+        st.contains(&format!("backing inode {ino} (that file only)")),
+        "status must name the failed file, not the whole backing: {st}"
     );
 }
 

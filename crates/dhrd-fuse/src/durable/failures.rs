@@ -82,7 +82,7 @@ pub struct Failures {
     any: AtomicBool,
     inodes: Mutex<HashSet<InodeId>>,
     devs: Mutex<HashSet<u64>>,
-    first: Mutex<Option<String>>,
+    first: Mutex<Option<FirstFailure>>,
     /// Exclusive for a sync of an inode, shared for a change that syncs itself, each from
     /// its check until its failure is recorded.
     stripes: Box<[RwLock<()>]>,
@@ -93,6 +93,14 @@ pub struct Failures {
     /// (kept.rs). Lock order: after the locks above, and after the page cache path's
     /// registration table; nothing is locked while it is held.
     kept: Mutex<Kept<Arc<File>>>,
+}
+
+/// The first failure recorded: which sync and its error, and the inode whose sync it was
+/// (None: a sync of a whole file system).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstFailure {
+    pub what: String,
+    pub inode: Option<InodeId>,
 }
 
 impl Default for Failures {
@@ -114,7 +122,10 @@ impl Failures {
     pub fn inode_failed(&self, id: InodeId, what: String) {
         self.inodes.lock().insert(id);
         self.any.store(true, Ordering::Release);
-        self.first.lock().get_or_insert(what);
+        self.first.lock().get_or_insert(FirstFailure {
+            what,
+            inode: Some(id),
+        });
     }
 
     /// A sync of the whole file system `dev` failed (syncfs, a journal commit): which
@@ -122,7 +133,9 @@ impl Failures {
     pub fn fs_failed(&self, dev: u64, what: String) {
         self.devs.lock().insert(dev);
         self.any.store(true, Ordering::Release);
-        self.first.lock().get_or_insert(what);
+        self.first
+            .lock()
+            .get_or_insert(FirstFailure { what, inode: None });
     }
 
     /// Whether inode `id` (or its file system) has failed a sync.
@@ -141,9 +154,16 @@ impl Failures {
         id_of(fd).is_some_and(|id| self.failed(id))
     }
 
-    /// The first failure recorded, for status.
+    /// What failed first (which sync, and its error), for status.
     pub fn first(&self) -> Option<String> {
-        self.first.lock().clone()
+        self.first.lock().as_ref().map(|f| f.what.clone())
+    }
+
+    /// The first failure recorded, and how many inodes failed on their own (status: one
+    /// file's failure is told from the whole file system's).
+    pub fn first_failure(&self) -> Option<(FirstFailure, usize)> {
+        let first = self.first.lock().clone()?;
+        Some((first, self.inodes.lock().len()))
     }
 
     /// Runs `sync` (of what `of` names) as one step with its check and its record: EIO
@@ -420,6 +440,12 @@ mod tests {
         f.fs_failed(4, "syncfs: EIO".into());
         assert!(f.failed((4, 9)) && f.fs_has_failed(4));
         assert_eq!(f.first().as_deref(), Some("fsync: EIO"));
+        let (first, inodes) = f.first_failure().unwrap();
+        assert_eq!(
+            (first.inode, inodes),
+            (Some((1, 2)), 1),
+            "one file's, not the file system's"
+        );
     }
 
     fn eio() -> std::io::Error {

@@ -126,13 +126,15 @@ pub fn data_path(sh: &Mount) -> &'static str {
 /// Files (or the whole backing) that take no more writes, with the cause.
 pub fn read_only_causes(sh: &Mount) -> Vec<(String, String)> {
     // A sync that failed (failures.rs): files or the whole backing take no more syncs.
-    let failed = sh.committer().failures().first();
+    let first = sh.committer().failures().first_failure();
     let mut causes: Vec<(String, String)> = match sh.tier_if_set() {
-        Some(Tier::Page(t)) => failed
-            .clone()
-            .or_else(|| t.health(sh.dir().root_fd()))
-            .map(|c| vec![("the backing file system".to_string(), c)])
-            .unwrap_or_default(),
+        Some(Tier::Page(t)) => match &first {
+            Some((f, inodes)) => vec![(failed_where(f.inode, *inodes), f.what.clone())],
+            None => t
+                .health(sh.dir().root_fd())
+                .map(|c| vec![(WHOLE_BACKING.to_string(), c)])
+                .unwrap_or_default(),
+        },
         Some(Tier::Engine(t)) => t
             .objects()
             .snapshot()
@@ -145,11 +147,26 @@ pub fn read_only_causes(sh: &Mount) -> Vec<(String, String)> {
         None => Vec::new(),
     };
     if causes.is_empty() {
-        if let Some(f) = failed {
-            causes.push(("the backing file system".to_string(), f));
+        if let Some((f, inodes)) = first {
+            causes.push((failed_where(f.inode, inodes), f.what));
         }
     }
     causes
+}
+
+/// Where a failure holds when it is the whole backing's.
+const WHOLE_BACKING: &str = "the backing file system";
+
+/// What a recorded failure stops: one file (the backing's inode number, which `find -inum`
+/// turns into a path; the record keeps none), or the whole backing.
+fn failed_where(inode: Option<(u64, u64)>, inodes: usize) -> String {
+    match inode {
+        Some((_, ino)) if inodes > 1 => {
+            format!("backing inode {ino} and {} other file(s)", inodes - 1)
+        }
+        Some((_, ino)) => format!("backing inode {ino} (that file only)"),
+        None => WHOLE_BACKING.to_string(),
+    }
 }
 
 pub fn yes(b: bool) -> &'static str {
