@@ -4,7 +4,8 @@
 //! - a file opened during the warm-up goes to the front of the warm-up (`FAN_OPEN`, only
 //!   until the warm-up completes: after that every open would cost an event for nothing);
 //! - a file closed after writing may have grown or shrunk: the warm-up refreshes its pin
-//!   (`FAN_CLOSE_WRITE`);
+//!   (`FAN_CLOSE_WRITE`), after a delay and at a bounded rate, oldest first (a file
+//!   deleted meanwhile costs nothing; `dhrd_pagecache::resident::Changed`);
 //! - a file that lost its last name gives back its pin and budget (`FAN_DELETE`): the pin's
 //!   mapping would otherwise keep the deleted file's space for good;
 //! - in a subdirectory (`Scope::Tree`), each directory carries an inode mark, so the
@@ -24,14 +25,15 @@
 //!
 //! Invariants: the daemon's own opens (warm-up, flag walks) are skipped by pid; the watch
 //! only reads files, sets flags and marks, and tells the warm-up; it never blocks an
-//! application (notification events only). Crash semantics: none; the group and its marks
+//! application (notification events only); at most `CHANGED_MAX` changed files wait (past
+//! it the oldest is handed on at once). Crash semantics: none; the group and its marks
 //! vanish with the process (flags stay, see `flags.rs`).
 
 use crate::fanotify::{Event, Group, MarkOn, EVENT_BUF_BYTES};
 use crate::flags::{self, FlagStats};
 use crate::handle::Handle;
 use crate::tree::{self, Kind};
-use dhrd_pagecache::resident::Resident;
+use dhrd_pagecache::resident::{Changed, Resident, CHANGED_DELAY, CHANGED_MAX};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::File;
@@ -52,31 +54,6 @@ pub const EVENT_BATCH_PAUSE: Duration = Duration::from_millis(2);
 /// the fileserver workload (50 threads, 2,000 files) the daemon's CPU fell from 0.92-0.95 s
 /// to 0.30-0.34 s in 10 s.
 pub const EVENT_BATCH_PAUSE_RELAXED: Duration = Duration::from_millis(20);
-/// How long a file closed after writing waits before the warm-up hears of it: a file
-/// written and deleted within this time (a temporary file, a mail spool's message, the
-/// fileserver's files) costs the daemon no system call at all, only the events' parsing.
-/// The warm-up adds its own delay before it pins a changed file again
-/// (`dhrd_pagecache::resident::REFRESH_DELAY`), so nothing is pinned sooner either way.
-pub const CHANGED_DELAY: Duration = Duration::from_secs(2);
-/// Files closed after writing that wait at most; past it, the oldest is handed on early
-/// (whatever the rate below allows). About 100 bytes each (its handle, its key twice), so
-/// 26 MiB at most; it reaches that only while more files are written than
-/// `CHANGED_HANDOFFS_PER_S` and live longer than the wait.
-pub const CHANGED_MAX: usize = 262_144;
-/// Changed files handed to the warm-up per second, at most, after a burst of
-/// `CHANGED_HANDOFF_BURST`: the pins of written files cost the daemon CPU on the
-/// application's CPUs, and under churn most of it is for nothing. Each hand-off is a pin
-/// made (open, read what is not cached, map, lock) and, for a file that later changes or
-/// goes, unmade: measured 50-60 us of daemon CPU per file on the fileserver workload with
-/// 128,000 files, where 7,400 files a second were pinned and most deleted within seconds
-/// (0.45 s of CPU a second, the workload at 0.70-0.79x a plain directory; without the
-/// pins, 1.0x). At this rate the pins cost about 6% of one CPU; a file waits its turn in
-/// the order it was first written, its pages in the page cache meanwhile (only not
-/// locked), and one deleted while it waits costs nothing. The files that reach a pin are
-/// the ones that lived longest.
-pub const CHANGED_HANDOFFS_PER_S: u32 = 1_000;
-/// Hand-offs that may go at once after a quiet period (see `CHANGED_HANDOFFS_PER_S`).
-pub const CHANGED_HANDOFF_BURST: u32 = 1_000;
 /// Fault injection for tests: while the file this names exists, events wait in the
 /// kernel's queue unread, which holds every repair back (the window a rename in opens,
 /// made as long as a test needs to show it).
@@ -151,88 +128,9 @@ pub struct Watch {
     dirs: Mutex<HashMap<u64, Handle>>,
     open_events: AtomicBool,
     /// Files closed after writing, by key, waiting `CHANGED_DELAY` (in due order).
-    changed: Mutex<Changed>,
+    changed: Mutex<Changed<Handle>>,
     pub stats: WatchStats,
     me: i32,
-}
-
-/// Files closed after writing, waiting to be handed to the warm-up, and the hand-offs
-/// the rate allows now (a token bucket, `CHANGED_HANDOFFS_PER_S`).
-struct Changed {
-    due: std::collections::VecDeque<(Instant, u64)>,
-    files: HashMap<u64, Handle>,
-    tokens: f64,
-    refilled: Instant,
-}
-
-impl Changed {
-    fn new() -> Self {
-        Self {
-            due: Default::default(),
-            files: HashMap::new(),
-            tokens: f64::from(CHANGED_HANDOFF_BURST),
-            refilled: Instant::now(),
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let secs = now.saturating_duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + secs * f64::from(CHANGED_HANDOFFS_PER_S))
-            .min(f64::from(CHANGED_HANDOFF_BURST));
-        self.refilled = now;
-    }
-
-    /// A file closed after writing waits until `due`, or keeps its place if it waits
-    /// already.
-    fn add(&mut self, h: &Handle, due: Instant) {
-        let key = h.key();
-        if self.files.insert(key, h.clone()).is_none() {
-            self.due.push_back((due, key));
-        }
-    }
-
-    /// A file that went (or gave up a name) no longer waits. Its place in `due` stays
-    /// until it reaches the front, where it is passed over; the queue is compacted when
-    /// such places outnumber the waiting files, which bounds it while the rate holds files
-    /// back.
-    fn remove(&mut self, key: u64) {
-        if self.files.remove(&key).is_some() && self.due.len() > 2 * self.files.len() + 1024 {
-            let files = &self.files;
-            self.due.retain(|(_, k)| files.contains_key(k));
-        }
-    }
-
-    /// The next file to hand on at `now`: the oldest waiting, if it is due and the rate
-    /// allows a hand-off (which it then uses up), or whatever the rate with `anyway`.
-    fn take(&mut self, now: Instant, anyway: bool) -> Option<Handle> {
-        self.refill(now);
-        // Places of files that went meanwhile pass at once, free.
-        while self
-            .due
-            .front()
-            .is_some_and(|(_, k)| !self.files.contains_key(k))
-        {
-            self.due.pop_front();
-        }
-        let (due, key) = *self.due.front()?;
-        if !anyway && (due > now || self.tokens < 1.0) {
-            return None;
-        }
-        self.due.pop_front();
-        if !anyway {
-            self.tokens -= 1.0;
-        }
-        self.files.remove(&key)
-    }
-
-    /// When the next waiting file may be handed on: when it is due, and not before the
-    /// rate allows another hand-off.
-    fn next_at(&self) -> Option<Instant> {
-        let (due, _) = self.due.front()?;
-        let short = (1.0 - self.tokens).max(0.0);
-        let rate = Duration::from_secs_f64(short / f64::from(CHANGED_HANDOFFS_PER_S));
-        Some((*due).max(self.refilled + rate))
-    }
 }
 
 impl Watch {
@@ -298,7 +196,7 @@ impl Watch {
 
     /// Files closed after writing that wait for their hand-off to the warm-up (their pin).
     pub fn changed_waiting(&self) -> usize {
-        self.changed.lock().files.len()
+        self.changed.lock().len()
     }
 
     /// Directories marked now (tree scope).
@@ -423,8 +321,8 @@ impl Watch {
     /// is deleted first.
     fn note_changed(&self, ctx: &Ctx<'_>, target: &Handle) {
         let mut c = self.changed.lock();
-        c.add(target, Instant::now() + CHANGED_DELAY);
-        let full = c.files.len() > CHANGED_MAX;
+        c.add(target.key(), target.clone(), Instant::now() + CHANGED_DELAY);
+        let full = c.len() > CHANGED_MAX;
         drop(c);
         if full {
             self.hand_on_changed(ctx, true);
@@ -643,72 +541,4 @@ fn rel_path(dir: &Path, fd: BorrowedFd<'_>) -> Option<PathBuf> {
     }))
     .ok()?;
     abs.strip_prefix(dir).ok().map(Path::to_path_buf)
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests fail loudly by design
-mod tests {
-    use super::*;
-
-    fn handle(i: u32) -> Handle {
-        Handle {
-            handle_type: 1,
-            bytes: i.to_le_bytes().to_vec(),
-        }
-    }
-
-    /// `n` files that came due at `t0`, with a full bucket refilled at `t0`.
-    fn waiting(n: u32, t0: Instant) -> Changed {
-        let mut c = Changed::new();
-        c.refilled = t0;
-        for i in 0..n {
-            c.add(&handle(i), t0);
-        }
-        c
-    }
-
-    fn take_all(c: &mut Changed, now: Instant) -> usize {
-        std::iter::from_fn(|| c.take(now, false)).count()
-    }
-
-    #[test]
-    fn changed_files_are_handed_on_at_the_rate_in_the_order_they_came() {
-        let t0 = Instant::now();
-        let mut c = waiting(3 * CHANGED_HANDOFF_BURST, t0);
-        assert_eq!(c.take(t0, false), Some(handle(0)), "oldest first");
-        assert_eq!(take_all(&mut c, t0), CHANGED_HANDOFF_BURST as usize - 1);
-        // Half a second later, half a second's worth (give or take the float's rounding).
-        let later = take_all(&mut c, t0 + Duration::from_millis(500));
-        let half = CHANGED_HANDOFFS_PER_S as usize / 2;
-        assert!((half - 1..=half).contains(&later), "{later}");
-        let next = c.next_at().unwrap();
-        assert!(next > t0 + Duration::from_millis(500), "waits for the rate");
-        // Whatever the rate, `anyway` hands on the oldest (the set is full).
-        assert!(c.take(t0 + Duration::from_millis(500), true).is_some());
-    }
-
-    #[test]
-    fn a_file_is_not_handed_on_before_it_is_due() {
-        let t0 = Instant::now();
-        let mut c = waiting(0, t0);
-        c.add(&handle(7), t0 + CHANGED_DELAY);
-        assert_eq!(c.take(t0, false), None);
-        assert_eq!(c.next_at(), Some(t0 + CHANGED_DELAY));
-        assert_eq!(c.take(t0 + CHANGED_DELAY, false), Some(handle(7)));
-    }
-
-    #[test]
-    fn files_that_went_while_they_waited_cost_no_hand_off_and_their_places_are_bounded() {
-        let t0 = Instant::now();
-        let n = 20_000;
-        let mut c = waiting(n, t0);
-        for i in 0..n - 10 {
-            c.remove(handle(i).key());
-            assert!(c.due.len() <= 2 * c.files.len() + 1024 + 1);
-        }
-        // The ten left are handed on, none of the places of the others used the rate.
-        assert_eq!(take_all(&mut c, t0), 10);
-        assert!(c.due.is_empty() && c.files.is_empty());
-        assert_eq!(c.tokens, f64::from(CHANGED_HANDOFF_BURST) - 10.0);
-    }
 }

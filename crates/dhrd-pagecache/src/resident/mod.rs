@@ -16,7 +16,8 @@
 //! as root the limit is raised when the pins reach it (`mapcount.rs`, which says why);
 //! past it, files stay warm but evictable (reported).
 //!
-//! The files, each importing only those listed before it: `pin.rs` (one pinned mapping),
+//! The files, each importing only those listed before it: `changed.rs` (written files
+//! waiting for their pin, and the rate they are handed on at), `pin.rs` (one pinned mapping),
 //! `mapcount.rs` (how many pins may exist), `stats.rs` (the counters as reported),
 //! `config.rs` (bounds and configuration), `state.rs` (entries, queues, counters),
 //! `finish.rs` (pinning and recording a warmed file), `warmup.rs` (the threads reading
@@ -58,6 +59,7 @@
 //!
 //! [`RamBudget`]: dhrd_io::RamBudget
 
+mod changed;
 mod config;
 mod demand;
 mod finish;
@@ -68,6 +70,9 @@ mod state;
 mod stats;
 mod warmup;
 
+pub use changed::{
+    Changed, CHANGED_DELAY, CHANGED_HANDOFFS_PER_S, CHANGED_HANDOFF_BURST, CHANGED_MAX,
+};
 pub use config::{
     FileRef, Folios, Opener, ResidentConfig, DEMAND_QUEUE_MAX, REFRESH_DELAY, RESIDENT_NICE,
     RESIDENT_THREADS_DEFAULT, RESIDENT_THREADS_MAX, WALK_QUEUE_MAX, WARM_READ_BYTES,
