@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 pub const CHANGED_DELAY: Duration = Duration::from_secs(2);
 /// Files closed after writing that wait at most; past it, the oldest is handed on early
 /// (whatever the rate below allows). About 100 bytes each in the attach daemon (a file
-/// handle, its key twice), so 26 MiB at most; it reaches that only while more files are written than
-/// `CHANGED_HANDOFFS_PER_S` and live longer than the wait.
+/// handle, its key twice), so 26 MiB at most; it reaches that only while more files are
+/// written than `CHANGED_HANDOFFS_PER_S` and live longer than the wait.
 pub const CHANGED_MAX: usize = 262_144;
 /// Changed files handed to the warm-up per second, at most, after a burst of
 /// `CHANGED_HANDOFF_BURST`: the pins of written files cost the daemon CPU on the
@@ -43,6 +43,7 @@ pub const CHANGED_MAX: usize = 262_144;
 pub const CHANGED_HANDOFFS_PER_S: u32 = 1_000;
 /// Hand-offs that may go at once after a quiet period (see `CHANGED_HANDOFFS_PER_S`).
 pub const CHANGED_HANDOFF_BURST: u32 = 1_000;
+
 /// Files closed after writing, by key, each with what its caller needs to hand it on
 /// (`T`: a file handle in the attach daemon), waiting to be handed to the warm-up; and the
 /// hand-offs the rate allows now (a token bucket, `CHANGED_HANDOFFS_PER_S`).
