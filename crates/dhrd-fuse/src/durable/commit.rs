@@ -840,7 +840,7 @@ mod tests {
             !run(one(&b)),
             "an inode of a file system whose syncfs failed"
         );
-        assert!(c.failures().first().is_some());
+        assert!(c.failures().first_failure().is_some());
         c.shutdown();
     }
 

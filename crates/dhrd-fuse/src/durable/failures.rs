@@ -154,11 +154,6 @@ impl Failures {
         id_of(fd).is_some_and(|id| self.failed(id))
     }
 
-    /// What failed first (which sync, and its error), for status.
-    pub fn first(&self) -> Option<String> {
-        self.first.lock().as_ref().map(|f| f.what.clone())
-    }
-
     /// The first failure recorded, and how many inodes failed on their own (status: one
     /// file's failure is told from the whole file system's).
     pub fn first_failure(&self) -> Option<(FirstFailure, usize)> {
@@ -439,8 +434,8 @@ mod tests {
         assert!(f.failed((1, 2)) && !f.failed((1, 3)) && !f.fs_has_failed(1));
         f.fs_failed(4, "syncfs: EIO".into());
         assert!(f.failed((4, 9)) && f.fs_has_failed(4));
-        assert_eq!(f.first().as_deref(), Some("fsync: EIO"));
         let (first, inodes) = f.first_failure().unwrap();
+        assert_eq!(first.what, "fsync: EIO");
         assert_eq!(
             (first.inode, inodes),
             (Some((1, 2)), 1),

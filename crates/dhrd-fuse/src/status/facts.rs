@@ -126,15 +126,20 @@ pub fn data_path(sh: &Mount) -> &'static str {
 /// Files (or the whole backing) that take no more writes, with the cause.
 pub fn read_only_causes(sh: &Mount) -> Vec<(String, String)> {
     // A sync that failed (failures.rs): files or the whole backing take no more syncs.
-    let first = sh.committer().failures().first_failure();
+    let recorded = sh
+        .committer()
+        .failures()
+        .first_failure()
+        .map(|(f, inodes)| (failed_where(f.inode, inodes), f.what));
     let mut causes: Vec<(String, String)> = match sh.tier_if_set() {
-        Some(Tier::Page(t)) => match &first {
-            Some((f, inodes)) => vec![(failed_where(f.inode, *inodes), f.what.clone())],
-            None => t
-                .health(sh.dir().root_fd())
-                .map(|c| vec![(WHOLE_BACKING.to_string(), c)])
-                .unwrap_or_default(),
-        },
+        Some(Tier::Page(t)) => recorded
+            .clone()
+            .or_else(|| {
+                t.health(sh.dir().root_fd())
+                    .map(|c| (WHOLE_BACKING.to_string(), c))
+            })
+            .into_iter()
+            .collect(),
         Some(Tier::Engine(t)) => t
             .objects()
             .snapshot()
@@ -147,9 +152,7 @@ pub fn read_only_causes(sh: &Mount) -> Vec<(String, String)> {
         None => Vec::new(),
     };
     if causes.is_empty() {
-        if let Some((f, inodes)) = first {
-            causes.push((failed_where(f.inode, inodes), f.what));
-        }
+        causes.extend(recorded);
     }
     causes
 }
