@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Focused, interleaved comparison of `dhrd mount --durability sync` writes with the raw
 # disk, for iterating on the write path. Each round runs, in a rotated order: raw
-# O_DIRECT+O_DSYNC 4 KiB random writes on a file in --disk-dir, and the same through one
-# mount per dhrd binary given (so two builds can be compared in the same run), at 1 and 8
-# jobs; then the mixed 66:34 job through each mount and a tmpfs 4 KiB random read (for the
-# mixed target's formula). Ratios are computed per round against that round's raw run;
-# medians over rounds are printed.
+# O_DIRECT+O_DSYNC 4 KiB random writes, and the same through a mount of each dhrd binary
+# given (so two builds can be compared in the same run), at 1 and 8 jobs, then the mixed
+# 66:34 job through that mount; and a tmpfs 4 KiB random read (for the mixed target's
+# formula). Ratios are computed per round against that round's raw run; medians over
+# rounds are printed. Every configuration writes the same file, one at a time (a mount is
+# made for its turn and unmounted after it): two files filled alike on the same file
+# system differ by up to 30% in O_DSYNC write rate on these VMs (docs/benchmarks.md).
 #
 # Usage: bench/fuse/writes.sh [--rounds 5] [--runtime 4] [--size 512M] [--disk-dir /var/tmp]
 #                             [--out DIR] [--extra-raw] NAME=DHRD_BINARY[:MOUNT_ARGS]...
@@ -37,74 +39,85 @@ OUT=${OUT:-$(mktemp -d /tmp/dhrd-writes.XXXXXX)}
 mkdir -p "$OUT"
 WORK=$DISK_DIR/dhrd-writes.$$
 TMPFS=$WORK/tmpfs
-mkdir -p "$WORK/raw" "$TMPFS"
+DATA_DIR=$WORK/backing
+mkdir -p "$DATA_DIR" "$WORK/mnt" "$TMPFS"
 NAMES=()
-declare -A BIN ARGS MNT
+declare -A BIN ARGS
 for b in "${BINS[@]}"; do
-  n=${b%%=*}; NAMES+=("$n"); v=${b#*=}; BIN[$n]=${v%%:*}; MNT[$n]=$WORK/mnt-$n
+  n=${b%%=*}; NAMES+=("$n"); v=${b#*=}; BIN[$n]=${v%%:*}
   ARGS[$n]=; [ "$v" != "${v#*:}" ] && ARGS[$n]=${v#*:}
-  mkdir -p "$WORK/backing-$n" "${MNT[$n]}"
 done
+MNT=$WORK/mnt
+MOUNTED=
 cleanup() {
-  for n in "${NAMES[@]}"; do
-    "${BIN[$n]}" umount "${MNT[$n]}" 2>/dev/null || fusermount3 -uz "${MNT[$n]}" 2>/dev/null || true
-  done
+  if [ -n "$MOUNTED" ]; then
+    "${BIN[$MOUNTED]}" umount "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
+  fi
   wait 2>/dev/null || true
   umount "$TMPFS" 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-fio --name=fill --filename="$WORK/raw/data" --rw=write --bs=1M --size=$SIZE --output=/dev/null
-for n in "${NAMES[@]}"; do cp "$WORK/raw/data" "$WORK/backing-$n/data"; done
+fio --name=fill --filename="$DATA_DIR/data" --rw=write --bs=1M --size=$SIZE --output=/dev/null
 mount -t tmpfs -o size=$(( $(numfmt --from=iec "$SIZE") * 2 )) tmpfs "$TMPFS"
-cp "$WORK/raw/data" "$TMPFS/data"
+cp "$DATA_DIR/data" "$TMPFS/data"
 sync
-for n in "${NAMES[@]}"; do
+mount_dhrd() { # name: mounts the one backing with that binary, returns once loaded
+  local n=$1
   # shellcheck disable=SC2086 # ARGS is a list of words
-  "${BIN[$n]}" mount "$WORK/backing-$n" "${MNT[$n]}" --durability sync --quiet ${ARGS[$n]} > "$OUT/daemon-$n.log" 2>&1 &
-  for _ in $(seq 1 200); do mountpoint -q "${MNT[$n]}" && break; sleep 0.05; done
-  for _ in $(seq 1 600); do "${BIN[$n]}" status "${MNT[$n]}" 2>/dev/null | grep -q complete && break; sleep 0.1; done
-done
+  "${BIN[$n]}" mount "$DATA_DIR" "$MNT" --durability sync --quiet ${ARGS[$n]} >> "$OUT/daemon-$n.log" 2>&1 &
+  MOUNTED=$n
+  for _ in $(seq 1 200); do mountpoint -q "$MNT" && break; sleep 0.05; done
+  for _ in $(seq 1 600); do "${BIN[$n]}" status "$MNT" 2>/dev/null | grep -q complete && break; sleep 0.1; done
+}
+umount_dhrd() { # name: keeps its status, then unmounts
+  local n=$1
+  "${BIN[$n]}" status "$MNT" > "$OUT/status-$n.txt" 2>&1 || true
+  "${BIN[$n]}" umount "$MNT" 2>/dev/null || fusermount3 -u "$MNT"
+  for _ in $(seq 1 200); do mountpoint -q "$MNT" || break; sleep 0.05; done
+  MOUNTED=
+}
 
 COMMON="--ioengine=psync --iodepth=1 --bs=4k --size=$SIZE --runtime=$RUNTIME --time_based --group_reporting --randrepeat=0 --norandommap --output-format=json"
 run() { # file name, fio args...
   local f=$1; shift
   fio --name=x $COMMON "$@" > "$OUT/$f.json"
 }
-# The configurations of one job count, in base order; rotated each round.
-configs() { # jobs
+# The configurations, in base order; rotated each round.
+configs() {
   echo "raw"
   [ "$EXTRA_RAW" = 1 ] && echo "rawfds"
   for n in "${NAMES[@]}"; do echo "dhrd-$n"; done
 }
-run_config() { # config, jobs, round
-  local c=$1 j=$2 r=$3
+run_config() { # config, round
+  local c=$1 r=$2 j
   case "$c" in
-    raw) run "r$r-w-j$j-raw" --filename="$WORK/raw/data" --rw=randwrite --numjobs=$j --direct=1 --sync=dsync ;;
-    rawfds) run "r$r-w-j$j-rawfds" --filename="$WORK/raw/data" --rw=randwrite --numjobs=$j --direct=1 --fdatasync=1 ;;
-    dhrd-*) n=${c#dhrd-}; run "r$r-w-j$j-$c" --filename="${MNT[$n]}/data" --rw=randwrite --numjobs=$j ;;
+    raw) for j in 1 8; do
+           run "r$r-w-j$j-raw" --filename="$DATA_DIR/data" --rw=randwrite --numjobs=$j --direct=1 --sync=dsync
+         done ;;
+    rawfds) for j in 1 8; do
+           run "r$r-w-j$j-rawfds" --filename="$DATA_DIR/data" --rw=randwrite --numjobs=$j --direct=1 --fdatasync=1
+         done ;;
+    dhrd-*) local n=${c#dhrd-}
+         mount_dhrd "$n"
+         for j in 1 8; do
+           run "r$r-w-j$j-$c" --filename="$MNT/data" --rw=randwrite --numjobs=$j
+         done
+         run "r$r-mixed-$c" --filename="$MNT/data" --rw=randrw --rwmixread=66 --numjobs=1
+         umount_dhrd "$n" ;;
   esac
 }
 for r in $(seq 1 "$ROUNDS"); do
-  for j in 1 8; do
-    mapfile -t cs < <(configs)
-    k=$(( (r - 1) % ${#cs[@]} ))
-    for i in $(seq 0 $(( ${#cs[@]} - 1 ))); do
-      c=${cs[$(( (i + k) % ${#cs[@]} ))]}
-      echo "round $r j$j $c" >&2
-      run_config "$c" "$j" "$r"
-    done
+  mapfile -t cs < <(configs)
+  k=$(( (r - 1) % ${#cs[@]} ))
+  for i in $(seq 0 $(( ${#cs[@]} - 1 ))); do
+    c=${cs[$(( (i + k) % ${#cs[@]} ))]}
+    echo "round $r $c" >&2
+    run_config "$c" "$r"
   done
   run "r$r-tmpfsread" --filename="$TMPFS/data" --rw=randread --numjobs=1 --runtime=2
-  k=$(( (r - 1) % ${#NAMES[@]} ))
-  for i in $(seq 0 $(( ${#NAMES[@]} - 1 ))); do
-    n=${NAMES[$(( (i + k) % ${#NAMES[@]} ))]}
-    echo "round $r mixed $n" >&2
-    run "r$r-mixed-dhrd-$n" --filename="${MNT[$n]}/data" --rw=randrw --rwmixread=66 --numjobs=1
-  done
 done
-for n in "${NAMES[@]}"; do "${BIN[$n]}" status "${MNT[$n]}" > "$OUT/status-$n.txt" 2>&1 || true; done
 
 python3 - "$OUT" "$ROUNDS" "${NAMES[@]}" <<'PY'
 import json, os, statistics as st, sys
