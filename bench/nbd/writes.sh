@@ -77,9 +77,10 @@ sync
 SOCK=$WORK/nbd.sock
 # Serves DISK with `dhrd nbd` until stop_server; returns once the load is done.
 start_dhrd() {
+  # The log collects every start: this one is done at one more "loaded" line than now.
+  local n=$(( $(cat "$OUT/dhrd-nbd.log" 2>/dev/null | grep -c "loaded .* bytes into RAM" || true) + 1 ))
   "$DHRD" nbd --backing "$DISK" --socket "$SOCK" >> "$OUT/dhrd-nbd.log" 2>&1 &
   PID=$!
-  local n=$(( $(grep -c "loaded .* bytes into RAM" "$OUT/dhrd-nbd.log" 2>/dev/null || true) + 1 ))
   for _ in $(seq 1 6000); do
     [ "$(grep -c "loaded .* bytes into RAM" "$OUT/dhrd-nbd.log")" -ge "$n" ] && return 0
     kill -0 "$PID" 2>/dev/null || break
