@@ -75,14 +75,16 @@ fio --name=fill --filename="$DISK" --rw=write --bs=1M --size="$SIZE" --output=/d
 sync
 
 SOCK=$WORK/nbd.sock
+# Loads finished so far, by the server's log (every start appends to it).
+loads_done() { grep -c "loaded .* bytes into RAM" "$OUT/dhrd-nbd.log" 2>/dev/null || true; }
 # Serves DISK with `dhrd nbd` until stop_server; returns once the load is done.
 start_dhrd() {
-  # The log collects every start: this one is done at one more "loaded" line than now.
-  local n=$(( $(cat "$OUT/dhrd-nbd.log" 2>/dev/null | grep -c "loaded .* bytes into RAM" || true) + 1 ))
+  # Counted before the start, so a load that finishes at once is not missed.
+  local n=$(( $(loads_done) + 1 ))
   "$DHRD" nbd --backing "$DISK" --socket "$SOCK" >> "$OUT/dhrd-nbd.log" 2>&1 &
   PID=$!
   for _ in $(seq 1 6000); do
-    [ "$(grep -c "loaded .* bytes into RAM" "$OUT/dhrd-nbd.log")" -ge "$n" ] && return 0
+    [ "$(loads_done)" -ge "$n" ] && return 0
     kill -0 "$PID" 2>/dev/null || break
     sleep 0.1
   done
