@@ -137,6 +137,16 @@ impl Op {
     }
 }
 
+impl Job {
+    /// The reply is small enough that sending it cannot block for long on a client busy
+    /// sending requests, so the reader role may be kept through it (`gate.rs`): a header
+    /// alone, or a read copied into one buffer with its header (under
+    /// [`ZERO_COPY_MIN_BYTES`]).
+    fn small_reply(&self) -> bool {
+        self.op.small_reply() || (self.op == Op::Read && self.length < ZERO_COPY_MIN_BYTES)
+    }
+}
+
 /// Largest payload buffer a thread keeps between requests (see [`recycle`]).
 const KEEP_PAYLOAD_BUFFER_BYTES: usize = 1 << 20;
 
@@ -612,7 +622,7 @@ fn serve_thread<T: Target>(sh: &Arc<Shared<T>>) {
             sh.idle.fetch_sub(1, Ordering::SeqCst);
             return;
         };
-        let how = sh.gate.decide(overlap, job.op.small_reply());
+        let how = sh.gate.decide(overlap, job.small_reply());
         sh.gate.release(how);
         if how == Handoff::Quiet {
             traffic.quiet_handoffs.fetch_add(1, Ordering::Relaxed);

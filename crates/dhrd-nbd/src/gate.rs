@@ -13,8 +13,9 @@
 //! request of the connection in flight when it was read, no bytes read behind it, and,
 //! for a request executed after a quiet hand-off, nothing sent by the client before its
 //! reply: a QD 1 client cannot send before it has the reply), the connection is
-//! *serial*: a request with a small reply (write, flush, trim, write-zeroes) gives the role
-//! up *quietly*, waking nobody, and its thread takes the role back when it is done.
+//! *serial*: a request with a small reply (write, flush, trim, write-zeroes, and a read
+//! under 64 KiB, which is copied out with its header) gives the role up *quietly*,
+//! waking nobody, and its thread takes the role back when it is done.
 //!
 //! Invariants:
 //! - at most one thread holds the role ([`ReaderGate::claim`] to [`ReaderGate::release`]);
@@ -199,7 +200,7 @@ impl ReaderGate {
             st.serial = false;
         } else if small_reply {
             // Only requests that could leave quietly count towards serial mode: a stream
-            // of reads gains nothing from it and would only pay for the watcher's timer.
+            // of large reads would only pay for the watcher's timer.
             st.quiet_streak = st.quiet_streak.saturating_add(1);
             if !st.serial && st.quiet_streak >= SERIAL_AFTER_QUIET_REQUESTS {
                 st.serial = true;
