@@ -209,7 +209,12 @@ pub fn helper_args(argv: &[OsString]) -> anyhow::Result<Option<Vec<OsString>>> {
             Ok(f) => flags.extend(f),
             // Sloppy (mount -s): options meant for other file systems on a shared fstab
             // line are tolerated, as mount(8) promises; they are still named.
-            Err(e) if sloppy => eprintln!("{MOUNT_HELPER_NAME}: ignored: {e:#}"),
+            Err(e) if sloppy => {
+                eprintln!(
+                    "{MOUNT_HELPER_NAME}: ignored: {}",
+                    crate::report::chain_text(&e)
+                )
+            }
             Err(e) => return Err(e),
         }
     }
@@ -368,7 +373,11 @@ pub fn umount(mnt: &Path, lazy: bool, force: bool) -> anyhow::Result<()> {
     // SAFETY: umount2 reads the NUL-terminated path, which outlives the call.
     if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
         let os_err = std::io::Error::last_os_error();
-        bail!("{}: {os_err} ({daemon_err:#})", mnt.display());
+        bail!(
+            "{}: {os_err} ({})",
+            mnt.display(),
+            crate::report::chain_text(&daemon_err)
+        );
     }
     // The session has ended: the daemon flushes every file and exits. Wait for that, as
     // `dhrd umount` does, unless the caller asked to detach and go (the daemon flushes

@@ -10,6 +10,7 @@ mod mount;
 mod nbd;
 mod nbd_tls;
 mod nvm;
+mod report;
 mod timing;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -53,7 +54,7 @@ fn main() {
     // what users run. An option-like name, which no mount helper call starts with.
     if argv.get(1).is_some_and(|a| a == dist::FLAG) {
         if let Err(e) = dist::run(Cli::command(), &argv[1..]) {
-            eprintln!("dhrd: {e:#}");
+            eprintln!("dhrd: {}", report::chain_text(&e));
             std::process::exit(1);
         }
         return;
@@ -81,7 +82,7 @@ fn main() {
             boot::run_umount_helper(&argv)
         };
         if let Err(e) = r {
-            eprintln!("{name}: {e:#}");
+            eprintln!("{name}: {}", report::chain_text(&e));
             // mount(8) and umount(8) read a helper's exit status as their own: 32 is
             // "mount failure" in both.
             std::process::exit(boot::HELPER_EXIT_FAILURE);
@@ -91,7 +92,7 @@ fn main() {
     let argv = match boot::with_config(argv) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("dhrd: {e:#}");
+            eprintln!("dhrd: {}", report::chain_text(&e));
             std::process::exit(1);
         }
     };
@@ -106,7 +107,7 @@ fn main() {
         Cmd::Load(a) => load::run(a),
     };
     if let Err(e) = r {
-        eprintln!("dhrd: {e:#}");
+        eprintln!("dhrd: {}", report::chain_text(&e));
         std::process::exit(1);
     }
 }

@@ -49,6 +49,11 @@ fn a_second_dhrd_on_the_same_backing_file_is_refused_naming_the_first() {
             err.contains("in use by") && err.contains(&format!("pid {pid}")),
             "the refusal does not name the holder (pid {pid}): {err}"
         );
+        assert_eq!(
+            err.matches("in use by").count(),
+            1,
+            "the refusal says it more than once: {err}"
+        );
     }
     let mut cl = Client::connect(&first.sock).unwrap_or_else(|e| panic!("{e}"));
     cl.write(0, &block(0, 2), false)
