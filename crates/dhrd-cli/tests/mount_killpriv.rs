@@ -12,7 +12,6 @@ mod common;
 use common::*;
 use std::ffi::CString;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -21,10 +20,6 @@ const NOBODY: u32 = 65534;
 /// A group `nobody` is not a member of (unless given with `--groups`).
 const OTHER_GID: u32 = 100;
 const CAP_XATTR: &str = "security.capability";
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).expect("path")
-}
 
 /// Permission and set-id bits as the kernel reports them for STATX_MODE alone.
 fn statx_mode(p: &Path) -> String {

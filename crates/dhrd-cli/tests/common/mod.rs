@@ -559,3 +559,30 @@ fn debug_assertions_are_on() {
         "these tests need debug assertions: run them without --release"
     );
 }
+
+/// `p` as a C string for the libc calls the tests make.
+pub fn cpath(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path")
+}
+
+/// "ok", or the errno of a failed call: what a transcript compares between two trees.
+pub fn errno_of<T>(r: std::io::Result<T>) -> String {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(-1)),
+    }
+}
+
+/// The names in directory `p`, sorted, comma-separated ("" when it cannot be read).
+pub fn listing(p: &Path) -> String {
+    let mut v: Vec<String> = std::fs::read_dir(p)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| format!("{:?}", e.file_name()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.join(",")
+}
