@@ -47,9 +47,10 @@ OUT=${OUT:-$("$ROOT/bench/new-run-dir.sh" nbd-ab)}
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
 WORK=$(mktemp -d "$DISK_DIR/dhrd-nbd-reads.XXXXXX")
-PID=
+# shellcheck source=bench/nbd/serve.sh
+source "$(dirname "$0")/serve.sh"
 cleanup() {
-  [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
+  serve_stop
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -71,23 +72,6 @@ sync
 SOCK=$WORK/nbd.sock
 LOG=$WORK/server.log
 
-start() { # binary
-  rm -f "$SOCK"
-  : > "$LOG"
-  "$1" nbd --backing "$DISK" --socket "$SOCK" --tls on --tls-certificates "$WORK/pki" \
-    >> "$LOG" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 6000); do
-    grep -q "loaded .* bytes into RAM" "$LOG" && return 0
-    kill -0 "$PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  cat "$LOG"; exit 1
-}
-stop() {
-  kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
-  PID=
-}
 run_iops() { # uri qd
   # fio's nbd engine prints "connected" before the JSON.
   HOME=$WORK/home fio --name=r --ioengine=nbd --uri="$1" --rw="$RW" --bs=4k \
@@ -101,7 +85,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for i in $(seq 0 $((n - 1))); do
     b=${BINS[$(( (i + r - 1) % n ))]}
     name=${b%%=*}
-    start "${b#*=}"
+    serve_start "${b#*=}" "$DISK" "$SOCK" "$LOG" --tls on --tls-certificates "$WORK/pki" || exit 1
     for qd in $QDS; do
       for way in $WAYS; do
         scheme=nbd+unix; [ "$way" = tls ] && scheme=nbds+unix
@@ -111,7 +95,7 @@ for r in $(seq 1 "$ROUNDS"); do
           "$r" "$name" "$way" "$qd" "$iops" >> "$OUT/results.jsonl"
       done
     done
-    stop
+    serve_stop
   done
 done
 

@@ -44,9 +44,10 @@ OUT=${OUT:-$("$ROOT/bench/new-run-dir.sh" nbd-cpu-bound)}
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
 WORK=$(mktemp -d "$DISK_DIR/dhrd-nbd-cpu.XXXXXX")
-PID=
+# shellcheck source=bench/nbd/serve.sh
+source "$(dirname "$0")/serve.sh"
 cleanup() {
-  [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
+  serve_stop
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -66,22 +67,6 @@ SOCK=$WORK/nbd.sock
 LOG=$WORK/server.log
 
 busy_idle() { awk '/^cpu /{print $2+$3+$4+$7+$8, $5+$6}' /proc/stat; }
-start() {
-  rm -f "$SOCK"
-  : > "$LOG"
-  "$DHRD" nbd --backing "$DISK" --socket "$SOCK" >> "$LOG" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 6000); do
-    grep -q "loaded .* bytes into RAM" "$LOG" && return 0
-    kill -0 "$PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  cat "$LOG"; exit 1
-}
-stop() {
-  kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
-  PID=
-}
 FIO="--bs=4k --rw=randwrite --time_based --runtime=$SECS --randrepeat=0 --norandommap \
   --group_reporting --output-format=json"
 measure() { # path qd: one run, one JSON line
@@ -117,9 +102,9 @@ for r in $(seq 1 "$ROUNDS"); do
   # The two halves swap order every round.
   if [ $((r % 2)) -eq 1 ]; then order="raw nbd"; else order="nbd raw"; fi
   for path in $order; do
-    [ "$path" = nbd ] && start
+    if [ "$path" = nbd ]; then serve_start "$DHRD" "$DISK" "$SOCK" "$LOG" || exit 1; fi
     for qd in $QDS; do measure "$path" "$qd"; done
-    [ "$path" = nbd ] && stop
+    if [ "$path" = nbd ]; then serve_stop; fi
   done
 done
 
