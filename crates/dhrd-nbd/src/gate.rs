@@ -38,7 +38,7 @@
 //!   spinner takes it, because it looks at the role under the lock again before it
 //!   parks. So a vacancy is never left with parked threads unwoken and no spinner.
 //!   Without the limit, every thread back from a request spun through its `sched_yield`s
-//!   while a reader waited in `recv` (1.8 yields per request at QD 8 here), and each
+//!   while a reader waited in `recv` (2.6 yields per request at QD 8 here), and each
 //!   hand-off woke a parked thread that then found the role taken by a spinner.
 //!
 //! Crash semantics: none; volatile scheduling state.
