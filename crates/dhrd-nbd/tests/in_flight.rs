@@ -316,9 +316,10 @@ fn a_backing_error_among_writes_in_flight_is_sticky_and_loses_no_acknowledged_wr
 /// waking a second thread (the connection is serial, `gate.rs`): the thread that read a
 /// write executes it while the reader role stays vacant. When that client then fills a
 /// queue while a write is still at the device, the queue must still reach the device at
-/// once: the waiting thread takes the vacancy after its bound and reading resumes in
-/// parallel. A gate that left the role vacant for good would hold the queue behind the
-/// first write (and the door) and show a high-water mark of 1.
+/// once: the waiting thread takes the vacancy after its bound (or a thread just started
+/// takes it sooner) and reading resumes in parallel. A gate that left the role vacant for
+/// good would hold the queue behind the first write (and the door) and show a high-water
+/// mark of 1.
 #[test]
 fn a_client_that_turns_from_one_write_at_a_time_to_a_full_queue_gets_the_queue_to_the_device() {
     const ONE_AT_A_TIME: usize = 64;
@@ -367,10 +368,10 @@ fn a_client_that_turns_from_one_write_at_a_time_to_a_full_queue_gets_the_queue_t
         "after one write at a time, a queue of {DEPTH} had at most {} at the device at once",
         door.high_water()
     );
-    let after = srv.handle().stats();
-    assert!(
-        after.takeovers > serial.takeovers,
-        "the vacancy was not taken by the waiting thread: {after:?}"
-    );
+    // Who took the vacancy is not asserted: usually the waiting thread after its bound
+    // (`takeovers`), but on a loaded machine a thread that comes to claim anew (one just
+    // started) may get there first, which serves the queue as well (seen in a clean-clone
+    // CI run, and in 9 and 10 of 60 runs beside three busy loops with the gate before and
+    // after 3a5c0fc). The watcher's own takeover is `gate.rs`'s unit test.
     assert_queue_durable(&door, 1000);
 }
