@@ -129,21 +129,17 @@ enum Op {
     },
 }
 
-impl Op {
-    /// The reply is a header alone (or an error): it cannot block for long on a client
-    /// busy sending requests, so the reader role may be kept through it (`gate.rs`).
-    fn small_reply(self) -> bool {
-        !matches!(self, Op::Read | Op::BlockStatus { .. })
-    }
-}
-
 impl Job {
     /// The reply is small enough that sending it cannot block for long on a client busy
     /// sending requests, so the reader role may be kept through it (`gate.rs`): a header
-    /// alone, or a read copied into one buffer with its header (under
+    /// alone (or an error), or a read copied into one buffer with its header (under
     /// [`ZERO_COPY_MIN_BYTES`]).
     fn small_reply(&self) -> bool {
-        self.op.small_reply() || (self.op == Op::Read && self.length < ZERO_COPY_MIN_BYTES)
+        match self.op {
+            Op::Read => self.length < ZERO_COPY_MIN_BYTES,
+            Op::BlockStatus { .. } => false,
+            _ => true,
+        }
     }
 }
 
