@@ -8,8 +8,6 @@
 //!
 //! Crash semantics: none.
 
-use std::fmt::Write as _;
-
 /// The error and its causes on one line, each text once.
 pub fn chain_text(e: &anyhow::Error) -> String {
     let mut line = String::new();
@@ -21,7 +19,7 @@ pub fn chain_text(e: &anyhow::Error) -> String {
         if !line.is_empty() {
             line.push_str(": ");
         }
-        let _ = write!(line, "{text}");
+        line.push_str(&text);
     }
     line
 }
