@@ -53,9 +53,10 @@ WORK=$(mktemp -d "$DISK_DIR/dhrd-nbd-writes.XXXXXX")
 CBENCH=$WORK/write_bench
 cc -O2 -I "$ROOT/crates/dhrd-capi/include" "$ROOT/crates/dhrd-capi/examples/c/write_bench.c" \
   "$CARGO_TARGET_DIR/release/libdhrd_capi.a" -lpthread -ldl -lm -o "$CBENCH"
-PID=
+# shellcheck source=bench/nbd/serve.sh
+source "$(dirname "$0")/serve.sh"
 cleanup() {
-  [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
+  serve_stop
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -75,35 +76,19 @@ fio --name=fill --filename="$DISK" --rw=write --bs=1M --size="$SIZE" --output=/d
 sync
 
 SOCK=$WORK/nbd.sock
-# Loads finished so far, by the server's log (every start appends to it).
-loads_done() { grep -c "loaded .* bytes into RAM" "$OUT/dhrd-nbd.log" 2>/dev/null || true; }
 # Serves DISK with `dhrd nbd` until stop_server; returns once the load is done.
-start_dhrd() {
-  # Counted before the start, so a load that finishes at once is not missed.
-  local n=$(( $(loads_done) + 1 ))
-  "$DHRD" nbd --backing "$DISK" --socket "$SOCK" >> "$OUT/dhrd-nbd.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 6000); do
-    [ "$(loads_done)" -ge "$n" ] && return 0
-    kill -0 "$PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  cat "$OUT/dhrd-nbd.log"; exit 1
-}
+start_dhrd() { serve_start "$DHRD" "$DISK" "$SOCK" "$OUT/dhrd-nbd.log" || exit 1; }
 # --aio=threads: qemu-nbd's faster choice here (10.9k against 7.9k IOPS with io_uring at
 # QD 32, 2.5k against 1.9k at QD 1).
 start_qemu() {
   rm -f "$SOCK"
   qemu-nbd -f raw -t -e 64 --cache=directsync --aio=threads -k "$SOCK" "$DISK" \
     >> "$OUT/qemu-nbd.log" 2>&1 &
-  PID=$!
+  SERVER_PID=$!
   for _ in $(seq 1 100); do [ -S "$SOCK" ] && return 0; sleep 0.1; done
   cat "$OUT/qemu-nbd.log"; exit 1
 }
-stop_server() {
-  kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
-  PID=
-}
+stop_server() { serve_stop; }
 QEMU=no
 command -v qemu-nbd >/dev/null && QEMU=yes
 
