@@ -234,6 +234,11 @@ impl Attached {
                     if let Ok(h) = Handle::of(dir, Some(e.name)) {
                         self.walk_files.fetch_add(1, Ordering::Relaxed);
                         self.walk_bytes.fetch_add(e.size, Ordering::Relaxed);
+                        // Followed before it is read, so a close after writing that its
+                        // warm-up's size could miss is heard (`watch.rs`).
+                        if !self.watch.follow_at(dir, e.name) {
+                            return None;
+                        }
                         self.resident.submit_walked(
                             FileRef {
                                 key: h.key(),

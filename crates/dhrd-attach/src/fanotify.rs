@@ -15,7 +15,7 @@
 //! group and its marks vanish with the process.
 
 use crate::handle::Handle;
-use std::ffi::OsString;
+use std::ffi::{CStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
@@ -41,6 +41,8 @@ pub enum MarkOn {
     Filesystem,
     /// The directory itself, and (with `FAN_EVENT_ON_CHILD`) its entries.
     Inode,
+    /// One regular file: its own events only.
+    File,
 }
 
 /// One event, with the records the group reports.
@@ -94,27 +96,10 @@ impl Group {
         self.mark(libc::FAN_MARK_ADD, on, obj, mask)
     }
 
-    /// Adds `mask` to the ignore mask of the mark on directory `obj` with the semantics of
-    /// `FAN_MARK_IGNORE` (Linux 6.0): events on directories are ignored only with
-    /// `FAN_ONDIR` in `mask`, so `FAN_CREATE` alone ignores the creation of files and keeps
-    /// that of directories. EINVAL on older kernels.
-    pub fn ignore(&self, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
-        self.mark(
-            libc::FAN_MARK_ADD | libc::FAN_MARK_IGNORE | libc::FAN_MARK_IGNORED_SURV_MODIFY,
-            MarkOn::Inode,
-            obj,
-            mask,
-        )
-    }
-
-    /// Removes `mask` from the ignore mask of the mark on directory `obj` (`ignore`).
-    pub fn unignore(&self, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
-        self.mark(
-            libc::FAN_MARK_REMOVE | libc::FAN_MARK_IGNORE,
-            MarkOn::Inode,
-            obj,
-            mask,
-        )
+    /// Adds `mask` to the mark on the file `name` in directory `dir` (`MarkOn::File`),
+    /// without opening it.
+    pub fn add_at(&self, dir: BorrowedFd<'_>, name: &CStr, mask: u64) -> io::Result<()> {
+        self.mark_at(libc::FAN_MARK_ADD, MarkOn::File, dir, Some(name), mask)
     }
 
     /// Removes `mask` from the mark on `obj` (the mark goes when its mask is empty).
@@ -123,20 +108,29 @@ impl Group {
     }
 
     fn mark(&self, op: u32, on: MarkOn, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
+        self.mark_at(op, on, obj, None, mask)
+    }
+
+    /// `fanotify_mark` of `obj` itself, or of `name` in directory `obj`. A name is taken
+    /// as it is, never followed if it is a symbolic link.
+    fn mark_at(
+        &self,
+        op: u32,
+        on: MarkOn,
+        obj: BorrowedFd<'_>,
+        name: Option<&CStr>,
+        mask: u64,
+    ) -> io::Result<()> {
         let how = match on {
             MarkOn::Filesystem => libc::FAN_MARK_FILESYSTEM,
             MarkOn::Inode => libc::FAN_MARK_INODE | libc::FAN_MARK_ONLYDIR,
+            MarkOn::File => libc::FAN_MARK_INODE | libc::FAN_MARK_DONT_FOLLOW,
         };
-        // SAFETY: fanotify_mark on our group with a directory descriptor and a NULL path
-        // (the descriptor itself is the object).
+        let path = name.map_or(std::ptr::null(), CStr::as_ptr);
+        // SAFETY: fanotify_mark on our group with a descriptor and either a NULL path (the
+        // descriptor itself is the object) or a NUL-terminated name that outlives the call.
         let r = unsafe {
-            libc::fanotify_mark(
-                self.fd.as_raw_fd(),
-                op | how,
-                mask,
-                obj.as_raw_fd(),
-                std::ptr::null(),
-            )
+            libc::fanotify_mark(self.fd.as_raw_fd(), op | how, mask, obj.as_raw_fd(), path)
         };
         if r != 0 {
             return Err(io::Error::last_os_error());

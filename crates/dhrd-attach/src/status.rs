@@ -215,8 +215,10 @@ fn activity_text(s: &mut String, a: &Attached) {
     let w = &a.watch.stats;
     let _ = writeln!(
         s,
-        "watch:           {} events; {} opens demanded, {} writers' closes refreshed ({} waiting), {} files forgotten; {}",
+        "watch:           {} events; {} files followed ({} refused), {} opens demanded, {} written files handed on ({} waiting), {} files forgotten; {}",
         g(&w.events),
+        g(&w.files_followed),
+        g(&w.follow_failures),
         g(&w.demanded),
         g(&w.refreshed),
         a.watch.changed_waiting(),
@@ -321,7 +323,12 @@ pub fn json(a: &Attached) -> Value {
             "forgotten": g(&w.forgotten),
             "dirs_marked": a.watch.dirs_marked(),
             "mark_failures": g(&w.mark_failures),
-            "creates_ignored": g(&w.creates_ignored),
+            "files_followed": g(&w.files_followed),
+            "follow_failures": g(&w.follow_failures),
+            "marks_limit_raised_from": match g(&w.marks_limit_raised_from) {
+                0 => serde_json::Value::Null,
+                n => n.into(),
+            },
             "moved_in": g(&w.moved_in),
             "moved_out": g(&w.moved_out),
         },

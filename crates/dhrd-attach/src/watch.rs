@@ -3,19 +3,32 @@
 //!
 //! - a file opened during the warm-up goes to the front of the warm-up (`FAN_OPEN`, only
 //!   until the warm-up completes: after that every open would cost an event for nothing);
-//! - a file closed after writing may have grown or shrunk: the warm-up refreshes its pin
-//!   (`FAN_CLOSE_WRITE`), after a delay and at a bounded rate, oldest first (a file
-//!   deleted meanwhile costs nothing; `dhrd_pagecache::resident::Changed`);
-//! - a file that lost its last name gives back its pin and budget (`FAN_DELETE`): the pin's
-//!   mapping would otherwise keep the deleted file's space for good;
+//! - a file made (or linked in) is handed to the warm-up after a delay, at a bounded rate,
+//!   oldest first (`FAN_CREATE`; a file deleted meanwhile costs a failed open;
+//!   `dhrd_pagecache::resident::Changed`);
+//! - every file handed to the warm-up is followed first: a mark of its own asks for its
+//!   closes after writing, after which it may have grown or shrunk and its pin is
+//!   refreshed the same way (`FAN_CLOSE_WRITE`), and for changes of its attributes, which
+//!   its unlink or a rename over it is to the file itself (`FAN_ATTRIB`: its link count
+//!   dropped). A file that lost its last name gives back its pin and budget: the pin's
+//!   mapping would otherwise keep the deleted file's space for good. A file that cannot be
+//!   followed (`fs.fanotify.max_user_marks`) is not handed on: it stays unpinned;
 //! - in a subdirectory (`Scope::Tree`), each directory carries an inode mark, so the
-//!   daemon hears of new directories (marked, and flagged when `sync` is by flags) and of
-//!   files and directories moved in (flagged, marked, warmed) or out (forgotten, unmarked);
-//!   with `sync` by flags, every created or linked-in file is checked for its flag; in
-//!   the other modes the marks ignore the creation of files, which needs nothing.
+//!   daemon hears of new files and directories (marked, and flagged when `sync` is by
+//!   flags), of files and directories moved in (flagged, marked, warmed) or out
+//!   (forgotten, unmarked), and of its own removal; with `sync` by flags, every created or
+//!   linked-in file is checked for its flag.
+//!
+//! Why files are followed one by one and not through their directory's mark
+//! (`FAN_EVENT_ON_CHILD`): a directory mark that asks for its children's closes and
+//! deletions queues an event for every file written or deleted, most of which are never
+//! pinned (they live less than the delay), in the application's own call; and the kernel
+//! then takes the slow path of `__fsnotify_parent` for every access to a child, a read
+//! too. A file's own mark costs events only for files the warm-up knows. The creation of a
+//! file is the one event every file costs (docs/attach.md, "Files followed one by one").
 //!
 //! Where the directory is the root of its file system (`Scope::Filesystem`) one mark covers
-//! every inode and nothing can move in from outside.
+//! every directory and nothing can move in from outside.
 //!
 //! Why events are read in batches (`EVENT_BATCH_PAUSE`): the thread sleeps between
 //! batches instead of waiting in `poll`, so an application's call that queues an event
@@ -68,17 +81,21 @@ pub enum Scope {
     Tree,
 }
 
-/// What a directory's mark ignores where file creations are not wanted: `FAN_CREATE`
-/// without `FAN_ONDIR`, so new directories are still reported. The kernel then queues no
-/// event for a new file, which an application creating many small files pays for in its
-/// own system call (one of the three events a file created, written and deleted costs).
-const FILE_CREATE_IGNORED: u64 = libc::FAN_CREATE;
+/// What the mark of a followed file asks (`Watch::follow`): its closes after writing and
+/// changes of its attributes (an unlink, a rename over it: its link count).
+pub const FILE_MASK: u64 = libc::FAN_CLOSE_WRITE | libc::FAN_ATTRIB;
+/// The per-user limit on fanotify marks, which following a file one by one spends one of.
+pub const MAX_USER_MARKS_SYSCTL: &str = "/proc/sys/fs/fanotify/max_user_marks";
+/// Highest value the watch raises `fs.fanotify.max_user_marks` to, as root (a mark and its
+/// share of an inode's connector cost the kernel about 150 bytes: 600 MiB at this bound).
+pub const MAX_USER_MARKS_RAISE_MAX: u64 = 1 << 22;
 
-/// Events every scope asks for.
-const BASE_MASK: u64 = libc::FAN_CLOSE_WRITE | libc::FAN_DELETE;
-/// What a directory mark adds: entry events of its children, and directories too.
+/// What the filesystem mark asks (`Scope::Filesystem`): files made.
+const FS_MASK: u64 = libc::FAN_CREATE;
+/// What each directory's mark asks (`Scope::Tree`): entries made and renamed, directories
+/// too, and the directory's own removal.
 const TREE_MASK: u64 =
-    libc::FAN_CREATE | libc::FAN_RENAME | libc::FAN_ONDIR | libc::FAN_EVENT_ON_CHILD;
+    libc::FAN_CREATE | libc::FAN_RENAME | libc::FAN_ONDIR | libc::FAN_DELETE_SELF;
 
 /// How a directory joined the tree (`Watch::adopt_dir`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,8 +117,13 @@ pub struct WatchStats {
     /// Directories that could not be marked (`fs.fanotify.max_user_marks`): files moved
     /// into them are not seen; files created there still inherit their flags.
     pub mark_failures: AtomicU64,
-    /// Directory marks that ignore the creation of files (`FILE_CREATE_IGNORED`).
-    pub creates_ignored: AtomicU64,
+    /// Files followed by a mark of their own (each one the warm-up was handed).
+    pub files_followed: AtomicU64,
+    /// Files that could not be followed (`fs.fanotify.max_user_marks`), so not handed to
+    /// the warm-up: they stay unpinned.
+    pub follow_failures: AtomicU64,
+    /// `fs.fanotify.max_user_marks` before the watch first raised it (0: never raised).
+    pub marks_limit_raised_from: AtomicU64,
     pub moved_in: AtomicU64,
     pub moved_out: AtomicU64,
 }
@@ -120,8 +142,7 @@ pub struct Watch {
     group: Group,
     pub scope: Scope,
     /// `sync` is kept by inode flags: a late event leaves a window (`EVENT_BATCH_PAUSE`),
-    /// and the creation of a file is wanted (a file linked in may lack its flag);
-    /// elsewhere each directory's mark ignores it (`FILE_CREATE_IGNORED`).
+    /// and a file made or linked in is checked for its flag at once.
     sync_by_flags: bool,
     /// Tree scope: the marked directories by key, with their handles (to change or remove
     /// their marks).
@@ -150,13 +171,87 @@ impl Watch {
 
     fn mask(&self) -> u64 {
         let open = if self.open_events.load(Ordering::Acquire) {
-            libc::FAN_OPEN
+            self.open_mask()
         } else {
             0
         };
         match self.scope {
-            Scope::Filesystem => BASE_MASK | open,
-            Scope::Tree => BASE_MASK | TREE_MASK | open,
+            Scope::Filesystem => FS_MASK | open,
+            Scope::Tree => TREE_MASK | open,
+        }
+    }
+
+    /// What the warm-up's demand adds to a mark until it completes: opens, of a
+    /// directory's children in the tree scope.
+    fn open_mask(&self) -> u64 {
+        match self.scope {
+            Scope::Filesystem => libc::FAN_OPEN,
+            Scope::Tree => libc::FAN_OPEN | libc::FAN_EVENT_ON_CHILD,
+        }
+    }
+
+    /// Follows the file `f` by a mark of its own (`FILE_MASK`) before it is handed to the
+    /// warm-up, so that any close after writing that the warm-up's size could miss is
+    /// heard. False if it cannot be (the caller then leaves it unpinned).
+    fn follow(&self, f: BorrowedFd<'_>) -> bool {
+        self.counted_follow(|| self.group.add(MarkOn::File, f, FILE_MASK))
+    }
+
+    /// `follow` of the file `name` in directory `dir`, without opening it (the walks).
+    pub fn follow_at(&self, dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> bool {
+        self.counted_follow(|| self.group.add_at(dir, name, FILE_MASK))
+    }
+
+    /// Runs `add`; out of marks (ENOSPC), raises the per-user limit once as far as
+    /// doubling allows (root only) and tries again.
+    fn counted_follow(&self, add: impl Fn() -> io::Result<()>) -> bool {
+        let mut r = add();
+        if r.as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::ENOSPC))
+            && self.raise_marks_limit()
+        {
+            r = add();
+        }
+        match r {
+            Ok(()) => {
+                self.stats.files_followed.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => {
+                self.stats.follow_failures.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Doubles `fs.fanotify.max_user_marks` up to `MAX_USER_MARKS_RAISE_MAX`, as the
+    /// warm-up raises `vm.max_map_count` for its pins (and for the same reason: a file
+    /// that cannot be followed cannot be pinned). Never lowered: other groups of the same
+    /// user may rely on it by then. Whether it was raised.
+    fn raise_marks_limit(&self) -> bool {
+        let Some(now) = std::fs::read_to_string(MAX_USER_MARKS_SYSCTL)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let want = now.saturating_mul(2).min(MAX_USER_MARKS_RAISE_MAX);
+        if want <= now || std::fs::write(MAX_USER_MARKS_SYSCTL, want.to_string()).is_err() {
+            return false;
+        }
+        let _ = self.stats.marks_limit_raised_from.compare_exchange(
+            0,
+            now,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        true
+    }
+
+    /// Stops following a file that left the tree (its mark would keep reporting it).
+    fn unfollow(&self, ctx: &Ctx<'_>, target: &Handle) {
+        if let Ok(fd) = target.open(ctx.root, libc::O_PATH) {
+            let _ = self.group.remove(MarkOn::File, fd.as_fd(), FILE_MASK);
         }
     }
 
@@ -182,11 +277,6 @@ impl Watch {
             Ok(()) => {
                 self.stats.dirs_marked.fetch_add(1, Ordering::Relaxed);
                 self.dirs.lock().insert(h.key(), h);
-                // Without FAN_MARK_IGNORE (before Linux 6.0) the events come and are
-                // parsed for nothing, as before.
-                if !self.sync_by_flags && self.group.ignore(fd, FILE_CREATE_IGNORED).is_ok() {
-                    self.stats.creates_ignored.fetch_add(1, Ordering::Relaxed);
-                }
             }
             Err(_) => {
                 self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
@@ -209,15 +299,18 @@ impl Watch {
         if !self.open_events.swap(false, Ordering::AcqRel) {
             return;
         }
+        // With the open events goes `FAN_EVENT_ON_CHILD`: no directory mark is then
+        // interested in its children, and reading a child costs nothing for it.
+        let open = self.open_mask();
         match self.scope {
             Scope::Filesystem => {
-                let _ = self.group.remove(MarkOn::Filesystem, root, libc::FAN_OPEN);
+                let _ = self.group.remove(MarkOn::Filesystem, root, open);
             }
             Scope::Tree => {
                 let handles: Vec<Handle> = self.dirs.lock().values().cloned().collect();
                 for h in handles {
                     if let Ok(fd) = h.open(root, libc::O_RDONLY | libc::O_DIRECTORY) {
-                        let _ = self.group.remove(MarkOn::Inode, fd.as_fd(), libc::FAN_OPEN);
+                        let _ = self.group.remove(MarkOn::Inode, fd.as_fd(), open);
                     }
                 }
             }
@@ -285,22 +378,26 @@ impl Watch {
         let Some(target) = &ev.target else {
             return;
         };
-        if ev.is(libc::FAN_DELETE) {
-            self.deleted(ctx, ev, target);
+        if ev.is(libc::FAN_DELETE_SELF) && ev.on_dir() {
+            self.dirs.lock().remove(&target.key());
             return;
         }
         if self.scope == Scope::Tree && ev.is(libc::FAN_RENAME) {
             self.renamed(ctx, ev, target);
         }
-        if self.scope == Scope::Tree && ev.is(libc::FAN_CREATE) {
+        if ev.is(libc::FAN_CREATE) {
             if ev.on_dir() {
-                self.adopt_dir(ctx, target, Adopt::Made);
-            } else if ctx.flags.is_some() {
-                // Made here (inherits the flags) or linked in from outside (may not). In
-                // the other modes a new file needs nothing until it is closed.
-                if let Some(f) = open_regular(ctx.root, target) {
-                    self.give_flags(ctx, &f);
+                if self.scope == Scope::Tree {
+                    self.adopt_dir(ctx, target, Adopt::Made);
                 }
+            } else {
+                if ctx.flags.is_some() {
+                    // Made here (inherits the flags) or linked in from outside (may not).
+                    if let Some(f) = open_regular(ctx.root, target) {
+                        self.give_flags(ctx, &f);
+                    }
+                }
+                self.note_changed(ctx, target);
             }
         }
         if ev.on_dir() {
@@ -308,9 +405,14 @@ impl Watch {
         }
         if ev.is(libc::FAN_OPEN) {
             if let Some(f) = open_regular(ctx.root, target) {
-                ctx.resident.demand(target.key(), &f);
-                self.stats.demanded.fetch_add(1, Ordering::Relaxed);
+                if self.follow(f.as_fd()) {
+                    ctx.resident.demand(target.key(), &f);
+                    self.stats.demanded.fetch_add(1, Ordering::Relaxed);
+                }
             }
+        }
+        if ev.is(libc::FAN_ATTRIB) {
+            self.attributes_changed(ctx, target);
         }
         if ev.is(libc::FAN_CLOSE_WRITE) {
             self.note_changed(ctx, target);
@@ -341,23 +443,21 @@ impl Watch {
             };
             first = false;
             if let Some(f) = open_regular(ctx.root, &h) {
-                ctx.resident.refresh(h.key(), &f);
-                self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
+                if self.follow(f.as_fd()) {
+                    ctx.resident.refresh(h.key(), &f);
+                    self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
 
-    /// A name went: forget a file that has no name left (our pin would keep it), unmark
-    /// a directory that is gone.
-    fn deleted(&self, ctx: &Ctx<'_>, ev: &Event, target: &Handle) {
-        if ev.on_dir() {
-            self.dirs.lock().remove(&target.key());
-            return;
-        }
+    /// A followed file's attributes changed, its link count perhaps: forget it if it has
+    /// no name left (our pin would keep it).
+    fn attributes_changed(&self, ctx: &Ctx<'_>, target: &Handle) {
         let key = target.key();
-        self.changed.lock().remove(key);
         if !ctx.resident.is_known(key) {
-            // Never handed to the warm-up (a short-lived file): nothing holds it.
+            // Not handed to the warm-up yet (a file closed after writing, waiting for its
+            // delay): nothing holds it, and its hand-on finds it gone.
             return;
         }
         let linked = target
@@ -384,7 +484,9 @@ impl Watch {
                     self.adopt_dir(ctx, target, Adopt::MovedIn);
                 } else if let Some(f) = open_regular(ctx.root, target) {
                     self.give_flags(ctx, &f);
-                    ctx.resident.demand(target.key(), &f);
+                    if self.follow(f.as_fd()) {
+                        ctx.resident.demand(target.key(), &f);
+                    }
                 }
             }
             (true, false) => {
@@ -392,6 +494,8 @@ impl Watch {
                 if ev.on_dir() {
                     self.abandon_dir(ctx, target);
                 } else {
+                    self.changed.lock().remove(target.key());
+                    self.unfollow(ctx, target);
                     ctx.resident.forget(target.key());
                 }
             }
@@ -437,13 +541,17 @@ impl Watch {
                 return;
             };
             match how {
-                Adopt::MovedIn => resident.submit_walked(
-                    dhrd_pagecache::resident::FileRef {
-                        key: h.key(),
-                        path: e.rel.clone(),
-                    },
-                    e.size,
-                ),
+                Adopt::MovedIn => {
+                    if self.follow_at(dir, e.name) {
+                        resident.submit_walked(
+                            dhrd_pagecache::resident::FileRef {
+                                key: h.key(),
+                                path: e.rel.clone(),
+                            },
+                            e.size,
+                        );
+                    }
+                }
                 Adopt::Made => self.note_changed(ctx, &h),
             }
         };
@@ -500,14 +608,15 @@ impl Watch {
                     self.dirs.lock().remove(&h.key());
                 }
                 let _ = self.group.remove(MarkOn::Inode, d, all);
-                if !self.sync_by_flags {
-                    let _ = self.group.unignore(d, FILE_CREATE_IGNORED);
-                }
             },
             |d, _, e| match e.kind {
                 Kind::Dir => Some(()),
                 Kind::File => {
                     if let Ok(h) = Handle::of(d, Some(e.name)) {
+                        self.changed.lock().remove(h.key());
+                        if let Ok(fd) = h.open(ctx.root, libc::O_PATH) {
+                            let _ = self.group.remove(MarkOn::File, fd.as_fd(), FILE_MASK);
+                        }
                         ctx.resident.forget(h.key());
                     }
                     None
