@@ -375,13 +375,16 @@ impl Watch {
             return;
         }
         self.stats.events.fetch_add(1, Ordering::Relaxed);
+        if ev.is(libc::FAN_DELETE_SELF) && ev.on_dir() {
+            // A directory's own event names it as a directory record, not a target.
+            if let Some(h) = ev.target.as_ref().or(ev.dir.as_ref().map(|(h, _)| h)) {
+                self.dirs.lock().remove(&h.key());
+            }
+            return;
+        }
         let Some(target) = &ev.target else {
             return;
         };
-        if ev.is(libc::FAN_DELETE_SELF) && ev.on_dir() {
-            self.dirs.lock().remove(&target.key());
-            return;
-        }
         if self.scope == Scope::Tree && ev.is(libc::FAN_RENAME) {
             self.renamed(ctx, ev, target);
         }

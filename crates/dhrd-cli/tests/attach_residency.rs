@@ -175,6 +175,11 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     // Each file handed on is followed by a mark of its own.
     assert_eq!(st["watch"]["dirs_marked"], 4, "{st}");
     assert_eq!(st["watch"]["files_followed"], 2, "{st}");
+    // A directory removed gives back its place among the marked ones.
+    std::fs::remove_dir(dir.join("poke")).unwrap();
+    wait_for(&a, "the removed directory unmarked", |s| {
+        s["watch"]["dirs_marked"] == 3
+    });
     let (ok, out) = a.detach();
     assert!(ok, "{out}");
 }
