@@ -444,12 +444,18 @@ impl Watch {
             let Some(h) = self.changed.lock().take(now, first) else {
                 return;
             };
-            first = false;
-            if let Some(f) = open_regular(ctx.root, &h) {
-                if self.follow(f.as_fd()) {
-                    ctx.resident.refresh(h.key(), &f);
-                    self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
+            let forced = std::mem::replace(&mut first, false);
+            let Some(f) = open_regular(ctx.root, &h) else {
+                // Gone (most files made are deleted before their delay ends, and only
+                // followed files report their deletion): no hand-off used.
+                if !forced {
+                    self.changed.lock().refund();
                 }
+                continue;
+            };
+            if self.follow(f.as_fd()) {
+                ctx.resident.refresh(h.key(), &f);
+                self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -459,8 +465,8 @@ impl Watch {
     fn attributes_changed(&self, ctx: &Ctx<'_>, target: &Handle) {
         let key = target.key();
         if !ctx.resident.is_known(key) {
-            // Not handed to the warm-up yet (a file closed after writing, waiting for its
-            // delay): nothing holds it, and its hand-on finds it gone.
+            // Not handed to the warm-up yet (waiting for its delay): nothing holds it, and
+            // its hand-on finds it gone.
             return;
         }
         let linked = target

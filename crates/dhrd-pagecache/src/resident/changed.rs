@@ -1,4 +1,4 @@
-//! Files closed after writing that wait for their pin: how long they wait, in what order,
+//! Files made or closed after writing that wait for their pin: how long they wait, in what order,
 //! and how many a second are handed on (the warm-up's residency policy for changed files,
 //! used by the attach daemon's watch; the FUSE mount refreshes a file at its release).
 //!
@@ -11,16 +11,16 @@
 //! Invariants: files are handed on oldest first, none before it is due, at most
 //! `CHANGED_HANDOFF_BURST` at once and `CHANGED_HANDOFFS_PER_S` a second unless the caller
 //! forces one (its set is full, `CHANGED_MAX`); a file removed while it waits uses no
-//! hand-off; the queue of places holds at most one place per waiting file after each
+//! hand-off, nor does one its caller finds gone when it is handed on (`refund`); the queue of places holds at most one place per waiting file after each
 //! compaction, which runs once stale places outnumber the waiting files (plus 1,024).
 //! Crash semantics: none (memory only; a file never handed on stays cached, unpinned).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-/// How long a file closed after writing waits before the warm-up hears of it: a file
-/// written and deleted within this time (a temporary file, a mail spool's message, the
-/// fileserver's files) costs the daemon no system call at all, only the events' parsing.
+/// How long a file made or closed after writing waits before the warm-up hears of it: a
+/// file written and deleted within this time (a temporary file, a mail spool's message,
+/// the fileserver's files) is never pinned, and costs the daemon at most a failed open.
 /// The warm-up adds its own delay before it pins a changed file again
 /// ([`REFRESH_DELAY`](super::REFRESH_DELAY)), so nothing is pinned sooner either way.
 pub const CHANGED_DELAY: Duration = Duration::from_secs(2);
@@ -133,6 +133,14 @@ impl<T> Changed<T> {
         self.files.remove(&key)
     }
 
+    /// The file `take` handed on (not forced) was gone: its hand-off is given back. A
+    /// caller that hears of a file's creation but not of its deletion (the attach daemon
+    /// follows only the files it hands on) finds short-lived files gone this way, and
+    /// they must not use up the rate the files that live need.
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(f64::from(CHANGED_HANDOFF_BURST));
+    }
+
     /// When the next waiting file may be handed on: when it is due, and not before the
     /// rate allows another hand-off.
     pub fn next_at(&self) -> Option<Instant> {
@@ -202,5 +210,25 @@ mod tests {
         assert_eq!(take_all(&mut c, t0), 10);
         assert!(c.due.is_empty() && c.files.is_empty());
         assert_eq!(c.tokens, f64::from(CHANGED_HANDOFF_BURST) - 10.0);
+    }
+
+    #[test]
+    fn files_found_gone_when_handed_on_give_their_hand_off_back() {
+        let t0 = Instant::now();
+        let mut c = waiting(3 * CHANGED_HANDOFF_BURST, t0);
+        // Every odd file is found gone and refunded: the burst then covers twice as many.
+        let mut taken = 0;
+        while let Some(i) = c.take(t0, false) {
+            taken += 1;
+            if i % 2 == 1 {
+                c.refund();
+            }
+        }
+        assert_eq!(taken, 2 * CHANGED_HANDOFF_BURST as usize - 1);
+        // Refunds never fill the bucket past its burst.
+        for _ in 0..2 * CHANGED_HANDOFF_BURST {
+            c.refund();
+        }
+        assert_eq!(c.tokens, f64::from(CHANGED_HANDOFF_BURST));
     }
 }
