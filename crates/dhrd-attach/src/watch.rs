@@ -117,7 +117,8 @@ pub struct WatchStats {
     /// Directories that could not be marked (`fs.fanotify.max_user_marks`): files moved
     /// into them are not seen; files created there still inherit their flags.
     pub mark_failures: AtomicU64,
-    /// Files followed by a mark of their own (each one the warm-up was handed).
+    /// Marks added to files (`follow`): one before each hand-off to the warm-up, so a file
+    /// handed on again (it grew) counts again.
     pub files_followed: AtomicU64,
     /// Files that could not be followed (`fs.fanotify.max_user_marks`), so not handed to
     /// the warm-up: they stay unpinned.
@@ -623,9 +624,7 @@ impl Watch {
                 Kind::File => {
                     if let Ok(h) = Handle::of(d, Some(e.name)) {
                         self.changed.lock().remove(h.key());
-                        if let Ok(fd) = h.open(ctx.root, libc::O_PATH) {
-                            let _ = self.group.remove(MarkOn::File, fd.as_fd(), FILE_MASK);
-                        }
+                        self.unfollow(ctx, &h);
                         ctx.resident.forget(h.key());
                     }
                     None
