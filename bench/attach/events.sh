@@ -6,22 +6,27 @@
 # For each run: the workload's own figure and the daemon's CPU (utime+stime ticks of
 # 10 ms, from /proc) over the workload, and the events the watch read.
 #
-#   sudo bench/attach/events.sh [--rounds N] [--only extract,fileserver,metaops] [--files N] [--out DIR]
+#   sudo bench/attach/events.sh [--rounds N] [--only extract,fileserver,metaops] [--files N]
+#                               [--durability fsync|sync] [--compare BIN] [--out DIR]
 #
 # extract: `tar -xf` of the suite's archive of 20,000 files of 1-8 KiB (bench/suite/apps.py).
 # fileserver: `dhrd-bench fileserver`, 50 threads, 2,000 files (--files) of 16 KiB mean, 10 s.
 # metaops: `dhrd-bench metaops`, 100,000 empty files created, stat'ed, unlinked, 1 thread.
+# --compare BIN runs a third configuration, `compare`: the same attach with another dhrd
+# binary (an older build, say), in the same rounds; the order rotates each round.
 # Builds release binaries from this tree first. Needs root (loop devices, fanotify).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-rounds=3 only=extract,fileserver,metaops files=2000 out=""
+rounds=3 only=extract,fileserver,metaops files=2000 out="" durability=fsync compare=""
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --files) files=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--rounds N] [--only extract,fileserver,metaops] [--files N] [--out DIR]" >&2; exit 2 ;;
+    --durability) durability=$2; shift 2 ;;
+    --compare) compare=$(realpath "$2"); shift 2 ;;
+    *) echo "usage: $0 [--rounds N] [--only extract,fileserver,metaops] [--files N] [--durability fsync|sync] [--compare BIN] [--out DIR]" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (loop devices, fanotify)" >&2; exit 2; }
@@ -53,10 +58,11 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # one WORKLOAD CONFIG ROUND: prints one line of figures.
 one() {
-  local wl=$1 cfg=$2 rnd=$3 pid="" t0 t1 c0=0 c1=0 fig events=""
+  local wl=$1 cfg=$2 rnd=$3 pid="" t0 t1 c0=0 c1=0 fig events="" bin=$dhrd
+  [ "$cfg" = compare ] && bin=$compare
   fresh_fs
-  if [ "$cfg" = attach ]; then
-    pid=$("$dhrd" attach "$work/fs/d" --daemon --quiet --durability fsync 2>&1 | grep -o 'daemon [0-9]*' | grep -o '[0-9]*')
+  if [ "$cfg" != plain ]; then
+    pid=$("$bin" attach "$work/fs/d" --daemon --quiet --durability "$durability" 2>&1 | grep -o 'daemon [0-9]*' | grep -o '[0-9]*')
     c0=$(ticks "$pid")
   fi
   case $wl in
@@ -72,8 +78,8 @@ one() {
   esac
   if [ -n "$pid" ]; then
     c1=$(ticks "$pid")
-    events=" watch_events=$("$dhrd" status "$work/fs/d" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["watch"]["events"])')"
-    "$dhrd" detach "$work/fs/d" >/dev/null
+    events=" watch_events=$("$bin" status "$work/fs/d" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["watch"]["events"])')"
+    "$bin" detach "$work/fs/d" >/dev/null
     while [ -e "/proc/$pid" ]; do sleep 0.05; done
   fi
   drop_fs
@@ -81,11 +87,12 @@ one() {
 }
 
 {
-  echo "# bench/attach/events.sh on $(git -C "$here" rev-parse --short HEAD)$(git -C "$here" diff --quiet HEAD -- crates || echo ' (uncommitted changes)'), $(date -u +%FT%TZ), kernel $(uname -r)"
+  echo "# bench/attach/events.sh on $(git -C "$here" rev-parse --short HEAD)$(git -C "$here" diff --quiet HEAD -- crates || echo ' (uncommitted changes)'), $(date -u +%FT%TZ), kernel $(uname -r), durability $durability${compare:+, compare $compare}"
+  cfgs=(plain attach); [ -n "$compare" ] && cfgs+=(compare)
   for wl in ${only//,/ }; do
     for r in $(seq "$rounds"); do
-      if [ $((r % 2)) = 1 ]; then one "$wl" plain "$r"; one "$wl" attach "$r"
-      else one "$wl" attach "$r"; one "$wl" plain "$r"; fi
+      # Rotate the order each round, so no configuration always runs first.
+      for i in "${!cfgs[@]}"; do one "$wl" "${cfgs[$(( (i + r - 1) % ${#cfgs[@]} ))]}" "$r"; done
     done
   done
 } | if [ -n "$out" ]; then mkdir -p "$out"; tee "$out/events.txt"; else cat; fi
