@@ -324,8 +324,9 @@ impl Watch {
         use rustix::event::{poll, PollFd, PollFlags};
         let mut buf = vec![0u8; EVENT_BUF_BYTES];
         let stall = std::env::var_os(WATCH_STALL_ENV).map(PathBuf::from);
+        let stalled = || stall.as_deref().is_some_and(Path::exists);
         while !stop.load(Ordering::Acquire) {
-            if stall.as_deref().is_some_and(Path::exists) {
+            if stalled() {
                 std::thread::sleep(EVENT_BATCH_PAUSE);
                 continue;
             }
@@ -348,7 +349,12 @@ impl Watch {
             if stop.load(Ordering::Acquire) {
                 return;
             }
+            // The fault hook is checked again once awake: the event that woke the
+            // thread may be the very one a test holds back, and it stays queued.
             loop {
+                if stalled() {
+                    break;
+                }
                 let evs = match self.group.read(&mut buf) {
                     Ok(evs) if !evs.is_empty() => evs,
                     _ => break,
