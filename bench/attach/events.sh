@@ -14,6 +14,11 @@
 # metaops: `dhrd-bench metaops`, 100,000 empty files created, stat'ed, unlinked, 1 thread.
 # --compare BIN runs a third configuration, `compare`: the same attach with another dhrd
 # binary (an older build, say), in the same rounds; the order rotates each round.
+# --durability sync compares against what the issue's `sync` target does: the same ext4
+# mounted `sync,dirsync` (config `syncdirsync`), and adds `flags`, the subdirectory with
+# the sync and dirsync inode flags and no daemon, which splits what the flags cost from
+# what the daemon adds. The fileserver then fsyncs after each whole-file write and append,
+# as the suite's fileserver does for every configuration durable on return.
 # Builds release binaries from this tree first. Needs root (loop devices, fanotify).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -54,6 +59,7 @@ fresh_fs() {
   mkdir -p "$work/fs"; mount "$loop" "$work/fs"; mkdir "$work/fs/d"
 }
 drop_fs() { umount "$work/fs"; losetup -d "$loop"; loop=""; }
+fsync_flag=""; [ "$durability" = sync ] && fsync_flag=--fsync
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # one WORKLOAD CONFIG ROUND: prints one line of figures.
@@ -61,7 +67,11 @@ one() {
   local wl=$1 cfg=$2 rnd=$3 pid="" t0 t1 c0=0 c1=0 fig events="" bin=$dhrd
   [ "$cfg" = compare ] && bin=$compare
   fresh_fs
-  if [ "$cfg" != plain ]; then
+  case $cfg in
+    syncdirsync) mount -o remount,sync,dirsync "$work/fs" ;;
+    flags) chattr +S +D "$work/fs/d" ;;
+  esac
+  if [ "$cfg" = attach ] || [ "$cfg" = compare ]; then
     pid=$("$bin" attach "$work/fs/d" --daemon --quiet --durability "$durability" 2>&1 | grep -o 'daemon [0-9]*' | grep -o '[0-9]*')
     c0=$(ticks "$pid")
   fi
@@ -71,7 +81,7 @@ one() {
       fig="extract_s=$(echo "$t1 - $t0" | bc)" ;;
     fileserver)
       fig="ops_per_s=$("$bench" fileserver --dir "$work/fs/d" --files "$files" --threads 50 --secs 10 \
-        --mean-file-bytes 16384 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["ops_per_sec"]))')" ;;
+        --mean-file-bytes 16384 $fsync_flag 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["ops_per_sec"]))')" ;;
     metaops)
       fig="ops_per_s=$("$bench" metaops --dir "$work/fs/d" --threads 1 --files-per-thread 100000 2>/dev/null \
         | python3 -c 'import json,sys; t=sys.stdin.read(); print(int(json.loads(t[t.index("{"):])["ops_per_sec"]))')" ;;
@@ -88,7 +98,8 @@ one() {
 
 {
   echo "# bench/attach/events.sh on $(git -C "$here" rev-parse --short HEAD)$(git -C "$here" diff --quiet HEAD -- crates || echo ' (uncommitted changes)'), $(date -u +%FT%TZ), kernel $(uname -r), durability $durability${compare:+, compare $compare}"
-  cfgs=(plain attach); [ -n "$compare" ] && cfgs+=(compare)
+  cfgs=(plain attach); [ "$durability" = sync ] && cfgs=(syncdirsync flags attach)
+  [ -n "$compare" ] && cfgs+=(compare)
   for wl in ${only//,/ }; do
     for r in $(seq "$rounds"); do
       # Rotate the order each round, so no configuration always runs first.
