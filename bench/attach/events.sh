@@ -6,32 +6,39 @@
 # For each run: the workload's own figure and the daemon's CPU (utime+stime ticks of
 # 10 ms, from /proc) over the workload, and the events the watch read.
 #
-#   sudo bench/attach/events.sh [--rounds N] [--only extract,fileserver,metaops] [--files N]
-#                               [--durability fsync|sync] [--compare BIN] [--out DIR]
+#   sudo bench/attach/events.sh [--rounds N] [--only extract,fileserver,metaops,postmark]
+#                               [--files N] [--meta-files N] [--durability fsync|sync]
+#                               [--compare BIN] [--out DIR]
 #
 # extract: `tar -xf` of the suite's archive of 20,000 files of 1-8 KiB (bench/suite/apps.py).
 # fileserver: `dhrd-bench fileserver`, 50 threads, 2,000 files (--files) of 16 KiB mean, 10 s.
-# metaops: `dhrd-bench metaops`, 100,000 empty files created, stat'ed, unlinked, 1 thread.
+# metaops: `dhrd-bench metaops`, 100,000 empty files (--meta-files) created, stat'ed,
+# unlinked, 1 thread.
+# postmark: Postmark as the suite's full profile runs it (bench/suite/experiments.py:
+# 5,000 files of 500 B-10 KB, 50,000 transactions, read:append 5:5), transactions/s.
 # --compare BIN runs a third configuration, `compare`: the same attach with another dhrd
 # binary (an older build, say), in the same rounds; the order rotates each round.
 # --durability sync compares against what the issue's `sync` target does: the same ext4
-# mounted `sync,dirsync` (config `syncdirsync`), and adds `flags`, the subdirectory with
+# mounted `sync,dirsync` (config `syncdirsync`: remounted `sync`, which implies dirsync,
+# since IS_DIRSYNC tests the superblock's SB_SYNCHRONOUS too; a remount cannot set
+# `dirsync` itself), and adds `flags`, the subdirectory with
 # the sync and dirsync inode flags and no daemon, which splits what the flags cost from
 # what the daemon adds. The fileserver then fsyncs after each whole-file write and append,
 # as the suite's fileserver does for every configuration durable on return.
 # Builds release binaries from this tree first. Needs root (loop devices, fanotify).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-rounds=3 only=extract,fileserver,metaops files=2000 out="" durability=fsync compare=""
+rounds=3 only=extract,fileserver,metaops files=2000 meta_files=100000 out="" durability=fsync compare=""
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --files) files=$2; shift 2 ;;
+    --meta-files) meta_files=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --durability) durability=$2; shift 2 ;;
     --compare) compare=$(realpath "$2"); shift 2 ;;
-    *) echo "usage: $0 [--rounds N] [--only extract,fileserver,metaops] [--files N] [--durability fsync|sync] [--compare BIN] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rounds N] [--only extract,fileserver,metaops,postmark] [--files N] [--meta-files N] [--durability fsync|sync] [--compare BIN] [--out DIR]" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (loop devices, fanotify)" >&2; exit 2; }
@@ -68,7 +75,7 @@ one() {
   [ "$cfg" = compare ] && bin=$compare
   fresh_fs
   case $cfg in
-    syncdirsync) mount -o remount,sync,dirsync "$work/fs" ;;
+    syncdirsync) mount -o remount,sync "$work/fs" ;;
     flags) chattr +S +D "$work/fs/d" ;;
   esac
   if [ "$cfg" = attach ] || [ "$cfg" = compare ]; then
@@ -83,8 +90,11 @@ one() {
       fig="ops_per_s=$("$bench" fileserver --dir "$work/fs/d" --files "$files" --threads 50 --secs 10 \
         --mean-file-bytes 16384 $fsync_flag 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["ops_per_sec"]))')" ;;
     metaops)
-      fig="ops_per_s=$("$bench" metaops --dir "$work/fs/d" --threads 1 --files-per-thread 100000 2>/dev/null \
+      fig="ops_per_s=$("$bench" metaops --dir "$work/fs/d" --threads 1 --files-per-thread "$meta_files" 2>/dev/null \
         | python3 -c 'import json,sys; t=sys.stdin.read(); print(int(json.loads(t[t.index("{"):])["ops_per_sec"]))')" ;;
+    postmark)
+      fig="tx_per_s=$(cd "$here/bench/suite" && python3 -c "import experiments; print(int(experiments.postmark(
+        '$work/fs/d', {'pm_files': 5000, 'pm_transactions': 50000})['tx_per_sec']))")" ;;
   esac
   if [ -n "$pid" ]; then
     c1=$(ticks "$pid")
@@ -93,7 +103,7 @@ one() {
     while [ -e "/proc/$pid" ]; do sleep 0.05; done
   fi
   drop_fs
-  echo "$wl round=$rnd config=$cfg$([ "$wl" = fileserver ] && echo " files=$files") $fig daemon_cpu_ticks=$((c1 - c0))$events"
+  echo "$wl round=$rnd config=$cfg$([ "$wl" = fileserver ] && echo " files=$files")$([ "$wl" = metaops ] && echo " files=$meta_files") $fig daemon_cpu_ticks=$((c1 - c0))$events"
 }
 
 {
