@@ -47,6 +47,7 @@ use crate::flags::{self, FlagStats};
 use crate::handle::Handle;
 use crate::tree::{self, Kind};
 use dhrd_pagecache::resident::{Changed, Resident, CHANGED_DELAY, CHANGED_MAX};
+use dhrd_pagecache::{double_sysctl, SysctlRaise};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::File;
@@ -230,19 +231,14 @@ impl Watch {
     /// that cannot be followed cannot be pinned). Never lowered: other groups of the same
     /// user may rely on it by then. Whether it was raised.
     fn raise_marks_limit(&self) -> bool {
-        let Some(now) = std::fs::read_to_string(MAX_USER_MARKS_SYSCTL)
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
+        let Ok(SysctlRaise::Raised { from, .. }) =
+            double_sysctl(Path::new(MAX_USER_MARKS_SYSCTL), MAX_USER_MARKS_RAISE_MAX)
         else {
             return false;
         };
-        let want = now.saturating_mul(2).min(MAX_USER_MARKS_RAISE_MAX);
-        if want <= now || std::fs::write(MAX_USER_MARKS_SYSCTL, want.to_string()).is_err() {
-            return false;
-        }
         let _ = self.stats.marks_limit_raised_from.compare_exchange(
             0,
-            now,
+            from,
             Ordering::Relaxed,
             Ordering::Relaxed,
         );

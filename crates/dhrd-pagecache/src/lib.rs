@@ -19,6 +19,7 @@ pub mod resident;
 pub mod sys;
 
 pub use sys::{
-    cachestat, file_size, inode_flags, link_count, probe_sync_flag, set_inode_flags, set_sync_flag,
-    sync_flag, CacheStat, CacheStatSource, FS_DIRSYNC_FL, FS_SYNC_FL, SYNC_MARK_XATTR,
+    cachestat, double_sysctl, file_size, inode_flags, link_count, probe_sync_flag, read_sysctl,
+    set_inode_flags, set_sync_flag, sync_flag, CacheStat, CacheStatSource, SysctlRaise,
+    FS_DIRSYNC_FL, FS_SYNC_FL, SYNC_MARK_XATTR,
 };

@@ -9,6 +9,10 @@
 //! for writes the kernel makes on an application's behalf through FUSE passthrough,
 //! which never reach a daemon that could sync them itself.
 //!
+//! And the per-user and per-process limits a pinning daemon meets (`vm.max_map_count`,
+//! `fs.fanotify.max_user_marks`): read, and raised by doubling, never lowered (other
+//! programs may rely on a raised limit by then).
+//!
 //! Invariants: these are single system calls with no state of their own. The flag is a
 //! persistent inode attribute: it stays after the process that set it exits, and setting
 //! it updates the inode's ctime once.
@@ -18,6 +22,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
 
 use dhrd_io::PAGE_BYTES;
 
@@ -282,6 +287,41 @@ pub fn probe_sync_flag(dir: BorrowedFd<'_>) -> io::Result<()> {
     set_sync_flag(fd.as_fd(), true).map(|_| ())
 }
 
+/// A numeric sysctl (a file under /proc/sys), or `None` if it cannot be read or parsed.
+pub fn read_sysctl(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// What `double_sysctl` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SysctlRaise {
+    /// Written: the value was `from`, is now `to` (at most the ceiling).
+    Raised { from: u64, to: u64 },
+    /// Already at or above the ceiling (perhaps someone raised it meanwhile): `now`.
+    AtCeiling { now: u64 },
+}
+
+/// Doubles the sysctl at `path`, up to `ceiling`. Never lowers it. Needs root to write.
+pub fn double_sysctl(path: &Path, ceiling: u64) -> io::Result<SysctlRaise> {
+    let now = read_sysctl(path).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a number this process can read", path.display()),
+        )
+    })?;
+    let want = now.saturating_mul(2).min(ceiling);
+    if want <= now {
+        return Ok(SysctlRaise::AtCeiling { now });
+    }
+    std::fs::write(path, format!("{want}\n"))?;
+    Ok(SysctlRaise::Raised {
+        from: now,
+        to: want,
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
@@ -312,6 +352,40 @@ mod tests {
         let (part, _) = cachestat(f.as_fd(), 4096, 8192).expect("range");
         assert_eq!(part.cached_pages, 2);
         assert_eq!(mincore_pages(f.as_fd(), 0, 0).expect("mincore"), 16);
+    }
+
+    #[test]
+    fn a_sysctl_doubles_up_to_its_ceiling_and_never_drops() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("limit");
+        std::fs::write(&p, "1000\n").expect("write");
+        assert_eq!(
+            double_sysctl(&p, 3000).expect("raise"),
+            SysctlRaise::Raised {
+                from: 1000,
+                to: 2000
+            }
+        );
+        assert_eq!(
+            double_sysctl(&p, 3000).expect("raise"),
+            SysctlRaise::Raised {
+                from: 2000,
+                to: 3000
+            }
+        );
+        assert_eq!(
+            double_sysctl(&p, 3000).expect("at the ceiling"),
+            SysctlRaise::AtCeiling { now: 3000 }
+        );
+        // A ceiling below the value never lowers it.
+        assert_eq!(
+            double_sysctl(&p, 10).expect("above"),
+            SysctlRaise::AtCeiling { now: 3000 }
+        );
+        assert_eq!(read_sysctl(&p), Some(3000));
+        std::fs::write(&p, "many").expect("write");
+        assert!(double_sysctl(&p, 3000).is_err());
+        assert!(double_sysctl(&dir.path().join("absent"), 3000).is_err());
     }
 
     #[test]

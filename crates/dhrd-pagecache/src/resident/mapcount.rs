@@ -21,6 +21,7 @@
 //!
 //! Crash semantics: the sysctl stays raised after the process exits.
 
+use crate::sys::SysctlRaise;
 use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,7 +61,7 @@ impl Default for PinLimit {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MapCountNote {
     /// The value before dhrd first raised it, and now.
-    pub raised: Option<(usize, usize)>,
+    pub raised: Option<(u64, u64)>,
     /// Why a raise was refused (first cause only).
     pub refused: Option<String>,
 }
@@ -71,17 +72,12 @@ pub(super) struct MapCount {
     note: Mutex<MapCountNote>,
 }
 
-fn read_sysctl(path: &std::path::Path) -> Option<usize> {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-}
-
 impl MapCount {
     pub(super) fn new(limit: PinLimit) -> Self {
         let max = match &limit {
             PinLimit::Fixed(n) => *n,
-            PinLimit::Sysctl { path, .. } => read_sysctl(path)
+            PinLimit::Sysctl { path, .. } => crate::sys::read_sysctl(path)
+                .and_then(|n| usize::try_from(n).ok())
                 .unwrap_or(MAX_MAP_COUNT_DEFAULT)
                 .saturating_sub(MAP_COUNT_RESERVE),
         };
@@ -115,19 +111,23 @@ impl MapCount {
         if note.refused.is_some() || pinned < self.max() {
             return;
         }
-        let current = read_sysctl(path).unwrap_or(MAX_MAP_COUNT_DEFAULT);
         let ceiling = pins_possible
             .saturating_add(MAP_COUNT_RESERVE)
             .min(MAX_MAP_COUNT_RAISE_MAX);
-        let want = current.saturating_mul(2).min(ceiling);
-        if want <= current {
-            // Someone raised it meanwhile, or the ceiling is reached: take what it is.
-            self.max
-                .fetch_max(current.saturating_sub(MAP_COUNT_RESERVE), Ordering::AcqRel);
-            return;
-        }
-        match std::fs::write(path, format!("{want}\n")) {
-            Ok(()) => {
+        let room = |n: u64| {
+            usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(MAP_COUNT_RESERVE)
+        };
+        match crate::sys::double_sysctl(path, u64::try_from(ceiling).unwrap_or(u64::MAX)) {
+            Ok(SysctlRaise::AtCeiling { now }) => {
+                // Someone raised it meanwhile, or the ceiling is reached: take what it is.
+                self.max.fetch_max(room(now), Ordering::AcqRel);
+            }
+            Ok(SysctlRaise::Raised {
+                from: current,
+                to: want,
+            }) => {
                 let from = note.raised.map_or(current, |(from, _)| from);
                 note.raised = Some((from, want));
                 eprintln!(
@@ -135,12 +135,11 @@ impl MapCount {
                      takes a mapping (about 200 bytes of kernel memory); the value before dhrd \
                      raised it was {from}"
                 );
-                self.max
-                    .fetch_max(want.saturating_sub(MAP_COUNT_RESERVE), Ordering::AcqRel);
+                self.max.fetch_max(room(want), Ordering::AcqRel);
             }
             Err(e) => {
                 note.refused = Some(format!(
-                    "vm.max_map_count {current} could not be raised to {want}: {e}"
+                    "vm.max_map_count could not be raised (ceiling {ceiling}): {e}"
                 ));
             }
         }

@@ -371,22 +371,11 @@ fn the_mapping_limit_is_raised_when_the_pins_reach_it() {
     assert_eq!(s.map_count, MapCountNote::default());
     let s = run(true);
     assert_eq!((s.files_pinned, s.files_unpinned), (8, 0), "{s:?}");
-    let now: usize = std::fs::read_to_string(&sysctl)
-        .expect("sysctl")
-        .trim()
-        .parse()
-        .expect("number");
-    assert_eq!(
-        now,
-        2 * (MAP_COUNT_RESERVE + 3),
-        "one doubling is room for 8"
-    );
-    assert_eq!(
-        s.map_count.raised,
-        Some((MAP_COUNT_RESERVE + 3, now)),
-        "{s:?}"
-    );
-    assert_eq!(s.pins_max as usize, now - MAP_COUNT_RESERVE);
+    let now = crate::sys::read_sysctl(&sysctl).expect("sysctl");
+    let before = (MAP_COUNT_RESERVE + 3) as u64;
+    assert_eq!(now, 2 * before, "one doubling is room for 8");
+    assert_eq!(s.map_count.raised, Some((before, now)), "{s:?}");
+    assert_eq!(s.pins_max, now - MAP_COUNT_RESERVE as u64);
 }
 
 /// A file the walk has queued but not started moves ahead of the walk when an application
