@@ -102,6 +102,11 @@ impl Group {
         self.mark_at(libc::FAN_MARK_ADD, MarkOn::File, dir, Some(name), mask)
     }
 
+    /// Removes `mask` from the file mark of `name` in directory `dir`, without opening it.
+    pub fn remove_at(&self, dir: BorrowedFd<'_>, name: &CStr, mask: u64) -> io::Result<()> {
+        self.mark_at(libc::FAN_MARK_REMOVE, MarkOn::File, dir, Some(name), mask)
+    }
+
     /// Removes `mask` from the mark on `obj` (the mark goes when its mask is empty).
     pub fn remove(&self, on: MarkOn, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
         self.mark(libc::FAN_MARK_REMOVE, on, obj, mask)

@@ -456,7 +456,9 @@ impl Watch {
                 }
                 continue;
             };
-            if self.follow(f.as_fd()) {
+            // A file the warm-up knows was followed before it was handed over, and its
+            // mark lasts as long as the inode: only a new file needs one.
+            if ctx.resident.is_known(h.key()) || self.follow(f.as_fd()) {
                 ctx.resident.refresh(h.key(), &f);
                 self.stats.refreshed.fetch_add(1, Ordering::Relaxed);
             }
@@ -626,7 +628,7 @@ impl Watch {
                 Kind::File => {
                     if let Ok(h) = Handle::of(d, Some(e.name)) {
                         self.changed.lock().remove(h.key());
-                        self.unfollow(ctx, &h);
+                        let _ = self.group.remove_at(d, e.name, FILE_MASK);
                         ctx.resident.forget(h.key());
                     }
                     None
