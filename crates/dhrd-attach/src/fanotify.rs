@@ -91,7 +91,9 @@ impl Group {
         Ok(Self { fd })
     }
 
-    /// Adds `mask` to the mark on `obj` (a directory descriptor).
+    /// Adds `mask` to the mark on `obj`: a directory, a file, or for `MarkOn::Filesystem`
+    /// anything on the file system; a real open, since `fanotify_mark` refuses O_PATH
+    /// descriptors (EBADF).
     pub fn add(&self, on: MarkOn, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
         self.mark(libc::FAN_MARK_ADD, on, obj, mask)
     }
@@ -107,7 +109,8 @@ impl Group {
         self.mark_at(libc::FAN_MARK_REMOVE, MarkOn::File, dir, Some(name), mask)
     }
 
-    /// Removes `mask` from the mark on `obj` (the mark goes when its mask is empty).
+    /// Removes `mask` from the mark on `obj` (the mark goes when its mask is empty). `obj`
+    /// must be a real open, as for `add`: `fanotify_mark` refuses O_PATH descriptors.
     pub fn remove(&self, on: MarkOn, obj: BorrowedFd<'_>, mask: u64) -> io::Result<()> {
         self.mark(libc::FAN_MARK_REMOVE, on, obj, mask)
     }

@@ -245,10 +245,12 @@ impl Watch {
         true
     }
 
-    /// Stops following a file that left the tree (its mark would keep reporting it).
+    /// Stops following a file that left the tree (its mark would keep reporting it, and
+    /// its next change would pin it again). Through a real open: `fanotify_mark` takes no
+    /// O_PATH descriptor as its object (EBADF).
     fn unfollow(&self, ctx: &Ctx<'_>, target: &Handle) {
-        if let Ok(fd) = target.open(ctx.root, libc::O_PATH) {
-            let _ = self.group.remove(MarkOn::File, fd.as_fd(), FILE_MASK);
+        if let Some(f) = open_regular(ctx.root, target) {
+            let _ = self.group.remove(MarkOn::File, f.as_fd(), FILE_MASK);
         }
     }
 

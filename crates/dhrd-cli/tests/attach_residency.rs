@@ -156,9 +156,8 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
         &[("DHRD_FAULT_WATCH_STALL_FILE", stall.to_str().unwrap())],
     );
     a.wait_warm();
-    // The stall is looked at between batches. A watch waiting for events when it is set
-    // would take the directory's creation at once: one more event first (a directory,
-    // which is never pinned) wakes it, and after that batch it stalls.
+    // The watch looks at the stall whenever it wakes, so events wait from here on;
+    // `poke`, a directory made under the stall, is there for the removal checked last.
     std::fs::write(&stall, b"").unwrap();
     std::fs::create_dir(dir.join("poke")).unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -180,6 +179,53 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     wait_for(&a, "the removed directory unmarked", |s| {
         s["watch"]["dirs_marked"] == 3
     });
+    let (ok, out) = a.detach();
+    assert!(ok, "{out}");
+}
+
+/// A file or a directory renamed out of the tree is no longer dhrd's: its pins go, its
+/// marks go (a directory leaves the marked set), and writing to it afterwards is not heard.
+#[test]
+fn files_and_directories_moved_out_are_let_go_and_no_longer_followed() {
+    let s = Scratch::new("attach-moved-out");
+    let disk = LoopFs::new(&s);
+    let dir = disk.mnt.join("data");
+    let out = disk.mnt.join("outside");
+    std::fs::create_dir_all(dir.join("sub/deeper")).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    for p in ["a", "b", "sub/c", "sub/deeper/d"] {
+        std::fs::write(dir.join(p), vec![1u8; 1 << 20]).unwrap();
+    }
+    let a = Attach::start(&dir, &["--durability", "fsync"]);
+    a.wait_warm();
+    let st = wait_for(&a, "all pinned", |s| s["ram"]["pinned_files"] == 4);
+    assert_eq!(st["watch"]["dirs_marked"], 3, "{st}");
+
+    std::fs::rename(dir.join("a"), out.join("a")).unwrap();
+    let st = wait_for(&a, "the file moved out let go", |s| {
+        s["ram"]["pinned_files"] == 3
+    });
+    assert_eq!(st["watch"]["moved_out"], 1, "{st}");
+    std::fs::rename(dir.join("sub"), out.join("sub")).unwrap();
+    let st = wait_for(&a, "the directory moved out let go", |s| {
+        s["ram"]["pinned_files"] == 1
+    });
+    assert_eq!(st["watch"]["moved_out"], 2, "{st}");
+    assert_eq!(st["watch"]["dirs_marked"], 1, "{st}");
+    assert_eq!(st["ram"]["pinned_bytes"], 1 << 20, "{st}");
+
+    // Written outside now: nothing of it reaches the watch's hand-on.
+    let refreshed = st["watch"]["refreshed"].clone();
+    for p in ["a", "sub/c", "sub/deeper/d"] {
+        std::fs::write(out.join(p), vec![2u8; 4096]).unwrap();
+    }
+    std::fs::write(out.join("sub/new"), vec![3u8; 4096]).unwrap();
+    // Past the changed files' delay, with room for the hand-on.
+    std::thread::sleep(dhrd_pagecache::resident::CHANGED_DELAY + Duration::from_secs(1));
+    let st = a.status_json();
+    assert_eq!(st["watch"]["refreshed"], refreshed, "{st}");
+    assert_eq!(st["watch"]["changed_waiting"], 0, "{st}");
+    assert_eq!(st["ram"]["pinned_files"], 1, "{st}");
     let (ok, out) = a.detach();
     assert!(ok, "{out}");
 }
