@@ -16,7 +16,8 @@
 //! - in a subdirectory (`Scope::Tree`), each directory carries an inode mark, so the
 //!   daemon hears of new files and directories (marked, and flagged when `sync` is by
 //!   flags), of files and directories moved in (flagged, marked, warmed) or out
-//!   (forgotten, unmarked), and of its own removal; with `sync` by flags, every created or
+//!   (forgotten, unmarked, each file's own mark removed too, or its next write outside
+//!   would pin it again), and of its own removal; with `sync` by flags, every created or
 //!   linked-in file is checked for its flag.
 //!
 //! Why files are followed one by one and not through their directory's mark
@@ -36,7 +37,9 @@
 //! interrupt); events meanwhile wait in the kernel's queue. It bounds how late a repair
 //! comes after a rename in (docs/crash-model.md).
 //!
-//! Invariants: the daemon's own opens (warm-up, flag walks) are skipped by pid; the watch
+//! Invariants: a file the warm-up knows carries its own mark (it was followed before its
+//! hand-off, and an inode mark lasts as long as the inode), so a later hand-on adds none;
+//! the daemon's own opens (warm-up, flag walks) are skipped by pid; the watch
 //! only reads files, sets flags and marks, and tells the warm-up; it never blocks an
 //! application (notification events only); at most `CHANGED_MAX` changed files wait (past
 //! it the oldest is handed on at once). Crash semantics: none; the group and its marks
