@@ -29,6 +29,7 @@ use crate::tree::{self, Kind};
 use crate::watch::{self, Scope, Watch};
 use dhrd_engine::Durability;
 use dhrd_io::RamBudget;
+use dhrd_pagecache::reaper::{Reaper, REAPER_THREADS};
 use dhrd_pagecache::resident::{FileRef, Folios, Opener, Resident, ResidentConfig};
 use parking_lot::Mutex;
 use std::fs::File;
@@ -177,11 +178,18 @@ impl Attached {
                 .during(|| format!("syncfs of {}", dir.display()))?;
         }
         let budget = RamBudget::new(cfg.mem_bytes);
+        // A deleted file whose last reference is the daemon's (its pin, the watch's
+        // descriptor) is freed when that goes, and with the sync flag or the `sync`
+        // option ext4 commits that synchronously: off the watch thread, which must stay
+        // free to repair flags (reaper.rs).
+        let reaper = Reaper::new(REAPER_THREADS, "dhrd-reap")
+            .during(|| "starting the reaper threads".into())?;
         let resident = Resident::new(
             ResidentConfig {
                 threads: cfg.warm_threads,
                 rate_bytes_per_s: cfg.load_rate,
                 folios: warm_up_folios(cfg.durability),
+                reaper: Some(reaper),
                 ..ResidentConfig::default()
             },
             budget.clone(),

@@ -479,13 +479,15 @@ impl Watch {
             // its hand-on finds it gone.
             return;
         }
-        let linked = target
-            .open(ctx.root, libc::O_PATH)
-            .ok()
+        let fd = target.open(ctx.root, libc::O_PATH).ok();
+        let linked = fd
+            .as_ref()
             .and_then(|fd| dhrd_pagecache::link_count(fd.as_fd()).ok())
             .is_some_and(|n| n > 0);
         if !linked {
-            ctx.resident.forget(target.key());
+            // The descriptor may be the file's last reference once its pin goes: both are
+            // let go by the reaper, since freeing the inode may wait for a journal commit.
+            ctx.resident.forget_with(key, fd);
             self.stats.forgotten.fetch_add(1, Ordering::Relaxed);
         }
     }
