@@ -178,24 +178,7 @@ impl Attached {
                 .during(|| format!("syncfs of {}", dir.display()))?;
         }
         let budget = RamBudget::new(cfg.mem_bytes);
-        // A deleted file whose last reference is the daemon's (its pin, the watch's
-        // descriptor) is freed when that goes, and with the sync flag or the `sync`
-        // option ext4 commits that synchronously: off the watch thread, which must stay
-        // free to repair flags (reaper.rs).
-        let reaper = Reaper::new(REAPER_THREADS, "dhrd-reap")
-            .during(|| "starting the reaper threads".into())?;
-        let resident = Resident::new(
-            ResidentConfig {
-                threads: cfg.warm_threads,
-                rate_bytes_per_s: cfg.load_rate,
-                folios: warm_up_folios(cfg.durability),
-                reaper: Some(reaper),
-                ..ResidentConfig::default()
-            },
-            budget.clone(),
-            Arc::new(TreeOpener(root.clone())),
-        )
-        .during(|| "starting the warm-up threads".into())?;
+        let resident = start_warm_up(&cfg, &budget, &root)?;
         let a = Arc::new(Self {
             fstype: mount.fstype.clone(),
             cfg,
@@ -357,6 +340,32 @@ impl Attached {
         let _ = rustix::fs::flock(self.root.as_fd(), rustix::fs::FlockOperation::Unlock);
         Ok(())
     }
+}
+
+/// The warm-up, its pins and their reaper, charging `budget`.
+fn start_warm_up(
+    cfg: &AttachConfig,
+    budget: &Arc<RamBudget>,
+    root: &Arc<OwnedFd>,
+) -> Result<Resident> {
+    // A deleted file whose last reference is the daemon's (its pin, the watch's
+    // descriptor) is freed when that goes, and with the sync flag or the `sync` option
+    // ext4 commits that synchronously: off the watch thread, which must stay free to
+    // repair flags (reaper.rs).
+    let reaper =
+        Reaper::new(REAPER_THREADS, "dhrd-reap").during(|| "starting the reaper threads".into())?;
+    Resident::new(
+        ResidentConfig {
+            threads: cfg.warm_threads,
+            rate_bytes_per_s: cfg.load_rate,
+            folios: warm_up_folios(cfg.durability),
+            reaper: Some(reaper),
+            ..ResidentConfig::default()
+        },
+        budget.clone(),
+        Arc::new(TreeOpener(root.clone())),
+    )
+    .during(|| "starting the warm-up threads".into())
 }
 
 /// The folios the warm-up leaves for a durability mode: in `sync` mode every small write is

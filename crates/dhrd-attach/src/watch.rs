@@ -39,11 +39,11 @@
 //!
 //! Invariants: a file the warm-up knows carries its own mark (it was followed before its
 //! hand-off, and an inode mark lasts as long as the inode), so a later hand-on adds none;
-//! the daemon's own opens (warm-up, flag walks) are skipped by pid; the watch
-//! only reads files, sets flags and marks, and tells the warm-up; it never blocks an
-//! application (notification events only); what it held of a deleted file goes to the
-//! reaper with the file's pin (freeing an inode with the sync flag waits for a journal
-//! commit, and the watch must stay free to repair flags); at most `CHANGED_MAX` changed files wait (past
+//! the daemon's own opens (warm-up, flag walks) are skipped by pid; the watch only reads
+//! files, sets flags and marks, and tells the warm-up; it never blocks an application
+//! (notification events only); what it held of a deleted file goes to the reaper with the
+//! file's pin (freeing an inode with the sync flag waits for a journal commit, and the
+//! watch must stay free to repair flags); at most `CHANGED_MAX` changed files wait (past
 //! it the oldest is handed on at once). Crash semantics: none; the group and its marks
 //! vanish with the process (flags stay, see `flags.rs`).
 
