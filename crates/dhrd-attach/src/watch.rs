@@ -123,8 +123,9 @@ pub struct WatchStats {
     /// Directories that could not be marked (`fs.fanotify.max_user_marks`): files moved
     /// into them are not seen; files created there still inherit their flags.
     pub mark_failures: AtomicU64,
-    /// Marks added to files (`follow`): one before each hand-off to the warm-up, so a file
-    /// handed on again (it grew) counts again.
+    /// Marks added to files (`follow`): one before a file's first hand-off to the warm-up;
+    /// the hand-on of a known file's later changes adds none (a demanded open during the
+    /// warm-up may add one to a file its walk marked already).
     pub files_followed: AtomicU64,
     /// Files that could not be followed (`fs.fanotify.max_user_marks`), so not handed to
     /// the warm-up: they stay unpinned.
