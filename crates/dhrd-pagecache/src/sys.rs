@@ -315,7 +315,13 @@ pub fn double_sysctl(path: &Path, ceiling: u64) -> io::Result<SysctlRaise> {
     if want <= now {
         return Ok(SysctlRaise::AtCeiling { now });
     }
-    std::fs::write(path, format!("{want}\n"))?;
+    // The values go into the error: a refusal should say what was asked of what.
+    std::fs::write(path, format!("{want}\n")).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {want} to {} (now {now}): {e}", path.display()),
+        )
+    })?;
     Ok(SysctlRaise::Raised {
         from: now,
         to: want,
@@ -386,6 +392,21 @@ mod tests {
         std::fs::write(&p, "many").expect("write");
         assert!(double_sysctl(&p, 3000).is_err());
         assert!(double_sysctl(&dir.path().join("absent"), 3000).is_err());
+    }
+
+    #[test]
+    fn a_refused_raise_names_the_value_it_had_and_the_one_it_wanted() {
+        // Read-only even for root (mode 0444): the write is refused.
+        let p = Path::new("/proc/sys/kernel/ngroups_max");
+        let Some(now) = read_sysctl(p) else {
+            eprintln!("skipped: {} is not readable here", p.display());
+            return;
+        };
+        let e = double_sysctl(p, u64::MAX).expect_err("a read-only sysctl");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("writing {} ", now * 2)), "{msg}");
+        assert!(msg.contains(&format!("(now {now})")), "{msg}");
+        assert!(msg.contains("ngroups_max"), "{msg}");
     }
 
     #[test]
