@@ -174,9 +174,19 @@ def _archive(ctx, rows, ratios):
 
 
 def _archive_once(ctx, name, tar, rnd, rows):
-    """One extraction, re-read and SQLite run on `name`; returns (extract s, re-read s,
-    commits/s) and appends its row."""
-    ws, p = ctx.ws, ctx.p
+    """One extraction, re-read and SQLite run on `name`, each on a fresh journalled ext4 of
+    its own (configs.JournaledDisk). On the disk's own ext4 (journal-less on these VMs),
+    creates right after deletes scan past the freed inodes: the plain directory, made
+    again after each round's files and the archive's sources were deleted, extracted in
+    6.4-12.8 s against 1.0-1.4 s for the attached one on the same file system.
+    Returns (extract s, re-read s, commits/s) and appends its row."""
+    room = 2 * os.path.getsize(tar) + (64 << 20)
+    with configs.JournaledDisk(ctx.ws, "attach-archive-disk", room) as jws:
+        return _archive_on(ctx, jws, name, tar, rnd, rows)
+
+
+def _archive_on(ctx, ws, name, tar, rnd, rows):
+    p = ctx.p
     if name == "plain":
         root = os.path.join(ws.disk, "attach-plain")
         os.makedirs(root, exist_ok=True)
