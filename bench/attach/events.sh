@@ -13,7 +13,7 @@
 # extract: `tar -xf` of the suite's archive of 20,000 files of 1-8 KiB (bench/suite/apps.py).
 # fileserver: `dhrd-bench fileserver`, 50 threads, 2,000 files (--files) of 16 KiB mean, 10 s.
 # metaops: `dhrd-bench metaops`, 100,000 empty files (--meta-files) created, stat'ed,
-# unlinked, 1 thread.
+# unlinked, 1 thread; the rate of the whole run and of each phase.
 # postmark: Postmark as the suite's full profile runs it (bench/suite/experiments.py:
 # 5,000 files of 500 B-10 KB, 50,000 transactions, read:append 5:5), transactions/s.
 # --compare BIN runs a third configuration, `compare`: the same attach with another dhrd
@@ -90,8 +90,10 @@ one() {
       fig="ops_per_s=$("$bench" fileserver --dir "$work/fs/d" --files "$files" --threads 50 --secs 10 \
         --mean-file-bytes 16384 $fsync_flag 2>/dev/null | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["ops_per_sec"]))')" ;;
     metaops)
-      fig="ops_per_s=$("$bench" metaops --dir "$work/fs/d" --threads 1 --files-per-thread "$meta_files" 2>/dev/null \
-        | python3 -c 'import json,sys; t=sys.stdin.read(); print(int(json.loads(t[t.index("{"):])["ops_per_sec"]))')" ;;
+      # The whole run's rate, then each phase's (they differ in what they cost the watch:
+      # a creation event per file, then an attribute event per followed file's unlink).
+      fig=$("$bench" metaops --dir "$work/fs/d" --threads 1 --files-per-thread "$meta_files" 2>/dev/null \
+        | python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index("{"):]); print("ops_per_s=%d" % d["ops_per_sec"], " ".join("%s_per_s=%d" % (k, v["ops_per_sec"]) for k, v in d["phases"].items()))') ;;
     postmark)
       fig="tx_per_s=$(cd "$here/bench/suite" && python3 -c "import experiments; print(int(experiments.postmark(
         '$work/fs/d', {'pm_files': 5000, 'pm_transactions': 50000})['tx_per_sec']))")" ;;
