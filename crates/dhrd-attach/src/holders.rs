@@ -1,8 +1,15 @@
 //! Who else serves a directory: every dhrd daemon holds an exclusive `flock` on the
 //! directory it serves (`dhrd attach` on DIR, `dhrd mount` on its backing directory), and
-//! the kernel lists those locks in /proc/locks with the holder's pid and the locked inode.
-//! A directory is refused when a dhrd daemon serves it, a directory above it or one below
-//! it: two daemons would pin, flag and restore the same files.
+//! the kernel lists each lock in the holder's /proc/PID/fdinfo (and all of them in
+//! /proc/locks) with the holder's pid and the locked inode. A directory is refused when a
+//! dhrd daemon serves it, a directory above it or one below it: two daemons would pin,
+//! flag and restore the same files.
+//!
+//! Why the check that runs at every attach reads the dhrd processes' descriptors and not
+//! /proc/locks: reading /proc/locks takes the kernel's lock list for writing
+//! (`percpu_down_write(&file_rwsem)` in fs/locks.c), which waits for an RCU grace period
+//! when no one took it lately, 14-21 ms here, on the path from `dhrd attach` to the first
+//! read it serves. /proc/locks is read only to name the holder of a lock found taken.
 //!
 //! Invariants: only reads /proc; a lock whose holder exited between the reads is simply
 //! not reported. No state and no crash semantics (the locks die with their holders).
@@ -98,20 +105,49 @@ pub fn holder_of(dev: u64, ino: u64) -> Option<Holder> {
 /// A dhrd daemon (other than this process) holding a directory on device `dev` that is
 /// `dir`, above it or below it.
 pub fn dhrd_near(dir: &Path, dev: u64) -> Option<Holder> {
-    let text = std::fs::read_to_string("/proc/locks").ok()?;
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
     let me = std::process::id();
-    parse_locks(&text)
-        .into_iter()
-        .filter(|l| l.major == major && l.minor == minor && l.pid != me && is_dhrd(l.pid))
-        .find_map(|l| {
-            let path = path_of(l.pid, dev, l.ino)?;
-            (path.starts_with(dir) || dir.starts_with(&path)).then(|| Holder {
-                pid: l.pid,
-                command: command_of(l.pid),
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && is_dhrd(pid))
+        .find_map(|pid| held_near(pid, dir, dev))
+}
+
+/// A directory on device `dev` that `pid` holds an exclusive flock on and that is `dir`,
+/// above it or below it. Looks at the lock (fdinfo) only of descriptors whose path is
+/// near `dir`: a mount daemon may hold thousands of its backing's files open.
+fn held_near(pid: u32, dir: &Path, dev: u64) -> Option<Holder> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    fds.flatten().find_map(|e| {
+        let path = std::fs::read_link(e.path()).ok()?;
+        if !(path.starts_with(dir) || dir.starts_with(&path)) {
+            return None;
+        }
+        let m = std::fs::metadata(e.path()).ok()?;
+        if !m.is_dir() || m.dev() != dev {
+            return None;
+        }
+        let fd = e.file_name();
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.to_str()?)).ok()?;
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        parse_locks(&fdinfo_locks(&info))
+            .iter()
+            .any(|l| l.major == major && l.minor == minor && l.ino == m.ino())
+            .then(|| Holder {
+                pid,
+                command: command_of(pid),
                 path: Some(path),
             })
-        })
+    })
+}
+
+/// The lock lines of an fdinfo file, in /proc/locks's format ("lock:\t1: FLOCK ...").
+fn fdinfo_locks(info: &str) -> String {
+    info.lines()
+        .filter_map(|l| l.strip_prefix("lock:"))
+        .map(|l| format!("{}\n", l.trim_start()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -152,5 +188,45 @@ mod tests {
         assert_eq!(h.path.as_deref(), Some(d.path()));
         // Not a dhrd process (the test binary), and never itself.
         assert_eq!(dhrd_near(d.path(), m.dev()), None);
+    }
+
+    #[test]
+    fn a_flocked_directory_is_found_near_itself_and_its_subdirectories_only() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let held = d.path().join("held");
+        std::fs::create_dir_all(held.join("below")).expect("mkdir");
+        std::fs::create_dir(d.path().join("beside")).expect("mkdir");
+        let f = std::fs::File::open(&held).expect("dir");
+        // Open, not locked: not a holder.
+        let _open = std::fs::File::open(d.path().join("beside")).expect("dir");
+        let dev = f.metadata().expect("meta").dev();
+        let me = std::process::id();
+        assert_eq!(held_near(me, &held, dev), None, "not locked yet");
+        rustix::fs::flock(
+            f.as_fd(),
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        )
+        .expect("flock");
+        for near in [held.clone(), held.join("below"), d.path().to_path_buf()] {
+            let h = held_near(me, &near, dev).unwrap_or_else(|| panic!("near {near:?}"));
+            assert_eq!((h.pid, h.path.as_deref()), (me, Some(held.as_path())));
+        }
+        assert_eq!(held_near(me, &d.path().join("beside"), dev), None);
+        assert_eq!(held_near(me, &held, dev + 1), None, "another device");
+    }
+
+    #[test]
+    fn fdinfo_lock_lines_read_as_proc_locks_lines() {
+        let info = "pos:\t0\nflags:\t0100000\nmnt_id:\t30\nino:\t852469\n\
+                    lock:\t1: FLOCK  ADVISORY  WRITE 7706 fe:00:852469 0 EOF\n";
+        assert_eq!(
+            parse_locks(&fdinfo_locks(info)),
+            vec![Lock {
+                pid: 7706,
+                major: 0xfe,
+                minor: 0,
+                ino: 852469
+            }]
+        );
     }
 }
