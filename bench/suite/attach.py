@@ -205,7 +205,7 @@ def _archive_once(ctx, name, tar, rnd, rows):
     its own (configs.JournaledDisk). On the disk's own ext4 (journal-less on these VMs),
     creates right after deletes scan past the freed inodes: the plain directory, made
     again after each round's files and the archive's sources were deleted, extracted in
-    6.4-12.8 s against 1.0-1.4 s for the attached one on the same file system.
+    6.4-13.3 s against 1.0-1.4 s for the attached one on the same file system.
     Returns (extract s, re-read s, commits/s) and appends its row."""
     room = 2 * os.path.getsize(tar) + (64 << 20)
     with configs.JournaledDisk(ctx.ws, "attach-archive-disk", room) as jws:
