@@ -204,7 +204,9 @@ def write(results, out):
         if e.get("ratios"):
             lines += ["| ratio | figure | baseline | value | measured | target |", "|---|---|---|---|---|---|"]
             for r in e["ratios"]:
-                value = "not measured" if r["value"] is None else f"{fmt(r['value'])}x"
+                # A ratio unless it names its unit (seconds, counts).
+                unit = r.get("unit", "x")
+                value = "not measured" if r["value"] is None else f"{fmt(r['value'])}{unit}"
                 lines.append(f"| {r['what']} | {r['figure']} | {r['baseline']} | {value} | "
                              f"{kind_of(name, r)} | {r.get('target', '')} |")
                 summary.append((name, r))
