@@ -12,7 +12,8 @@ Rows (each with its baseline measured in the same run, on the same file system):
 - an archive of `attach_files` small files extracted into an attached directory (`fsync`
   mode), then all of it read again warm, against a plain directory;
 - SQLite commits with WAL and synchronous=full (`fsync` mode) against a plain directory
-  (these two in `attach_writer_rounds` alternating rounds, medians);
+  (these two in `attach_archive_rounds` alternating rounds, medians: a round is a few
+  seconds, and its ratio swings by 15% on a shared machine);
 - five SIGKILLs of the daemon under a writer and a reader: failed calls, hung calls and
   acknowledged writes lost (must all be 0).
 """
@@ -184,7 +185,7 @@ def _archive(ctx, rows, ratios):
     # scale, and the first configuration to run met a colder machine (a single pass in
     # plain-then-dhrd order measured 0.55x where alternating pairs measured 0.92-1.08x).
     res = {"plain": [], "dhrd-attach-fsync": []}
-    for rnd in range(max(1, p["attach_writer_rounds"])):
+    for rnd in range(max(1, p["attach_archive_rounds"])):
         order = ("plain", "dhrd-attach-fsync") if rnd % 2 == 0 else ("dhrd-attach-fsync", "plain")
         for name in order:
             res[name].append(_archive_once(ctx, name, tar, rnd, rows))

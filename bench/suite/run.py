@@ -30,7 +30,7 @@ K, M, G = 1 << 10, 1 << 20, 1 << 30
 
 PROFILES = {
     "tiny": dict(
-        attach_bytes=[8 * M, 32 * M], attach_files=300, attach_sqlite_commits=100, attach_kill_gap_s=0.2, attach_writer_rounds=1,
+        attach_bytes=[8 * M, 32 * M], attach_files=300, attach_sqlite_commits=100, attach_kill_gap_s=0.2, attach_writer_rounds=1, attach_archive_rounds=1,
         runtime_s=0.3, block_bytes=32 * M, procs=[1, 2], replay_bytes=16 * M, replay_qd=[1],
         replay_repeat=1, replay_speedup=200, file_bytes=32 * M, fs_files=[200], fs_threads=4, fs_secs=1,
         fs_mean_file_bytes=16 * K, meta_files=400, pm_files=200, pm_transactions=500, video_bytes=16 * M,
@@ -49,7 +49,7 @@ PROFILES = {
         apps_pg_shared_buffers="16MB", apps_pg_max_wal="128MB", apps_git_status_runs=2,
     ),
     "quick": dict(
-        attach_bytes=[256 * M, 1 * G], attach_files=5000, attach_sqlite_commits=1000, attach_kill_gap_s=1, attach_writer_rounds=3,
+        attach_bytes=[256 * M, 1 * G], attach_files=5000, attach_sqlite_commits=1000, attach_kill_gap_s=1, attach_writer_rounds=3, attach_archive_rounds=3,
         runtime_s=3, block_bytes=1 * G, procs=[1, 2, 4, 8], replay_bytes=1 * G, replay_qd=[1, 8],
         replay_repeat=5, replay_speedup=20, file_bytes=1 * G, fs_files=[2000, 8000], fs_threads=50, fs_secs=10,
         fs_mean_file_bytes=16 * K, meta_files=8000, pm_files=5000, pm_transactions=20000,
@@ -67,7 +67,7 @@ PROFILES = {
         apps_pg_shared_buffers="128MB", apps_pg_max_wal="1GB", apps_git_status_runs=3,
     ),
     "full": dict(
-        attach_bytes=[1 * G, 6 * G], attach_files=20000, attach_sqlite_commits=5000, attach_kill_gap_s=2, attach_writer_rounds=5,
+        attach_bytes=[1 * G, 6 * G], attach_files=20000, attach_sqlite_commits=5000, attach_kill_gap_s=2, attach_writer_rounds=5, attach_archive_rounds=9,
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
         replay_qd=[1, 8], replay_repeat=10, replay_speedup=5, file_bytes=4 * G, fs_files=[8000, 32000, 128000],
         fs_threads=50, fs_secs=20, fs_mean_file_bytes=16 * K, meta_files=40000, pm_files=5000,
