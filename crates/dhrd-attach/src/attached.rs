@@ -128,6 +128,7 @@ impl Attached {
             scope,
             sync_by,
             previous,
+            group,
         } = plan;
         let root = Arc::new(root);
         let flag_stats = FlagStats::default();
@@ -165,8 +166,7 @@ impl Attached {
                 ));
             }
         }
-        let watch = Watch::new(scope, sync_by == SyncBy::InodeFlags)
-            .during(|| "starting the fanotify watch".into())?;
+        let watch = Watch::new(group, scope, sync_by == SyncBy::InodeFlags);
         watch
             .start(root.as_fd())
             .during(|| format!("watching {}", dir.display()))?;

@@ -163,10 +163,11 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// A watch with `FAN_OPEN` on (the warm-up runs first); `sync_by_flags`: see the field.
-    pub fn new(scope: Scope, sync_by_flags: bool) -> io::Result<Self> {
-        Ok(Self {
-            group: Group::new()?,
+    /// A watch through `group` (the check's, see `check::Plan`) with `FAN_OPEN` on (the
+    /// warm-up runs first); `sync_by_flags`: see the field.
+    pub fn new(group: Group, scope: Scope, sync_by_flags: bool) -> Self {
+        Self {
+            group,
             scope,
             sync_by_flags,
             dirs: Mutex::new(HashMap::new()),
@@ -174,7 +175,7 @@ impl Watch {
             changed: Mutex::new(Changed::new()),
             stats: WatchStats::default(),
             me: std::process::id() as i32,
-        })
+        }
     }
 
     fn mask(&self) -> u64 {
