@@ -17,6 +17,9 @@ pub const RESIDENT_THREADS_DEFAULT: usize = 4;
 pub const RESIDENT_THREADS_MAX: usize = 64;
 /// Bytes one warm-up read asks for.
 pub const WARM_READ_BYTES: usize = 1 << 20;
+/// Bytes one populating call of a mapping asks for (`populate.rs`): one 2 MiB folio, the
+/// size each fault of the advised mapping reads. Ranges this long or shorter are read.
+pub const WARM_POPULATE_BYTES: u64 = 2 << 20;
 /// A file is cut into segments of this size for the warm-up threads, so one large file is
 /// read by all of them at once.
 pub const WARM_SEGMENT_BYTES: u64 = 64 << 20;
@@ -48,8 +51,10 @@ pub const REFRESH_DELAY: Duration = Duration::from_secs(5);
 /// descriptor advised `POSIX_FADV_RANDOM`, which keeps each read one large I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Folios {
-    /// The kernel's choice for sequential reads: for read-mostly data, or where writes
-    /// reach the disk in bulk (at fsync, by writeback).
+    /// Large folios, for read-mostly data or where writes reach the disk in bulk (at
+    /// fsync, by writeback): 2 MiB ones from a mapping advised for huge pages for a range
+    /// longer than one (`populate.rs`, which also keeps the warm-up's reads at the disk
+    /// short), the kernel's choice for sequential reads below that.
     Large,
     /// One page per folio: where every small write is synchronous.
     Order0,

@@ -66,6 +66,7 @@ mod finish;
 mod handle;
 mod mapcount;
 mod pin;
+mod populate;
 mod state;
 mod stats;
 mod warmup;

@@ -426,7 +426,23 @@ fn a_demand_moves_a_file_the_walk_queued_ahead_of_the_walk() {
 /// through a mapping of the file: /proc/self/pagemap gives each page's frame, and
 /// /proc/kpageflags says whether that frame is part of a compound page (a large folio).
 /// Needs root (frame numbers are hidden from others).
+/// How a cached file's pages sit in folios (read through /proc/kpageflags).
+struct FolioCensus {
+    pages: u64,
+    /// Pages in folios of more than one page.
+    large: u64,
+    /// Large folios (their head pages).
+    heads: u64,
+    /// The file's first page is in a large folio.
+    first_large: bool,
+}
+
 fn pages_in_large_folios(path: &Path) -> (u64, u64) {
+    let c = folio_census(path);
+    (c.large, c.pages)
+}
+
+fn folio_census(path: &Path) -> FolioCensus {
     const KPF_COMPOUND_HEAD: u64 = 1 << 15;
     const KPF_COMPOUND_TAIL: u64 = 1 << 16;
     const PFN_MASK: u64 = (1 << 55) - 1;
@@ -449,7 +465,12 @@ fn pages_in_large_folios(path: &Path) -> (u64, u64) {
     let pagemap = File::open("/proc/self/pagemap").expect("pagemap");
     let kpageflags = File::open("/proc/kpageflags").expect("kpageflags (needs root)");
     let page = dhrd_io::PAGE_BYTES as usize;
-    let (mut large, mut pages) = (0, 0);
+    let mut c = FolioCensus {
+        pages: 0,
+        large: 0,
+        heads: 0,
+        first_large: false,
+    };
     for off in (0..len).step_by(page) {
         // SAFETY: inside the mapping made above; a volatile read faults the page in.
         unsafe { std::ptr::read_volatile((addr as *const u8).add(off)) };
@@ -467,14 +488,48 @@ fn pages_in_large_folios(path: &Path) -> (u64, u64) {
             .read_exact_at(&mut fl, pfn * 8)
             .expect("kpageflags entry");
         let fl = u64::from_ne_bytes(fl);
-        pages += 1;
+        c.pages += 1;
         if fl & (KPF_COMPOUND_HEAD | KPF_COMPOUND_TAIL) != 0 {
-            large += 1;
+            c.large += 1;
+            c.first_large |= off == 0;
+        }
+        if fl & KPF_COMPOUND_HEAD != 0 {
+            c.heads += 1;
         }
     }
     // SAFETY: unmaps exactly the mapping made above.
     unsafe { libc::munmap(addr, len) };
-    (large, pages)
+    c
+}
+
+/// In `Folios::Large` a range longer than one 2 MiB folio is warmed through a mapping
+/// advised for huge pages (`populate.rs`): each fault reads one 2 MiB folio and nothing
+/// ahead of it. Sequential reads would start with one-page folios (the first readahead
+/// window is order 0) and grow their order window by window, so a first page in a large
+/// folio and large folios of 256 pages and more on average tell the two apart.
+#[test]
+fn a_large_file_is_warmed_in_2_mib_folios() {
+    let d = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let (f, len) = make(d.path(), "big", 16 << 20);
+    let cfg = ResidentConfig {
+        folios: Folios::Large,
+        ..quick()
+    };
+    let r = resident(d.path(), 1 << 30, cfg);
+    r.submit_walked(f, len);
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    let c = folio_census(&d.path().join("big"));
+    assert_eq!(c.pages, (16 << 20) / dhrd_io::PAGE_BYTES);
+    assert!(c.first_large, "the first page is not in a large folio");
+    assert!(
+        c.heads > 0 && c.large / c.heads >= 256,
+        "{} pages in {} large folios, of {} pages",
+        c.large,
+        c.heads,
+        c.pages
+    );
+    drop(r);
 }
 
 /// `Folios::Order0` leaves one page per folio, which is what keeps small synchronous

@@ -14,8 +14,11 @@
 //!
 //! [`RamBudget`]: dhrd_io::RamBudget
 
-use super::config::{Folios, RESIDENT_NICE, WARM_READ_BYTES, WARM_SEGMENT_BYTES};
+use super::config::{
+    Folios, RESIDENT_NICE, WARM_POPULATE_BYTES, WARM_READ_BYTES, WARM_SEGMENT_BYTES,
+};
 use super::finish::finish_file;
+use super::populate::{Mapped, Populated};
 use super::state::{check_complete, page_ceil, page_floor, Entry, Inner, Job, Queues, Warming};
 use dhrd_io::PAGE_BYTES;
 use std::fs::File;
@@ -197,7 +200,10 @@ pub(super) fn start_file(inner: &Inner, job: Job) {
     }
 }
 
-/// Reads `len` bytes from `offset` into the page cache (and throws them away).
+/// Brings `len` bytes from `offset` into the page cache: through a mapping
+/// (`populate.rs`) where the kernel's large folios are wanted and the range is more than
+/// one of them, else by reading (and throwing the bytes away). False on an I/O error or
+/// at shutdown.
 pub(super) fn warm_range(
     inner: &Inner,
     file: &File,
@@ -205,6 +211,36 @@ pub(super) fn warm_range(
     len: u64,
     buf: &mut [u8],
 ) -> bool {
+    if inner.cfg.folios == Folios::Large && len > WARM_POPULATE_BYTES {
+        if let Ok(mapped) = Mapped::new(file, offset, len) {
+            return populate_range(inner, file, &mapped, len);
+        }
+    }
+    read_range(inner, file, offset, len, buf)
+}
+
+fn populate_range(inner: &Inner, file: &File, mapped: &Mapped, len: u64) -> bool {
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(WARM_POPULATE_BYTES);
+        throttle(inner, n);
+        // `at` and `n` are below `len`, which the mapping's usize length holds.
+        match mapped.populate(file, at as usize, n as usize) {
+            Ok(Populated::Done) => {
+                at += n;
+                inner.bytes_warmed.fetch_add(n, Ordering::Relaxed);
+            }
+            Ok(Populated::PastEnd) => break, // shrank meanwhile
+            Err(_) => return false,
+        }
+        if inner.q.lock().shutdown {
+            return false;
+        }
+    }
+    true
+}
+
+fn read_range(inner: &Inner, file: &File, offset: u64, len: u64, buf: &mut [u8]) -> bool {
     let mut at = offset;
     let end = offset + len;
     while at < end {
@@ -225,6 +261,7 @@ pub(super) fn warm_range(
     }
     true
 }
+
 /// A demanded file comes as a duplicate of its caller's descriptor, which shares the
 /// caller's open file description: its read-ahead state, and the advice `advise_order0`
 /// gives. For order-0 reads the warm-up opens a description of its own (through
