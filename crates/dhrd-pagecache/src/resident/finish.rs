@@ -147,7 +147,7 @@ pub(super) fn record_warmed(inner: &Inner, w: Warming, pin: Option<Pin>, may_pin
             inner.files_pinned.fetch_add(1, Ordering::Relaxed);
             inner
                 .bytes_pinned
-                .fetch_add(p.len as u64, Ordering::Relaxed);
+                .fetch_add(p.len() as u64, Ordering::Relaxed);
         }
         None if inner.cfg.pin => {
             inner.files_unpinned.fetch_add(1, Ordering::Relaxed);
@@ -170,7 +170,7 @@ pub(super) fn record_warmed(inner: &Inner, w: Warming, pin: Option<Pin>, may_pin
             inner.files_pinned.fetch_sub(1, Ordering::Relaxed);
             inner
                 .bytes_pinned
-                .fetch_sub(p.len as u64, Ordering::Relaxed);
+                .fetch_sub(p.len() as u64, Ordering::Relaxed);
         }
         drop(q);
         inner.budget.release(w.len);

@@ -13,18 +13,19 @@
 //! buffer, and its pages are in 2 MiB folios, the largest the page cache makes. A file
 //! system without large folios gets 2 MiB of order-0 pages per fault, still one read.
 //!
-//! Invariants: a [`Mapped`] owns its mapping and unmaps it exactly once; nothing ever
-//! dereferences it (populating goes through `madvise`, so a file that shrank meanwhile, or
-//! a read that failed, is an `EFAULT` of the call, never a SIGBUS; the file's size tells
-//! which, and a failed read fails the range as a failed `read(2)` would). The advice
-//! applies to this mapping only: other readers of the file keep their own readahead. Crash semantics: none; what was read
-//! stays in the page cache.
+//! Invariants: a [`Mapped`] owns its mapping ([`FileMap`]: never dereferenced, unmapped
+//! once). Populating goes through `madvise`, so a file that shrank meanwhile, or a read
+//! that failed, is an `EFAULT` of the call, never a SIGBUS; the file's size tells which,
+//! and a failed read fails the range as a failed `read(2)` would. The advice applies to
+//! this mapping only: other readers of the file keep their own readahead.
+//!
+//! Crash semantics: none; what was read stays in the page cache.
 //!
 //! [`Folios::Large`]: super::config::Folios::Large
 
+use super::pin::FileMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 
 /// `MADV_POPULATE_READ` (Linux 5.14); the libc crate does not name it for every target.
 const MADV_POPULATE_READ: libc::c_int = 22;
@@ -38,12 +39,9 @@ pub(super) enum Populated {
     PastEnd,
 }
 
-/// A read-only shared mapping of `len` bytes of a file from `offset`, advised for warming.
+/// A mapping of a range of a file, advised for warming.
 pub(super) struct Mapped {
-    addr: usize,
-    len: usize,
-    /// Where in the file the mapping starts.
-    offset: u64,
+    map: FileMap,
 }
 
 impl Mapped {
@@ -52,37 +50,12 @@ impl Mapped {
     /// `MADV_HUGEPAGE` without transparent huge pages, no mapping of this file): the caller
     /// reads instead.
     pub(super) fn new(file: &File, offset: u64, len: u64) -> io::Result<Self> {
-        assert_eq!(
-            offset % dhrd_io::PAGE_BYTES,
-            0,
-            "a warm-up mapping starts on a page"
-        );
-        let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: a new read-only shared mapping of a file we hold open; it is never
-        // dereferenced and is unmapped exactly once, in Drop.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                off,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         let m = Mapped {
-            addr: addr as usize,
-            len,
-            offset,
+            map: FileMap::new(file, offset, len)?,
         };
         // Huge pages first: `MADV_RANDOM` alone would make every fault read one page.
-        m.advise(0, len, libc::MADV_HUGEPAGE)?;
-        m.advise(0, len, libc::MADV_RANDOM)?;
+        m.advise(0, m.map.len, libc::MADV_HUGEPAGE)?;
+        m.advise(0, m.map.len, libc::MADV_RANDOM)?;
         Ok(m)
     }
 
@@ -95,7 +68,7 @@ impl Mapped {
             match self.advise(at, len, MADV_POPULATE_READ) {
                 Ok(()) => return Ok(Populated::Done),
                 Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
-                    let end = self.offset + (at + len) as u64;
+                    let end = self.map.offset + (at + len) as u64;
                     return if file.metadata()?.len() < end {
                         Ok(Populated::PastEnd)
                     } else {
@@ -109,28 +82,17 @@ impl Mapped {
     }
 
     fn advise(&self, at: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
-        assert!(
-            at.checked_add(len).is_some_and(|end| end <= self.len),
-            "advice within the mapping"
-        );
-        // SAFETY: advice on a part of the mapping this value owns; no memory is touched
-        // from user space.
-        let rc = unsafe { libc::madvise((self.addr + at) as *mut libc::c_void, len, advice) };
-        if rc != 0 {
+        // SAFETY: advice on a part of the mapping this value owns (`addr_of` checks the
+        // range); no memory is touched from user space.
+        if unsafe { libc::madvise(self.map.addr_of(at, len), len, advice) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
     }
 }
 
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping this value made and owns.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use super::*;
     use std::io::Write;

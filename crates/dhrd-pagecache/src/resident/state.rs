@@ -165,7 +165,7 @@ pub(super) fn release_done(
         inner.files_pinned.fetch_sub(1, Ordering::Relaxed);
         inner
             .bytes_pinned
-            .fetch_sub(p.len as u64, Ordering::Relaxed);
+            .fetch_sub(p.len() as u64, Ordering::Relaxed);
     }
     pin
 }
