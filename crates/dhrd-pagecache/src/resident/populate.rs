@@ -17,13 +17,16 @@
 //! once). Populating goes through `madvise`, so a file that shrank meanwhile, or a read
 //! that failed, is an `EFAULT` of the call, never a SIGBUS; the file's size tells which,
 //! and a failed read fails the range as a failed `read(2)` would. The advice applies to
-//! this mapping only: other readers of the file keep their own readahead.
+//! this mapping only: other readers of the file keep their own readahead. A warm-up
+//! thread holds at most one at a time, so they stay within the mappings `mapcount.rs`
+//! leaves to the rest of the process.
 //!
 //! Crash semantics: none; what was read stays in the page cache.
 //!
 //! [`Folios::Large`]: super::config::Folios::Large
 
 use super::pin::FileMap;
+use dhrd_io::PAGE_BYTES;
 use std::fs::File;
 use std::io;
 
@@ -68,8 +71,11 @@ impl Mapped {
             match self.advise(at, len, MADV_POPULATE_READ) {
                 Ok(()) => return Ok(Populated::Done),
                 Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    // The last page of a file is mapped whole, so the file ends before
+                    // the range only if its pages do.
                     let end = self.map.offset + (at + len) as u64;
-                    return if file.metadata()?.len() < end {
+                    let pages_end = file.metadata()?.len().div_ceil(PAGE_BYTES) * PAGE_BYTES;
+                    return if pages_end < end {
                         Ok(Populated::PastEnd)
                     } else {
                         Err(io::Error::from_raw_os_error(libc::EIO))
@@ -110,6 +116,16 @@ mod tests {
         assert_eq!(
             m.populate(&f, 4 << 20, 2 << 20).expect("past the end"),
             Populated::PastEnd
+        );
+        // A last page partly past the end is the file's own: populated, not past it.
+        let q = d.path().join("g");
+        std::fs::write(&q, vec![7u8; 5000]).expect("write");
+        let g = File::open(&q).expect("open");
+        let m = Mapped::new(&g, 0, 2 * PAGE_BYTES).expect("map");
+        assert_eq!(
+            m.populate(&g, 0, 2 * PAGE_BYTES as usize)
+                .expect("partial page"),
+            Populated::Done
         );
     }
 }
