@@ -170,7 +170,8 @@ def write(results, out):
         "",
         f"Run {m['date']} on {m['host']}: {m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / (1 << 30):.1f} GiB RAM, "
         f"kernel {m['kernel']}; disk under test {m['disk_dir']} ({m['disk_dir_fs']}; {m['disks']}); "
-        f"{m['fio']}; {m['rustc']}; dhrd {m['dhrd_commit']}{' (uncommitted changes)' if m.get('dhrd_dirty') else ''}.",
+        f"{m['fio']}; {m['rustc']}; dhrd {m['dhrd_commit']}{' (uncommitted changes)' if m.get('dhrd_dirty') else ''}"
+        + (f", binary {results['dhrd_binary']}" if results.get("dhrd_binary") else "") + ".",
         "",
         "Idle CPUs and freed RAM: " + (", ".join(f"{k} {v}" for k, v in m.get("idle", {}).items()) or "not known") + ".",
         "",
