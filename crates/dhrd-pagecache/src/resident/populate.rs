@@ -26,6 +26,7 @@
 //! [`Folios::Large`]: super::config::Folios::Large
 
 use super::pin::FileMap;
+use super::state::file_size;
 use dhrd_io::PAGE_BYTES;
 use std::fs::File;
 use std::io;
@@ -74,7 +75,7 @@ impl Mapped {
                     // The last page of a file is mapped whole, so the file ends before
                     // the range only if its pages do.
                     let end = self.map.offset + (at + len) as u64;
-                    let pages_end = file.metadata()?.len().div_ceil(PAGE_BYTES) * PAGE_BYTES;
+                    let pages_end = file_size(file)?.div_ceil(PAGE_BYTES) * PAGE_BYTES;
                     return if pages_end < end {
                         Ok(Populated::PastEnd)
                     } else {
