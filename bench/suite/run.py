@@ -14,10 +14,8 @@ command; the subject is `suite`, or with --only the experiments joined by `+`
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
@@ -102,22 +100,21 @@ class Context:
         return [n for n in names if not self.only_configs or n in self.only_configs]
 
 
-def installed_form(dhrd, disk_dir):
+def installed_form(dhrd, ws):
     """A copy of `dhrd` without its debug information, as the Debian package ships it
-    (scripts/build-deb.sh), on the disk under test. Why: the release build keeps debug
-    information for profiles, about 22 MiB of the 26 MiB file, and a cold start reads
-    part of it. The disk's 8 MiB readahead windows around the first faults reach past the code:
-    `dhrd --version` with the page cache dropped took 44-48 ms as built and 29-33 ms
-    stripped. Returns (directory to remove, binary, how the report names it)."""
-    d = tempfile.mkdtemp(prefix="dhrd-bin.", dir=disk_dir)
-    out = os.path.join(d, "dhrd")
+    (scripts/build-deb.sh), in the workspace on the disk under test (its cleanup removes
+    it). Why: the release build keeps debug information for profiles, about 22 MiB of the
+    26 MiB file, and a cold start reads part of it, since the disk's 8 MiB readahead
+    windows around the first faults reach past the code: `dhrd --version` with the page
+    cache dropped took 44-48 ms as built and 29-33 ms stripped. Returns (binary, how the
+    report names it)."""
+    out = os.path.join(ws.disk, "dhrd")
     try:
         subprocess.run(["objcopy", "--strip-debug", dhrd, out], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError) as e:
-        shutil.rmtree(d, ignore_errors=True)
         lib.log(f"bench suite: objcopy --strip-debug failed ({e}); running {dhrd} as built")
-        return None, dhrd, "as built (with debug information; objcopy failed)"
-    return d, out, "without debug information, as the package ships it (objcopy --strip-debug)"
+        return dhrd, "as built (with debug information; objcopy failed)"
+    return out, "without debug information, as the package ships it (objcopy --strip-debug)"
 
 
 def main():
@@ -158,11 +155,10 @@ def main():
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     lib.LOG = open(os.path.join(out, "logs", "commands.log"), "w")
     p = PROFILES[a.profile]
-    bin_dir = None
-    dhrd, binary = a.dhrd, "as built (with debug information)"
+    ws = configs.Workspace(a.disk_dir, a.dhrd, a.dhrd_bench)
+    binary = "as built (with debug information)"
     if not a.keep_debuginfo:
-        bin_dir, dhrd, binary = installed_form(a.dhrd, a.disk_dir)
-    ws = configs.Workspace(a.disk_dir, dhrd, a.dhrd_bench)
+        ws.dhrd, binary = installed_form(a.dhrd, ws)
     ctx = Context(a.profile, p, ws, out, os.path.abspath(a.traces),
                   set(a.configs.split(",")) if a.configs else None)
     results = {
@@ -196,8 +192,6 @@ def main():
                 json.dump(results, f, indent=1, default=str)
     finally:
         ws.cleanup()
-        if bin_dir:
-            shutil.rmtree(bin_dir, ignore_errors=True)
     results["seconds"] = round(time.monotonic() - t0, 1)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
