@@ -21,7 +21,8 @@
 //!
 //! An open waits up to [`SAME_PROCESS_RELEASE_WAIT`] for a lock held by this same process
 //! (an object closed a moment ago whose background threads have not yet let go of its
-//! file), never for one of another process.
+//! file) or by no process it can find (one that let go while it looked, or one out of its
+//! sight), never for one of another process it sees.
 //!
 //! Crash semantics: the kernel drops the lock with the last descriptor of its open, so a
 //! process that crashed holds nothing; nothing is written.
@@ -36,8 +37,8 @@ use std::time::{Duration, Instant};
 
 /// How long an open waits for a lock another open of this same process holds: an object's
 /// `close` waits for its background jobs, but a loader thread may still hold the object
-/// for the few instructions after its job ends. A lock held by another process is not
-/// waited for.
+/// for the few instructions after its job ends. A lock held by another process that the
+/// search finds is not waited for.
 pub(crate) const SAME_PROCESS_RELEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// Takes the lock on `file` (exclusive for a writer, shared for a reader) without waiting
@@ -59,11 +60,14 @@ pub(crate) fn lock_backing(file: &File, label: &str, exclusive: bool) -> io::Res
                 format!("locking {label} against a second writer: {e}"),
             ));
         }
-        if held_here(file) && started.elapsed() < SAME_PROCESS_RELEASE_WAIT {
+        let holders = holder_pids(file);
+        if may_be_released(&holders, std::process::id())
+            && started.elapsed() < SAME_PROCESS_RELEASE_WAIT
+        {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         }
-        let holder = describe_holders(&holder_pids(file));
+        let holder = describe_holders(&holders);
         return Err(io::Error::new(
             io::ErrorKind::ResourceBusy,
             format!(
@@ -72,6 +76,15 @@ pub(crate) fn lock_backing(file: &File, label: &str, exclusive: bool) -> io::Res
             ),
         ));
     }
+}
+
+/// Whether a conflicting lock whose holders are `holders` may be let go soon: when this
+/// process (`me`) holds it, and when no holder is found at all. A holder that let go
+/// between the failed `fcntl` and the search (a loader thread dropping a closed object's
+/// file) leaves no trace, and failing then would refuse an open that succeeds a moment
+/// later.
+fn may_be_released(holders: &[u32], me: u32) -> bool {
+    holders.is_empty() || holders.contains(&me)
 }
 
 fn flock_whole(exclusive: bool) -> libc::flock {
@@ -112,11 +125,6 @@ fn proc_name(file: &File) -> Option<String> {
         libc::major(dev),
         libc::minor(dev)
     ))
-}
-
-/// Whether this process holds a lock on `file`'s inode through another descriptor.
-fn held_here(file: &File) -> bool {
-    proc_name(file).is_some_and(|want| holds_lock("self", &want))
 }
 
 /// The pids holding locks on `file`'s inode. /proc/locks names OFD locks' holders as -1 on
@@ -188,6 +196,42 @@ mod tests {
         lock_backing(&b, "f", false)?;
         let c = open()?;
         lock_backing(&c, "f", false)?;
+        std::fs::remove_dir_all(&dir)
+    }
+
+    #[test]
+    fn a_lock_released_while_its_holder_is_sought_is_tried_again() {
+        assert!(may_be_released(&[], 10), "a holder that let go meanwhile");
+        assert!(
+            may_be_released(&[3, 10], 10),
+            "this process among the holders"
+        );
+        assert!(!may_be_released(&[3], 10), "another process that holds it");
+    }
+
+    #[test]
+    fn a_lock_another_thread_drops_soon_is_waited_for() -> io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("dhrd-lock-wait-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("f");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+        };
+        let (a, b) = (open()?, open()?);
+        lock_backing(&a, "f", true)?;
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(a);
+        });
+        lock_backing(&b, "f", true)?;
+        holder
+            .join()
+            .map_err(|_| io::Error::other("holder panicked"))?;
         std::fs::remove_dir_all(&dir)
     }
 }
