@@ -5,6 +5,8 @@ Rows (each with its baseline measured in the same run, on the same file system):
 - attach to first read (the `--daemon` start until a read of a file returned), at each
   size of `attach_bytes` (median and slowest of the rounds);
 - RAM per data byte after the warm-up (daemon anonymous memory plus the tree's page cache);
+- 4 KiB random reads after the warm-up against tmpfs and against the same file cached in a
+  plain directory, at 1, 2 and 8 processes, in alternating rounds;
 - 4 KiB sync writes by 8 writers to one file, against raw O_DIRECT|O_DSYNC writers of a
   file on the same file system, and against the same buffered writes to a plain file with
   the sync inode flag and no dhrd (the kernel path an attached file takes) on order-0 pages
@@ -168,6 +170,59 @@ def _writers(ctx, rows, ratios):
         ratios.append({"what": what, "figure": fig, "baseline": base, "value": med(num, den)})
 
 
+# Processes reading at once in the read rounds: one, one per CPU of these machines, and
+# more than the CPUs (the block experiment's largest common count).
+READ_JOBS = (1, 2, 8)
+
+
+def _reads(ctx, rows, ratios):
+    """4 KiB random reads of an attached file after its warm-up (`sync` mode, whose warm-up
+    leaves order-0 pages) against the same file in tmpfs, and against a plain cached copy of
+    it on the same ext4 with no dhrd and order-0 pages (the kernel path an attached read
+    takes). Rounds alternate the order; medians of the per-round ratios. The block
+    experiment runs each configuration once, one after the other, and its read ratio moved
+    between 0.76x and 1.03x from run to run with the same code."""
+    ws, p = ctx.ws, ctx.p
+    size = p["attach_bytes"][0]
+    plain_dir = os.path.join(ws.disk, "attach-plain")
+    plain = os.path.join(plain_dir, "dev.img")
+    t = configs.Tmpfs(ws, name="attach-tmpfs")
+    a = configs.DhrdAttach(ws, "sync")
+    got = {(k, j): [] for k in ("tmpfs", "plain", "attach") for j in READ_JOBS}
+    try:
+        t.start({"dev.img": size})
+        os.makedirs(plain_dir, exist_ok=True)
+        run(["cp", "--sparse=never", ws.source(size), plain])
+        a.start({"dev.img": size})
+        _cache_as(plain, "small")
+        paths = {"tmpfs": f"{t.dir}/dev.img", "plain": plain, "attach": f"{a.dir}/dev.img"}
+        for r in range(p["attach_writer_rounds"]):
+            order = list(paths) if r % 2 == 0 else list(reversed(paths))
+            for jobs in READ_JOBS:
+                for k in order:
+                    # `--invalidate=0`: fio would otherwise drop the plain file's pages.
+                    args = ["--rw=randread", "--bs=4k", f"--numjobs={jobs}", f"--size={size}",
+                            f"--filename={paths[k]}", "--invalidate=0"]
+                    got[(k, jobs)].append(lib.fio(f"attach-read-{k}-{jobs}j-r{r}", args, p["runtime_s"])["iops"])
+    finally:
+        a.stop()
+        t.stop()
+        shutil.rmtree(plain_dir, ignore_errors=True)
+    names = {"tmpfs": "tmpfs", "plain": "ext4, no dhrd, order-0 pages", "attach": "dhrd-attach"}
+    for (k, jobs), v in got.items():
+        rows.append({"what": "4 KiB random reads after the warm-up", "config": names[k], "procs": jobs,
+                     "iops": statistics.median(v), "iops_per_round": v})
+    for jobs in READ_JOBS:
+        for num, den, what in (
+                ("attach", "tmpfs", "4 KiB random reads after the warm-up vs tmpfs (target >= 0.95)"),
+                ("plain", "tmpfs", "the same, ext4 without dhrd, order-0 pages, vs tmpfs"),
+                ("attach", "plain", "the same, dhrd-attach vs ext4 without dhrd (what dhrd adds)")):
+            per = [n / d for n, d in zip(got[(num, jobs)], got[(den, jobs)]) if d]
+            ratios.append({"what": f"{what}, {jobs} procs, median of {len(per)} alternating rounds",
+                           "figure": names[num], "baseline": names[den],
+                           "value": statistics.median(per) if per else None})
+
+
 def _archive(ctx, rows, ratios):
     ws, p = ctx.ws, ctx.p
     n = p["attach_files"]
@@ -294,7 +349,7 @@ def _kills(ctx, rows, ratios):
 def exp_attach(ctx):
     lib.need_tools(["vmtouch", "fio", "sqlite3", "tar"])
     rows, ratios = [], []
-    for part in (_warmup, _writers, _archive, _kills):
+    for part in (_warmup, _reads, _writers, _archive, _kills):
         if ctx.only_configs and "dhrd-attach" not in ctx.only_configs:
             break
         part(ctx, rows, ratios)
@@ -304,13 +359,15 @@ def exp_attach(ctx):
     return {
         "title": "Attach: the in-place mode against its same-run baselines (issue 31)",
         "scaling": f"warm-up at {[lib.fmt_size(b) for b in p['attach_bytes']]}; archive of {p['attach_files']} "
-                   f"files of 0.5-8.5 KiB; {p['attach_sqlite_commits']} SQLite commits; 8 fio writers for "
-                   f"{p['runtime_s']} s; 5 SIGKILLs {p['attach_kill_gap_s']} s apart",
+                   f"files of 0.5-8.5 KiB; {p['attach_sqlite_commits']} SQLite commits; fio readers "
+                   f"({'/'.join(map(str, READ_JOBS))} procs) and 8 fio writers for {p['runtime_s']} s; "
+                   f"5 SIGKILLs {p['attach_kill_gap_s']} s apart",
         "rows": rows,
         "ratios": ratios,
         "notes": ["The attached directory is a subdirectory of the suite's disk, so sync mode is kept by "
                   "inode flags (docs/attach.md); fileserver, Postmark and create/stat/unlink of dhrd-attach "
-                  "are in experiment 4, block reads and writes in 1, video in 5, replay in 2.",
+                  "are in experiment 4, block reads and writes in 1 (one run per configuration there; "
+                  "the read rounds here alternate), video in 5, replay in 2.",
                   "Attach to first read counts from the start of `dhrd attach --daemon` until a 4 KiB read "
                   "of a file returned (the kernel serves reads from the start; readiness means the mode "
                   "is in force)."],

@@ -53,7 +53,7 @@ def pivot(rows, row_keys, col_key, val_key):
 
 # Columns of each experiment's main table: (heading, key).
 COLUMNS = {
-    "attach": [("what", "what"), ("config", "config"), ("bytes", "bytes"), ("s", "secs"),
+    "attach": [("what", "what"), ("config", "config"), ("procs", "procs"), ("bytes", "bytes"), ("s", "secs"),
                ("first read s", "first_read_s"), ("RAM/byte", "ram_per_data_byte"), ("IOPS", "iops"),
                ("extract s", "extract_s"), ("re-read s", "reread_s"), ("SQLite commits/s", "sqlite_commits_per_s"),
                ("failed calls", "failed_calls"), ("hung", "hung_calls"), ("lost writes", "acknowledged_writes_lost")],
