@@ -120,7 +120,7 @@ def _writers(ctx, rows, ratios):
     buffered writes to a plain file carrying the sync inode flag with no dhrd (the kernel
     path an attached file in `sync` mode takes, which dhrd is not in), once on order-0
     pages and once on the large folios the warm-up leaves; and the attached file. Rounds
-    alternate; medians of the per-round ratios."""
+    alternate the order; medians of the per-round ratios."""
     ws, p = ctx.ws, ctx.p
     size = p["attach_bytes"][0]
     rounds = p["attach_writer_rounds"]
@@ -136,15 +136,13 @@ def _writers(ctx, rows, ratios):
     a = configs.DhrdAttach(ws, "sync")
     try:
         a.start({"dev.img": size})
+        args = {"raw": [f"--filename={raw}", "--direct=1", "--sync=dsync"], "small": [f"--filename={flagged}"],
+                "large": [f"--filename={flagged}"], "attach": [f"--filename={a.dir}/dev.img"]}
         for r in range(rounds):
-            got["raw"].append(lib.fio(f"attach-raw-8w-r{r}", common + [f"--filename={raw}", "--direct=1",
-                                                                       "--sync=dsync"], p["runtime_s"])["iops"])
-            for folios in ("small", "large"):
-                _cache_as(flagged, folios)
-                got[folios].append(lib.fio(f"attach-flag-{folios}-8w-r{r}", common + [f"--filename={flagged}"],
-                                           p["runtime_s"])["iops"])
-            got["attach"].append(lib.fio(f"attach-8w-r{r}", common + [f"--filename={a.dir}/dev.img"],
-                                         p["runtime_s"])["iops"])
+            for k in (list(got) if r % 2 == 0 else list(reversed(got))):
+                if k in ("small", "large"):
+                    _cache_as(flagged, k)
+                got[k].append(lib.fio(f"attach-{k}-8w-r{r}", common + args[k], p["runtime_s"])["iops"])
     finally:
         a.stop()
         os.unlink(raw)
@@ -165,8 +163,8 @@ def _writers(ctx, rows, ratios):
              "ext4 sync flag, order-0", "raw O_DIRECT|O_DSYNC", "small", "raw"),
             ("the same, ext4 sync flag without dhrd on large folios vs raw O_DIRECT|O_DSYNC",
              "ext4 sync flag, large folios", "raw O_DIRECT|O_DSYNC", "large", "raw"),
-            ("the same, dhrd-attach vs ext4 sync flag on large folios (what dhrd adds)",
-             "dhrd-attach", "ext4 sync flag, large folios", "attach", "large")):
+            ("the same, dhrd-attach vs ext4 sync flag on order-0 pages, the folios `sync` mode's warm-up "
+             "leaves (what dhrd adds)", "dhrd-attach", "ext4 sync flag, order-0", "attach", "small")):
         ratios.append({"what": what, "figure": fig, "baseline": base, "value": med(num, den)})
 
 
@@ -204,6 +202,8 @@ def _reads(ctx, rows, ratios):
                     args = ["--rw=randread", "--bs=4k", f"--numjobs={jobs}", f"--size={size}",
                             f"--filename={paths[k]}", "--invalidate=0"]
                     got[(k, jobs)].append(lib.fio(f"attach-read-{k}-{jobs}j-r{r}", args, p["runtime_s"])["iops"])
+            log(f"[attach] reads round {r}: " + ", ".join(
+                f"{k} {jobs}p {got[(k, jobs)][-1] / 1000:.0f}k" for jobs in READ_JOBS for k in paths))
     finally:
         a.stop()
         t.stop()
