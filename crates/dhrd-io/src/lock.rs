@@ -19,7 +19,7 @@
 //! lock is on the directory's inode, this one on a file's, so the two never conflict
 //! within one daemon.
 //!
-//! An open waits up to [`SAME_PROCESS_RELEASE_WAIT`] for a lock held by this same process
+//! An open waits up to [`RELEASE_WAIT`] for a lock held by this same process
 //! (an object closed a moment ago whose background threads have not yet let go of its
 //! file) or by no process it can find (one that let go while it looked, or one out of its
 //! sight), never for one of another process it sees.
@@ -35,11 +35,11 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
-/// How long an open waits for a lock another open of this same process holds: an object's
-/// `close` waits for its background jobs, but a loader thread may still hold the object
-/// for the few instructions after its job ends. A lock held by another process that the
-/// search finds is not waited for.
-pub(crate) const SAME_PROCESS_RELEASE_WAIT: Duration = Duration::from_secs(1);
+/// How long an open waits for a lock another open of this same process holds, or one
+/// whose holder it cannot find: an object's `close` waits for its background jobs, but a
+/// loader thread may still hold the object for the few instructions after its job ends. A
+/// lock held by another process that the search finds is not waited for.
+pub(crate) const RELEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// Takes the lock on `file` (exclusive for a writer, shared for a reader) without waiting
 /// for another process; an `ErrorKind::ResourceBusy` error naming the holder when another
@@ -61,9 +61,7 @@ pub(crate) fn lock_backing(file: &File, label: &str, exclusive: bool) -> io::Res
             ));
         }
         let holders = holder_pids(file);
-        if may_be_released(&holders, std::process::id())
-            && started.elapsed() < SAME_PROCESS_RELEASE_WAIT
-        {
+        if may_be_released(&holders, std::process::id()) && started.elapsed() < RELEASE_WAIT {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         }
