@@ -166,21 +166,29 @@ fn describe_holders(pids: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
+
+    /// A fresh directory of this test's own (`name`), and a file path in it.
+    fn scratch(name: &str) -> io::Result<(PathBuf, PathBuf)> {
+        let dir = std::env::temp_dir().join(format!("dhrd-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("f");
+        Ok((dir, path))
+    }
+
+    fn open_rw(path: &Path) -> io::Result<File> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+    }
 
     #[test]
     fn two_opens_of_one_file_conflict_and_readers_share() -> io::Result<()> {
-        let dir = std::env::temp_dir().join(format!("dhrd-lock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("f");
-        let open = || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-        };
-        let (a, b) = (open()?, open()?);
+        let (dir, path) = scratch("lock")?;
+        let (a, b) = (open_rw(&path)?, open_rw(&path)?);
         lock_backing(&a, "f", true)?;
         let e = lock_backing(&b, "f", true).err();
         let e = e.unwrap_or_else(|| panic!("a second writer got the lock"));
@@ -192,7 +200,7 @@ mod tests {
         );
         drop(a);
         lock_backing(&b, "f", false)?;
-        let c = open()?;
+        let c = open_rw(&path)?;
         lock_backing(&c, "f", false)?;
         std::fs::remove_dir_all(&dir)
     }
@@ -209,18 +217,8 @@ mod tests {
 
     #[test]
     fn a_lock_another_thread_drops_soon_is_waited_for() -> io::Result<()> {
-        let dir = std::env::temp_dir().join(format!("dhrd-lock-wait-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("f");
-        let open = || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-        };
-        let (a, b) = (open()?, open()?);
+        let (dir, path) = scratch("lock-wait")?;
+        let (a, b) = (open_rw(&path)?, open_rw(&path)?);
         lock_backing(&a, "f", true)?;
         let holder = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
