@@ -153,9 +153,6 @@ def _writers(ctx, rows, ratios):
         rows.append({"what": "8 writers, one file", "config": names[k], "iops": statistics.median(v),
                      "iops_per_round": v})
 
-    def med(num, den):
-        per = [n / d for n, d in zip(got[num], got[den]) if d]
-        return statistics.median(per) if per else None
     for what, fig, base, num, den in (
             ("4 KiB sync writes, 8 writers on one file, vs raw O_DIRECT|O_DSYNC (target >= 0.9)",
              "dhrd-attach", "raw O_DIRECT|O_DSYNC", "attach", "raw"),
@@ -165,7 +162,7 @@ def _writers(ctx, rows, ratios):
              "ext4 sync flag, large folios", "raw O_DIRECT|O_DSYNC", "large", "raw"),
             ("the same, dhrd-attach vs ext4 sync flag on order-0 pages, the folios `sync` mode's warm-up "
              "leaves (what dhrd adds)", "dhrd-attach", "ext4 sync flag, order-0", "attach", "small")):
-        ratios.append({"what": what, "figure": fig, "baseline": base, "value": med(num, den)})
+        ratios.append({"what": what, "figure": fig, "baseline": base, "value": lib.median_ratio(got[num], got[den])})
 
 
 # Processes reading at once in the read rounds: one, one per CPU of these machines, and
@@ -217,10 +214,9 @@ def _reads(ctx, rows, ratios):
                 ("attach", "tmpfs", "4 KiB random reads after the warm-up vs tmpfs (target >= 0.95)"),
                 ("plain", "tmpfs", "the same, ext4 without dhrd, order-0 pages, vs tmpfs"),
                 ("attach", "plain", "the same, dhrd-attach vs ext4 without dhrd (what dhrd adds)")):
-            per = [n / d for n, d in zip(got[(num, jobs)], got[(den, jobs)]) if d]
-            ratios.append({"what": f"{what}, {jobs} procs, median of {len(per)} alternating rounds",
+            ratios.append({"what": f"{what}, {jobs} procs, median of {len(got[(num, jobs)])} alternating rounds",
                            "figure": names[num], "baseline": names[den],
-                           "value": statistics.median(per) if per else None})
+                           "value": lib.median_ratio(got[(num, jobs)], got[(den, jobs)])})
 
 
 def _archive(ctx, rows, ratios):

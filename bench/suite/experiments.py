@@ -9,7 +9,6 @@ inside the experiment, one at a time, so they never compete for the machine.
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import time
 
@@ -686,10 +685,11 @@ def exp_video(ctx):
             rows.append(_video_once(ctx, cfg, rep))
 
     def median_speedup(num, den, num_key="total_secs", den_key="total_secs"):
-        per = [ratio(b[den_key], a[num_key]) for a in rows for b in rows
-               if a["config"] == num and b["config"] == den and a["repeat"] == b["repeat"]
-               and a.get(num_key) and b.get(den_key)]
-        return statistics.median(per) if per else None
+        """Time ratios den / num of the same repeats (a speed-up of `num`), their median."""
+        def series(cfg, key):
+            by_rep = {r["repeat"]: r.get(key) for r in rows if r["config"] == cfg}
+            return [by_rep.get(rep) for rep in range(p["video_repeats"])]
+        return lib.median_ratio(series(den, den_key), series(num, num_key))
 
     n = p["video_repeats"]
     ratios = []

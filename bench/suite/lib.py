@@ -338,6 +338,13 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def median_ratio(nums, dens):
+    """The median of the ratios num / den of two series measured side by side, one pair per
+    round (so a slow hour weighs on both sides of each ratio); pairs with a missing number
+    or a zero denominator are left out, None when none remain."""
+    return median([n / d for n, d in zip(nums, dens) if n is not None and d])
+
+
 def wait_for(pred, timeout_s, what, interval_s=0.02):
     t = time.monotonic()
     while time.monotonic() - t < timeout_s:
