@@ -26,8 +26,7 @@
 //! [`Folios::Large`]: super::config::Folios::Large
 
 use super::pin::FileMap;
-use super::state::file_size;
-use dhrd_io::PAGE_BYTES;
+use super::state::{file_size, page_ceil};
 use std::fs::File;
 use std::io;
 
@@ -75,8 +74,7 @@ impl Mapped {
                     // The last page of a file is mapped whole, so the file ends before
                     // the range only if its pages do.
                     let end = self.map.offset + (at + len) as u64;
-                    let pages_end = file_size(file)?.div_ceil(PAGE_BYTES) * PAGE_BYTES;
-                    return if pages_end < end {
+                    return if page_ceil(file_size(file)?) < end {
                         Ok(Populated::PastEnd)
                     } else {
                         Err(io::Error::from_raw_os_error(libc::EIO))
@@ -102,6 +100,7 @@ impl Mapped {
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use super::*;
+    use dhrd_io::PAGE_BYTES;
     use std::io::Write;
 
     #[test]
