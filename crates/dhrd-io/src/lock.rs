@@ -60,8 +60,15 @@ pub(crate) fn lock_backing(file: &File, label: &str, exclusive: bool) -> io::Res
                 format!("locking {label} against a second writer: {e}"),
             ));
         }
+        // This process's own descriptors first: the common holder (a closed object's
+        // loader thread), found without searching every process.
+        let waiting = started.elapsed() < RELEASE_WAIT;
+        if waiting && held_here(file) {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
         let holders = holder_pids(file);
-        if may_be_released(&holders, std::process::id()) && started.elapsed() < RELEASE_WAIT {
+        if waiting && may_be_released(&holders, std::process::id()) {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         }
@@ -123,6 +130,11 @@ fn proc_name(file: &File) -> Option<String> {
         libc::major(dev),
         libc::minor(dev)
     ))
+}
+
+/// Whether this process holds a lock on `file`'s inode through another descriptor.
+fn held_here(file: &File) -> bool {
+    proc_name(file).is_some_and(|want| holds_lock("self", &want))
 }
 
 /// The pids holding locks on `file`'s inode. /proc/locks names OFD locks' holders as -1 on
