@@ -105,10 +105,10 @@ pub fn open_entry(dir: BorrowedFd<'_>, name: &std::ffi::CStr, is_dir: bool) -> i
     if is_dir {
         flags |= OFlags::DIRECTORY;
     }
-    match openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
-        Err(rustix::io::Errno::PERM) => Ok(openat(dir, name, flags, Mode::empty())?),
-        r => Ok(r?),
-    }
+    dhrd_pagecache::sys::open_noatime(|noatime| {
+        let noatime = OFlags::from_bits_retain(noatime as u32);
+        Ok(openat(dir, name, flags | noatime, Mode::empty())?)
+    })
 }
 
 /// Sets the flags on every regular file and directory under `start` (relative to

@@ -55,10 +55,10 @@ pub fn open_beneath_noatime(
     rel: &Path,
     flags: rustix::fs::OFlags,
 ) -> io::Result<OwnedFd> {
-    match open_beneath(root, rel, flags | rustix::fs::OFlags::NOATIME) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open_beneath(root, rel, flags),
-        r => r,
-    }
+    dhrd_pagecache::sys::open_noatime(|noatime| {
+        let noatime = rustix::fs::OFlags::from_bits_retain(noatime as u32);
+        open_beneath(root, rel, flags | noatime)
+    })
 }
 
 /// Opens `rel` beneath `root` with `flags`, never through a symlink or another mount.

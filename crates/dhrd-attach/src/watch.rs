@@ -658,10 +658,10 @@ pub fn open_regular(root: BorrowedFd<'_>, h: &Handle) -> Option<File> {
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return None;
     }
-    let fd = h
-        .open(root, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOATIME)
-        .or_else(|_| h.open(root, libc::O_RDONLY | libc::O_NONBLOCK))
-        .ok()?;
+    let fd = dhrd_pagecache::sys::open_noatime(|noatime| {
+        h.open(root, libc::O_RDONLY | libc::O_NONBLOCK | noatime)
+    })
+    .ok()?;
     Some(File::from(fd))
 }
 

@@ -137,6 +137,58 @@ fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
     assert!(ok, "{out}");
 }
 
+/// The daemon's reads are not an application's: files it warms at attach, and files it
+/// pins after they were written, keep the access times they had (O_NOATIME). Under
+/// `relatime` the first read after a write sets it, which a mail reader takes for mail
+/// read and a cleaner by access time for a file in use. In `sync` mode the warm-up reads
+/// through an order-0 description of its own; in `fsync` mode a file over 2 MiB through
+/// a mapping, whose `mmap` sets the access time too.
+#[test]
+fn warmed_and_pinned_files_keep_their_access_times() {
+    for mode in ["sync", "fsync"] {
+        let s = Scratch::new(&format!("attach-atime-{mode}"));
+        let disk = LoopFs::new(&s);
+        let dir = disk.mnt.join("data");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(
+            reads_set_atime(&dir),
+            "the control: relatime on the test's ext4"
+        );
+        std::fs::write(dir.join("small"), vec![1u8; 64 << 10]).unwrap();
+        std::fs::write(dir.join("big"), vec![2u8; (3 << 20) + 100]).unwrap();
+        let (ok, out) = sh(&format!("sync -f {}", dir.display()));
+        assert!(ok, "{out}");
+        let mut aged = Vec::new();
+        for name in ["small", "big"] {
+            let p = dir.join(name);
+            let f = File::open(&p).unwrap();
+            // SAFETY: fadvise on a descriptor we hold; a hint only.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            aged.push((p.clone(), age_atime(&p)));
+        }
+        let a = Attach::start(&dir, &["--durability", mode]);
+        a.wait_warm();
+        wait_for(&a, "the walked files pinned", |s| {
+            s["ram"]["pinned_files"] == 2
+        });
+        // Written after attach: pinned once closed and the delay is over.
+        let new = dir.join("new");
+        std::fs::write(&new, vec![3u8; (3 << 20) + 100]).unwrap();
+        aged.push((new.clone(), age_atime(&new)));
+        wait_for(&a, "the new file pinned", |s| s["ram"]["pinned_files"] == 3);
+        for (p, t) in &aged {
+            assert_eq!(
+                atime(p),
+                *t,
+                "{mode}: dhrd set the access time of {}",
+                p.display()
+            );
+        }
+        let (ok, out) = a.detach();
+        assert!(ok, "{out}");
+    }
+}
+
 /// Files in a directory made after attach are pinned through the changed files' delay (as
 /// any file written after attach), not by the warm-up the moment the directory is seen:
 /// an extraction still writing them would pay for each pin on its own CPUs. The watch is

@@ -338,6 +338,47 @@ fn fsync_after_a_restart_covers_what_the_killed_daemon_left() {
     drop(m);
 }
 
+/// The daemon's reads of the backing are not an application's: files the walk warms at
+/// mount and a file written through the mount and pinned after its close keep their
+/// access times (O_NOATIME). Under `relatime` the first read after a write sets it, which
+/// a mail reader takes for mail read and a cleaner by access time for a file in use. The
+/// files are over 2 MiB, which in `fsync` mode the warm-up brings in through a mapping
+/// (whose `mmap` sets the access time too); `sync` mode reads order-0 pages.
+#[test]
+fn warmed_and_pinned_files_keep_their_access_times() {
+    for mode in ["sync", "fsync"] {
+        let s = Scratch::new(&format!("pc-atime-{mode}"));
+        let backing = s.sub("backing");
+        let mnt = s.sub("mnt");
+        assert!(
+            reads_set_atime(&backing),
+            "the control: relatime on the scratch disk"
+        );
+        synced_file(&backing.join("walked"), &vec![1u8; (3 << 20) + 100]);
+        let f = File::open(backing.join("walked")).unwrap();
+        // SAFETY: fadvise on a descriptor we hold; a hint only.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        drop(f);
+        let walked = age_atime(&backing.join("walked"));
+        let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", mode]);
+        m.wait_loaded();
+        fs::write(mnt.join("new"), vec![2u8; (3 << 20) + 100]).unwrap();
+        let new = age_atime(&mnt.join("new"));
+        let t = std::time::Instant::now();
+        while m.status_json()["ram"]["pinned_files"] != 2 {
+            assert!(t.elapsed() < Duration::from_secs(60), "{}", m.status());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(atime(&backing.join("walked")), walked, "{mode}: walked");
+        assert_eq!(
+            atime(&backing.join("new")),
+            new,
+            "{mode}: written, then pinned"
+        );
+        drop(m);
+    }
+}
+
 /// O_DIRECT opens are served by the daemon from the page cache (a passthrough O_DIRECT
 /// open would read the disk and drop cached pages): reads hit RAM, writes are durable on
 /// return and seen by every other open, and a mapping of such an open shares the page

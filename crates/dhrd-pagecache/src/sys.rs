@@ -184,6 +184,43 @@ fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(unsafe { st.assume_init() }.st_size.max(0) as u64)
 }
 
+/// Opens with O_NOATIME where the caller may: `open` gets the flag (then 0) to add to its
+/// open's flags. The daemon's own reads of a file (a warm-up, a pin's `mmap`) are not an
+/// application's, and must not set its access time: under `relatime` the first read after
+/// a write does, which tells a mail reader that new mail was read and keeps files young
+/// for cleaners that go by access time (and dirties the inode, a journal handle each).
+/// Without the right to the flag (not the owner, no CAP_FOWNER: EPERM), opens as usual.
+pub fn open_noatime<T>(open: impl Fn(libc::c_int) -> io::Result<T>) -> io::Result<T> {
+    match open(libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(0),
+        r => r,
+    }
+}
+
+/// A new read-only open file description of `file`'s inode, with O_NOATIME where allowed
+/// ([`open_noatime`]); through /proc/self/fd, which reaches a file whose last name is gone
+/// too.
+pub fn reopen_noatime(file: &std::fs::File) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    open_noatime(|noatime| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(noatime)
+            .open(&path)
+    })
+}
+
+/// Whether reads through `fd`'s open file description leave the access time alone.
+pub fn reads_keep_atime(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: F_GETFL on a descriptor we hold; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(flags & libc::O_NOATIME != 0)
+}
+
 /// The size of an open file by a `statx` that asks for the size only. Why not `fstat`: on
 /// file systems with fine-grained timestamps (ext4 and xfs since Linux 6.13) a stat that
 /// returns ctime marks it as seen, and the file's next write must then store a new

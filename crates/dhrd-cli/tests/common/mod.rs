@@ -171,6 +171,17 @@ impl Mount {
         String::from_utf8_lossy(&o.stdout).to_string()
     }
 
+    /// `dhrd status --json`.
+    #[allow(dead_code)] // not every test binary reads it
+    pub fn status_json(&self) -> serde_json::Value {
+        let o = Command::new(dhrd())
+            .args(["status", "--json"])
+            .arg(&self.mnt)
+            .output()
+            .expect("status");
+        serde_json::from_slice(&o.stdout).expect("status JSON")
+    }
+
     /// Waits until `dhrd status` reports the load complete.
     pub fn wait_loaded(&self) {
         let t = Instant::now();
@@ -585,4 +596,36 @@ pub fn listing(p: &Path) -> String {
         .unwrap_or_default();
     v.sort();
     v.join(",")
+}
+
+/// Puts `p`'s access time an hour before its modification time, where `relatime` makes
+/// the next read set it; returns that time.
+pub fn age_atime(p: &Path) -> std::time::SystemTime {
+    let f = std::fs::File::open(p).expect("open");
+    let mtime = f.metadata().expect("meta").modified().expect("mtime");
+    let old = mtime - std::time::Duration::from_secs(3600);
+    f.set_times(std::fs::FileTimes::new().set_accessed(old))
+        .expect("set atime");
+    old
+}
+
+/// `p`'s access time.
+pub fn atime(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p)
+        .expect("meta")
+        .accessed()
+        .expect("atime")
+}
+
+/// Whether a plain read of a file in `dir` sets its access time after `age_atime` (the
+/// file system is mounted `relatime` or `strictatime`): the control of the tests that
+/// show dhrd's own reads do not.
+pub fn reads_set_atime(dir: &Path) -> bool {
+    let p = dir.join(".atime-control");
+    std::fs::write(&p, b"control").expect("write");
+    let aged = age_atime(&p);
+    std::fs::read(&p).expect("read");
+    let set = atime(&p) != aged;
+    std::fs::remove_file(&p).expect("remove");
+    set
 }

@@ -1,5 +1,6 @@
 //! How the warm-up of the page cache path opens the files the walk found: confined,
-//! read-only, and only if the path still names the inode the walk found.
+//! read-only, without updating their access times where the daemon may, and only if the
+//! path still names the inode the walk found.
 //!
 //! No state and no crash semantics: it only opens files for reading.
 
@@ -22,9 +23,11 @@ impl BackingOpener {
 
 impl Opener for BackingOpener {
     fn open(&self, f: &FileRef) -> io::Result<File> {
-        let fd = self
-            .0
-            .open_rel(&f.path, OFlags::RDONLY | OFlags::NONBLOCK)?;
+        let fd = dhrd_pagecache::sys::open_noatime(|noatime| {
+            let noatime = OFlags::from_bits_retain(noatime as u32);
+            self.0
+                .open_rel(&f.path, OFlags::RDONLY | OFlags::NONBLOCK | noatime)
+        })?;
         let st = sys::fstat(fd.as_fd())?;
         if st.st_ino != f.key || st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(io::Error::from_raw_os_error(libc::ESTALE));

@@ -107,7 +107,9 @@ pub struct FileRef {
 }
 
 /// Opens walked files for reading when their turn comes (the walk does not keep a
-/// descriptor per queued file). Must check the file is still the one walked (`key`).
+/// descriptor per queued file). Must check the file is still the one walked (`key`), and
+/// open with O_NOATIME where allowed (`sys::open_noatime`): the warm-up's reads and the
+/// pin's `mmap` go through the description it returns.
 pub trait Opener: Send + Sync + 'static {
     fn open(&self, f: &FileRef) -> io::Result<File>;
 }

@@ -593,3 +593,63 @@ fn order0_warm_up_leaves_the_callers_read_ahead_alone() {
          was advised away"
     );
 }
+
+/// Puts `p`'s access time an hour before its modification time, where `relatime` (and
+/// `strictatime`) makes the next read set it.
+fn age_atime(p: &Path) -> std::time::SystemTime {
+    let f = File::open(p).expect("open");
+    let mtime = f.metadata().expect("meta").modified().expect("mtime");
+    let old = mtime - Duration::from_secs(3600);
+    f.set_times(std::fs::FileTimes::new().set_accessed(old))
+        .expect("set atime");
+    old
+}
+
+fn atime(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p)
+        .expect("meta")
+        .accessed()
+        .expect("atime")
+}
+
+#[test]
+fn warming_and_pinning_leave_access_times_as_they_were() {
+    let d = tempfile::tempdir().expect("tempdir");
+    // The control: this file system sets the access time of a plain read here.
+    let (_, _) = make(d.path(), "control", 4096);
+    let aged = age_atime(&d.path().join("control"));
+    File::open(d.path().join("control"))
+        .expect("open")
+        .read_at(&mut [0u8; 16], 0)
+        .expect("read");
+    if atime(&d.path().join("control")) == aged {
+        dhrd_testkit::skip("reads do not set access times here (noatime)");
+        return;
+    }
+    // Order-0 reads, large folios through a mapping (above WARM_POPULATE_BYTES) and by
+    // reads: each through the description of an application's plain open.
+    for (name, folios, len) in [
+        ("order0", Folios::Order0, 64 << 10),
+        ("large-mapped", Folios::Large, (3 << 20) + 100),
+        ("large-read", Folios::Large, 64 << 10),
+    ] {
+        let (f, _) = make(d.path(), name, len);
+        let p = d.path().join(name);
+        let aged = age_atime(&p);
+        let cfg = ResidentConfig { folios, ..quick() };
+        let r = resident(d.path(), 1 << 30, cfg);
+        let caller = File::open(&p).expect("open");
+        r.demand(f.key, &caller);
+        r.walk_done();
+        assert!(r.wait_complete(Duration::from_secs(30)), "{name}");
+        let s = r.stats();
+        assert_eq!((s.files_warmed, s.files_failed), (1, 0), "{name}: {s:?}");
+        assert_eq!(
+            cached_bytes(&caller).expect("cachestat"),
+            page_ceil(len as u64),
+            "{name}"
+        );
+        assert_eq!(atime(&p), aged, "{name}: the warm-up set the access time");
+        drop(r);
+    }
+}

@@ -5,6 +5,9 @@
 //! Invariants:
 //! - A file is read within its reservation: the whole file if the [`RamBudget`] allows,
 //!   else the page-aligned prefix it allows (SPEC I11, counted as over budget).
+//! - The warm-up reads through descriptions opened with O_NOATIME where the daemon may
+//!   (walked files by the [`Opener`], demanded ones by `demanded_description`): warming
+//!   leaves files' access times as applications left them.
 //! - This module only ever reads files; warming never changes what a reader sees, since the
 //!   page cache is the one copy every reader and writer goes through (D3 by construction).
 //!   Writes racing a warm-up are the page cache's business: a warm-up read sees old or new
@@ -13,6 +16,7 @@
 //! Crash semantics: none; what was read stays in the page cache after the process dies.
 //!
 //! [`RamBudget`]: dhrd_io::RamBudget
+//! [`Opener`]: super::Opener
 
 use super::config::{
     Folios, RESIDENT_NICE, WARM_POPULATE_BYTES, WARM_READ_BYTES, WARM_SEGMENT_BYTES,
@@ -23,7 +27,7 @@ use super::state::{check_complete, page_ceil, page_floor, Entry, Inner, Job, Que
 use dhrd_io::PAGE_BYTES;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -263,15 +267,18 @@ fn read_range(inner: &Inner, file: &File, offset: u64, len: u64, buf: &mut [u8])
 }
 
 /// A demanded file comes as a duplicate of its caller's descriptor, which shares the
-/// caller's open file description: its read-ahead state, and the advice `advise_order0`
-/// gives. For order-0 reads the warm-up opens a description of its own (through
-/// /proc/self/fd, which reaches a file whose last name is gone too), so the caller's reads
-/// keep their read-ahead.
+/// caller's open file description. The warm-up reads through a description of its own,
+/// opened with O_NOATIME (through /proc/self/fd, which reaches a file whose last name is
+/// gone too), unless the caller's already has the flag and large folios are wanted:
+/// - reads and the pin's `mmap` through the caller's description would set the file's
+///   access time, which the application did not do (`sys::open_noatime`);
+/// - order-0 reads must leave the caller's read-ahead alone (`advise_order0` advises the
+///   description it is given).
 fn demanded_description(inner: &Inner, file: File) -> io::Result<File> {
-    match inner.cfg.folios {
-        Folios::Large => Ok(file),
-        Folios::Order0 => File::open(format!("/proc/self/fd/{}", file.as_raw_fd())),
+    if inner.cfg.folios == Folios::Large && crate::sys::reads_keep_atime(file.as_fd())? {
+        return Ok(file);
     }
+    crate::sys::reopen_noatime(&file)
 }
 
 /// Makes the reads through `file`'s own open file description leave order-0 pages
