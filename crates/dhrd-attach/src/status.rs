@@ -166,12 +166,13 @@ pub fn text(a: &Attached) -> String {
     );
     let _ = writeln!(
         s,
-        "warm-up:         {:.1}% in RAM ({} of {} found, {} of {} files), {}/s{}",
+        "warm-up:         {:.1}% in RAM ({} of {} found, {} of {} files{}), {}/s{}",
         l.fraction() * 100.0,
         human(l.loaded),
         human(l.total),
         r.files_warmed,
         r.files_seen,
+        r.failures_text(),
         human(r.rate_bytes_per_s() as u64),
         match r.complete_after_s {
             Some(t) if r.complete => format!(", complete after {t:.1} s"),
@@ -292,6 +293,7 @@ pub fn json(a: &Attached) -> Value {
             "files_demanded": r.files_demanded,
             "demands_dropped": r.demands_dropped,
             "files_failed": r.files_failed,
+            "read_errors": r.read_errors,
             "rate_bytes_per_s": r.rate_bytes_per_s(),
             "complete": r.complete,
             "complete_after_s": r.complete_after_s,

@@ -13,18 +13,6 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-fn wait_for(a: &Attach, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let t = Instant::now();
-    loop {
-        let s = a.status_json();
-        if f(&s) {
-            return s;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "{what}: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn free_bytes(p: &std::path::Path) -> u64 {
     let st = statvfs(p);
     st.0 * st.1
@@ -79,7 +67,7 @@ fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
         .unwrap()
         .read_exact(&mut buf)
         .unwrap();
-    let st = wait_for(&a, "the opened file demanded", |s| {
+    let st = a.wait_for("the opened file demanded", |s| {
         s["warmup"]["files_demanded"].as_u64() >= Some(1)
     });
     assert!(st["watch"]["demanded"].as_u64() >= Some(1), "{st}");
@@ -87,19 +75,17 @@ fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
 
     let a = Attach::start(&dir, &["--durability", "fsync"]);
     a.wait_warm();
-    let st = wait_for(&a, "all pinned", |s| s["ram"]["pinned_files"] == 16);
+    let st = a.wait_for("all pinned", |s| s["ram"]["pinned_files"] == 16);
     assert_eq!(st["ram"]["pinned_bytes"], 16 << 20);
     // Written after attach: pinned once closed (after the watch's and warm-up's delays).
     std::fs::write(dir.join("new"), vec![7u8; 2 << 20]).unwrap();
-    wait_for(&a, "the new file pinned", |s| {
-        s["ram"]["pinned_files"] == 17
-    });
+    a.wait_for("the new file pinned", |s| s["ram"]["pinned_files"] == 17);
     // Deleted: its pin, budget and blocks come back.
     let (ok, out) = sh(&format!("sync -f {}", dir.display()));
     assert!(ok, "{out}");
     let before = free_bytes(&dir);
     std::fs::remove_file(dir.join("f03")).unwrap();
-    let st = wait_for(&a, "the deleted file let go", |s| {
+    let st = a.wait_for("the deleted file let go", |s| {
         s["ram"]["pinned_files"] == 16
     });
     assert_eq!(st["ram"]["used_bytes"], (15 << 20) + (2 << 20), "{st}");
@@ -121,14 +107,12 @@ fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
     std::fs::write(dir.join("tmp"), vec![9u8; 4096]).unwrap();
     std::fs::rename(dir.join("tmp"), dir.join("f05")).unwrap();
     // The new names (the link, the file renamed over f05) are handed on after the delay.
-    wait_for(&a, "the new names handed on", |s| {
+    a.wait_for("the new names handed on", |s| {
         s["watch"]["refreshed"] == 3 && s["watch"]["changed_waiting"] == 0
     });
-    let st = wait_for(
-        &a,
-        "the file renamed over let go, its successor pinned",
-        |s| s["watch"]["forgotten"] == 2 && s["ram"]["pinned_files"] == 16,
-    );
+    let st = a.wait_for("the file renamed over let go, its successor pinned", |s| {
+        s["watch"]["forgotten"] == 2 && s["ram"]["pinned_files"] == 16
+    });
     std::thread::sleep(Duration::from_millis(300));
     let st2 = a.status_json();
     assert_eq!(st2["watch"]["forgotten"], 2, "{st}\n{st2}");
@@ -168,14 +152,12 @@ fn warmed_and_pinned_files_keep_their_access_times() {
         }
         let a = Attach::start(&dir, &["--durability", mode]);
         a.wait_warm();
-        wait_for(&a, "the walked files pinned", |s| {
-            s["ram"]["pinned_files"] == 2
-        });
+        a.wait_for("the walked files pinned", |s| s["ram"]["pinned_files"] == 2);
         // Written after attach: pinned once closed and the delay is over.
         let new = dir.join("new");
         std::fs::write(&new, vec![3u8; (3 << 20) + 100]).unwrap();
         aged.push((new.clone(), age_atime(&new)));
-        wait_for(&a, "the new file pinned", |s| s["ram"]["pinned_files"] == 3);
+        a.wait_for("the new file pinned", |s| s["ram"]["pinned_files"] == 3);
         for (p, t) in &aged {
             assert_eq!(
                 atime(p),
@@ -217,7 +199,7 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     std::fs::write(dir.join("made/a"), vec![1u8; 1 << 20]).unwrap();
     std::fs::write(dir.join("made/deeper/b"), vec![2u8; 1 << 20]).unwrap();
     std::fs::remove_file(&stall).unwrap();
-    let st = wait_for(&a, "the made directory's files pinned", |s| {
+    let st = a.wait_for("the made directory's files pinned", |s| {
         s["ram"]["pinned_files"] == 2
     });
     assert_eq!(st["ram"]["pinned_bytes"], 2 << 20, "{st}");
@@ -228,7 +210,7 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     assert_eq!(st["watch"]["files_followed"], 2, "{st}");
     // A directory removed gives back its place among the marked ones.
     std::fs::remove_dir(dir.join("poke")).unwrap();
-    wait_for(&a, "the removed directory unmarked", |s| {
+    a.wait_for("the removed directory unmarked", |s| {
         s["watch"]["dirs_marked"] == 3
     });
     let (ok, out) = a.detach();
@@ -250,16 +232,16 @@ fn files_and_directories_moved_out_are_let_go_and_no_longer_followed() {
     }
     let a = Attach::start(&dir, &["--durability", "fsync"]);
     a.wait_warm();
-    let st = wait_for(&a, "all pinned", |s| s["ram"]["pinned_files"] == 4);
+    let st = a.wait_for("all pinned", |s| s["ram"]["pinned_files"] == 4);
     assert_eq!(st["watch"]["dirs_marked"], 3, "{st}");
 
     std::fs::rename(dir.join("a"), out.join("a")).unwrap();
-    let st = wait_for(&a, "the file moved out let go", |s| {
+    let st = a.wait_for("the file moved out let go", |s| {
         s["ram"]["pinned_files"] == 3
     });
     assert_eq!(st["watch"]["moved_out"], 1, "{st}");
     std::fs::rename(dir.join("sub"), out.join("sub")).unwrap();
-    let st = wait_for(&a, "the directory moved out let go", |s| {
+    let st = a.wait_for("the directory moved out let go", |s| {
         s["ram"]["pinned_files"] == 1
     });
     assert_eq!(st["watch"]["moved_out"], 2, "{st}");

@@ -390,3 +390,41 @@ fn a_daemon_served_write_failure_outlives_its_dropped_registration() {
     let flags = libc::O_DIRECT | libc::O_DSYNC;
     a_failure_outlives_its_dropped_registration("wberr-drop-daemon", "fsync", flags);
 }
+
+/// Read errors of the backing's device during the warm-up (`common::read_fault`): the mount
+/// stays up and serves, status counts the failed reads and says so, and once the device
+/// reads again the file is read again (after the retry delay), pinned and intact. The file
+/// is over 2 MiB: in `fsync` mode the warm-up reads it through the populating mapping.
+#[test]
+fn warm_up_reads_that_fail_are_retried_and_the_file_pinned_once_the_device_reads() {
+    let s = Scratch::new("eio-warm-up");
+    let disk = common::read_fault::ReadFaultFs::new(&s);
+    let backing = disk.mnt.join("backing");
+    fs::create_dir(&backing).unwrap();
+    let data: Vec<u8> = (0..(3u32 << 20) + 100).map(|i| (i % 251) as u8).collect();
+    fs::write(backing.join("f"), &data).unwrap();
+    disk.uncache(&[&backing.join("f")]);
+    disk.fail_reads(true);
+    let mnt = s.sub("mnt");
+    let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
+    let wait = |what: &str, f: &dyn Fn(&serde_json::Value) -> bool| {
+        let t = std::time::Instant::now();
+        loop {
+            let st = m.status_json();
+            if f(&st) {
+                return st;
+            }
+            assert!(t.elapsed().as_secs() < 60, "{what}: {st}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    wait("the read failed", &|st| {
+        st["warmup"]["read_errors"].as_u64() >= Some(1)
+    });
+    assert!(m.status().contains("failed reads"), "{}", m.status());
+    disk.fail_reads(false);
+    let st = wait("pinned after a retry", &|st| st["ram"]["pinned_files"] == 1);
+    assert_eq!(st["warmup"]["files_failed"], 0, "{st}");
+    assert!(fs::read(m.path("f")).unwrap() == data);
+    drop(m);
+}

@@ -77,6 +77,33 @@ impl Attach {
         serde_json::from_str(out.trim()).expect("json")
     }
 
+    /// Waits until `f` holds of the status (`what` names it in the failure); returns it.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        f: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let s = self.status_json();
+            if f(&s) {
+                return s;
+            }
+            assert!(t.elapsed() < ATTACH_WAIT, "{what}: {s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `dhrd status DIR`, as text.
+    pub fn status_text(&self) -> String {
+        let o = Command::new(dhrd())
+            .arg("status")
+            .arg(&self.dir)
+            .output()
+            .expect("status");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    }
+
     /// Waits until the warm-up completed.
     pub fn wait_warm(&self) -> serde_json::Value {
         let t = Instant::now();

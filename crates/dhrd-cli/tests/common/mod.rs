@@ -4,6 +4,7 @@
 
 pub mod freeze;
 pub mod pjdfstest;
+pub mod read_fault;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

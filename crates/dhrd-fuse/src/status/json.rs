@@ -150,6 +150,7 @@ fn add_page(doc: &mut Value, sh: &Mount, t: &PageTier) {
         "files_demanded": r.files_demanded,
         "demands_dropped": r.demands_dropped,
         "files_failed": r.files_failed,
+        "read_errors": r.read_errors,
         "rate_bytes_per_s": r.rate_bytes_per_s(),
         "complete": r.complete,
         "complete_after_s": r.complete_after_s,

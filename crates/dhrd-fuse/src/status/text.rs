@@ -120,11 +120,12 @@ fn render_page(s: &mut String, sh: &Mount, t: &PageTier, l: &LoadTotals) {
     let r = t.resident().stats();
     let _ = writeln!(
         s,
-        "warm-up:         {pct:.1}% in RAM ({} of {} found, {} of {} files), {}/s{}",
+        "warm-up:         {pct:.1}% in RAM ({} of {} found, {} of {} files{}), {}/s{}",
         human(l.loaded),
         human(l.total),
         r.files_warmed,
         r.files_seen,
+        r.failures_text(),
         human(r.rate_bytes_per_s() as u64),
         match r.complete_after_s {
             Some(t) if r.complete => format!(", complete after {t:.1} s"),

@@ -40,6 +40,14 @@ pub const RESIDENT_NICE: i32 = 10;
 /// not locked.
 pub const REFRESH_DELAY: Duration = Duration::from_secs(5);
 
+/// How many times a file whose warm-up read failed (EIO from the device) is read again
+/// before it is left to the device: a device's read errors may pass (a path that failed
+/// over, a transport reset), and a file left out after one would stay out of RAM until
+/// it is written. The n-th retry waits `refresh_delay` x `READ_RETRY_BACKOFF`^(n-1):
+/// 5, 20 and 80 s by default, so a bad block costs the device three more reads.
+pub const READ_RETRIES_MAX: u32 = 3;
+pub const READ_RETRY_BACKOFF: u32 = 4;
+
 /// The size of the page-cache folios the warm-up's reads leave, which the kernel keeps for
 /// the pages' life in the cache. Large folios (what sequential reads make, up to 2 MiB)
 /// serve reads faster, but small synchronous buffered writes pay for them: the file system

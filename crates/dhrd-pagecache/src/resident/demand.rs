@@ -21,7 +21,7 @@
 //! [`REFRESH_DELAY`]: super::config::REFRESH_DELAY
 
 use super::handle::Resident;
-use super::state::{file_size, page_ceil, release_done, Entry, Job, Queues};
+use super::state::{defer, file_size, page_ceil, release_done, Entry, Job, Queues};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -192,16 +192,9 @@ impl Resident {
         };
         q.entries.insert(key, Entry::Busy);
         let due = Instant::now() + inner.cfg.refresh_delay;
-        q.deferred.push_back((due, Job::Demand { key, file: dup }));
-        q.completed_at = None;
-        let timer = q.timer;
+        defer(inner, &mut q, due, Job::Demand { key, file: dup });
         drop(q);
         inner.dispose(old_pin);
-        if !timer {
-            // An idle thread becomes the timer; with one already waiting for an earlier
-            // file, or every thread busy, nobody needs waking.
-            inner.work.notify_one();
-        }
     }
 
     /// The file is gone (its last link was removed): unpin it and give back its budget.
@@ -239,6 +232,7 @@ impl Resident {
             None => {}
         }
         let changed = q.changed.remove(&key);
+        q.read_failures.remove(&key);
         drop(q);
         let nothing = pin.is_none()
             && changed.is_none()

@@ -8,6 +8,9 @@
 //!   Nothing stops a truncate between that check and the `mlock`; an mlock that then
 //!   fails because the mapping reaches past EOF is told from a memlock limit by the
 //!   file's size, and only the limit stops pinning.
+//! - A file whose read failed is read again after a growing delay, at most
+//!   `READ_RETRIES_MAX` times (`read_failures` counts them), and then forgotten: its entry
+//!   goes, so a later open or write hands it in again.
 //! - `files_warmed` counts files whose current entry is a finished warm-up, so it never
 //!   exceeds `files_seen`.
 //! - A pin is claimed (`Queues::pins`) before the queue lock is let go, so concurrent
@@ -17,12 +20,14 @@
 //! Crash semantics: none of its own; the pins vanish with the process's mappings, the
 //! pages stay cached.
 
+use super::config::{READ_RETRIES_MAX, READ_RETRY_BACKOFF};
 use super::pin::{memlock_limit, Pin};
-use super::state::{file_size, page_ceil, Entry, Inner, Job, Queues, Warming};
+use super::state::{defer, file_size, page_ceil, Entry, Inner, Job, Queues, Warming};
 use dhrd_io::PAGE_BYTES;
+use parking_lot::MutexGuard;
 use std::fs::File;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Whether `file` is now shorter than `len` bytes of pages (it shrank since it was sized).
 pub(super) fn shrank(file: &File, len: u64) -> bool {
@@ -40,18 +45,17 @@ pub(super) fn finish_file(inner: &Inner, w: Warming) {
         return;
     }
     if w.failed {
-        q.entries.remove(&w.key);
-        let changed = q.changed.remove(&w.key);
-        drop(q);
-        inner.dispose(changed);
+        read_failed(inner, q, &w);
         inner.budget.release(w.len);
-        inner.files_failed.fetch_add(1, Ordering::Relaxed);
         return;
+    }
+    if !q.read_failures.is_empty() {
+        q.read_failures.remove(&w.key); // read at last
     }
     let changed = q.changed.remove(&w.key);
     if changed.is_some() || shorter {
         let file = changed.or_else(|| w.file.try_clone().ok());
-        let left = warm_again(inner, &mut q, w.key, file);
+        let left = warm_again(inner, &mut q, w.key, file, inner.cfg.refresh_delay);
         drop(q);
         inner.dispose(left);
         inner.budget.release(w.len);
@@ -86,6 +90,34 @@ pub(super) fn finish_file(inner: &Inner, w: Warming) {
     record_warmed(inner, w, pin, may_pin);
 }
 
+/// A read of busy file `w` failed: it is read again after a delay, up to
+/// `READ_RETRIES_MAX` times, and then left to the device (forgotten, so that its next
+/// open or write hands it in again).
+fn read_failed(inner: &Inner, mut q: MutexGuard<'_, Queues>, w: &Warming) {
+    inner.read_errors.fetch_add(1, Ordering::Relaxed);
+    let tries = q.read_failures.entry(w.key).or_insert(0);
+    *tries += 1;
+    let tries = *tries;
+    // A descriptor of the file as it is now, if it changed meanwhile.
+    let changed = q.changed.remove(&w.key);
+    if tries <= READ_RETRIES_MAX {
+        let delay = inner.cfg.refresh_delay * READ_RETRY_BACKOFF.pow(tries - 1);
+        let file = changed.or_else(|| w.file.try_clone().ok());
+        let left = warm_again(inner, &mut q, w.key, file, delay);
+        if left.is_some() {
+            q.read_failures.remove(&w.key); // no retry: dropped like a full queue's demand
+        }
+        drop(q);
+        inner.dispose(left);
+        return;
+    }
+    q.read_failures.remove(&w.key);
+    q.entries.remove(&w.key);
+    drop(q);
+    inner.dispose(changed);
+    inner.files_failed.fetch_add(1, Ordering::Relaxed);
+}
+
 /// What pinning a warmed file came to.
 pub(super) enum PinOutcome {
     Pinned(Pin),
@@ -110,7 +142,7 @@ pub(super) fn pin_warmed(inner: &Inner, w: &Warming) -> PinOutcome {
             if matches!(q.entries.get(&w.key), Some(Entry::Busy)) && !q.shutdown {
                 let changed = q.changed.remove(&w.key);
                 let file = changed.or_else(|| w.file.try_clone().ok());
-                left = warm_again(inner, &mut q, w.key, file);
+                left = warm_again(inner, &mut q, w.key, file, inner.cfg.refresh_delay);
             }
             drop(q);
             inner.dispose(left);
@@ -177,25 +209,21 @@ pub(super) fn record_warmed(inner: &Inner, w: Warming, pin: Option<Pin>, may_pin
     }
 }
 
-/// Queues busy file `key` to be warmed again after the refresh delay, as `refresh` does
-/// (its entry stays `Busy`); without a descriptor, or with the queue full, it is left
-/// unknown and its next open demands it. Returns what the caller drops once the lock is
-/// free (`Inner::dispose`).
+/// Queues busy file `key` to be warmed again after `delay`, as `refresh` does (its entry
+/// stays `Busy`); without a descriptor, or with the queue full, it is left unknown and its
+/// next open demands it. Returns what the caller drops once the lock is free
+/// (`Inner::dispose`).
 #[must_use]
 pub(super) fn warm_again(
     inner: &Inner,
     q: &mut Queues,
     key: u64,
     file: Option<File>,
+    delay: Duration,
 ) -> Option<File> {
     match file {
         Some(file) if q.deferred.len() < inner.cfg.demand_queue_max => {
-            let due = Instant::now() + inner.cfg.refresh_delay;
-            q.deferred.push_back((due, Job::Demand { key, file }));
-            q.completed_at = None;
-            if !q.timer {
-                inner.work.notify_one();
-            }
+            defer(inner, q, Instant::now() + delay, Job::Demand { key, file });
             None
         }
         file => {

@@ -66,9 +66,12 @@ pub(super) enum Job {
 pub(super) struct Queues {
     pub(super) demand: VecDeque<Job>,
     pub(super) walked: VecDeque<Job>,
-    /// Files that changed size, each warmed again (as demanded) once `due`; in due order,
-    /// since every entry waits the same delay. Their entries are `Busy`.
+    /// Files that changed size, or whose read failed, each warmed again (as demanded) once
+    /// `due`; in due order (`defer`). Their entries are `Busy`.
     pub(super) deferred: VecDeque<(Instant, Job)>,
+    /// Files whose warm-up read failed, and how many times, while they wait for a retry
+    /// (`READ_RETRIES_MAX`); removed when one is warmed, given up or forgotten.
+    pub(super) read_failures: HashMap<u64, u32>,
     /// An idle worker sleeps until the first deferred file is due; the others sleep
     /// until woken, so a due file wakes one thread, not all.
     pub(super) timer: bool,
@@ -116,6 +119,7 @@ pub(super) struct Inner {
     pub(super) files_over_budget: AtomicU64,
     pub(super) bytes_over_budget: AtomicU64,
     pub(super) files_failed: AtomicU64,
+    pub(super) read_errors: AtomicU64,
     pub(super) files_demanded: AtomicU64,
     pub(super) demands_dropped: AtomicU64,
     pub(super) pin_error: Mutex<Option<String>>,
@@ -168,6 +172,22 @@ pub(super) fn release_done(
             .fetch_sub(p.len() as u64, Ordering::Relaxed);
     }
     pin
+}
+
+/// Queues `job` to start once `due`, keeping `deferred` in due order, and wakes a thread to
+/// wait for it where none waits for an earlier one.
+pub(super) fn defer(inner: &Inner, q: &mut Queues, due: Instant, job: Job) {
+    let at = q.deferred.partition_point(|(t, _)| *t <= due);
+    q.deferred.insert(at, (due, job));
+    q.completed_at = None;
+    if !q.timer {
+        // An idle thread becomes the timer; with every thread busy, nobody needs waking.
+        inner.work.notify_one();
+    } else if at == 0 {
+        // Due before what the timer waits for: which waiting thread is the timer is not
+        // known, so all wake and one of them times the new first.
+        inner.work.notify_all();
+    }
 }
 
 pub(super) fn is_complete(q: &Queues) -> bool {

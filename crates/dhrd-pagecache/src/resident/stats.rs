@@ -21,8 +21,11 @@ pub struct ResidentStats {
     /// Bytes left on the device because the budget was full (I11).
     pub bytes_over_budget: u64,
     pub files_over_budget: u64,
-    /// Files that could not be opened or read (served from the device).
+    /// Files that could not be opened, or read within `READ_RETRIES_MAX` retries (served
+    /// from the device).
     pub files_failed: u64,
+    /// Failed warm-up reads of a file, each retried or counted in `files_failed`.
+    pub read_errors: u64,
     /// Warm-up reads issued by applications opening files, ahead of the walk.
     pub files_demanded: u64,
     /// Demands dropped because the demand queue was full.
@@ -41,6 +44,19 @@ pub struct ResidentStats {
 }
 
 impl ResidentStats {
+    /// What status texts add to the warm-up's line when reads failed: "" when none did.
+    pub fn failures_text(&self) -> String {
+        if self.read_errors == 0 && self.files_failed == 0 {
+            return String::new();
+        }
+        format!(
+            "; {} failed reads (each retried up to {} times), {} files left to the device",
+            self.read_errors,
+            super::config::READ_RETRIES_MAX,
+            self.files_failed
+        )
+    }
+
     /// Warm-up rate over its whole run so far, bytes per second.
     pub fn rate_bytes_per_s(&self) -> f64 {
         let secs = self.complete_after_s.unwrap_or(self.elapsed_s).max(1e-3);

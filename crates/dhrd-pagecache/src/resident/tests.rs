@@ -653,3 +653,49 @@ fn warming_and_pinning_leave_access_times_as_they_were() {
         drop(r);
     }
 }
+
+/// A read that fails is tried again after growing delays, and the file is then left to the
+/// device and forgotten. (The opener hands in a directory, whose reads fail with EISDIR
+/// every time; `attach_eio.rs` fails real reads, and shows a file read once the device
+/// reads again.)
+#[test]
+fn a_file_whose_reads_fail_is_read_again_then_left_to_the_device() {
+    let d = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(d.path().join("dir")).expect("mkdir");
+    let key = std::os::unix::fs::MetadataExt::ino(
+        &std::fs::metadata(d.path().join("dir")).expect("meta"),
+    );
+    let cfg = ResidentConfig {
+        folios: Folios::Large,
+        ..quick()
+    };
+    let delay = cfg.refresh_delay;
+    let r = resident(d.path(), 1 << 30, cfg);
+    let t = Instant::now();
+    r.submit_walked(
+        FileRef {
+            key,
+            path: PathBuf::from("dir"),
+        },
+        4096,
+    );
+    r.walk_done();
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    let s = r.stats();
+    let reads = 1 + u64::from(config::READ_RETRIES_MAX);
+    assert_eq!(
+        (s.read_errors, s.files_failed, s.files_warmed),
+        (reads, 1, 0),
+        "{s:?}"
+    );
+    // The retries waited their delays: 1, 4 and 16 times the refresh delay.
+    assert!(t.elapsed() >= delay * 21, "{:?}", t.elapsed());
+    let q = r.inner.q.lock();
+    assert!(q.read_failures.is_empty() && !q.entries.contains_key(&key));
+    drop(q);
+    assert_eq!(r.budget().used_bytes(), 0);
+    assert!(r
+        .stats()
+        .failures_text()
+        .contains("1 files left to the device"));
+}
