@@ -8,6 +8,8 @@
 //! - The warm-up reads through descriptions opened with O_NOATIME where the daemon may
 //!   (walked files by the [`Opener`], demanded ones by `demanded_description`): warming
 //!   leaves files' access times as applications left them.
+//! - A segment whose pages are all cached already is not read (cachestat): a restart finds
+//!   its data cached, and reading it again would only copy it.
 //! - This module only ever reads files; warming never changes what a reader sees, since the
 //!   page cache is the one copy every reader and writer goes through (D3 by construction).
 //!   Writes racing a warm-up are the page cache's business: a warm-up read sees old or new
@@ -204,10 +206,10 @@ pub(super) fn start_file(inner: &Inner, job: Job) {
     }
 }
 
-/// Brings `len` bytes from `offset` into the page cache: through a mapping
-/// (`populate.rs`) where the kernel's large folios are wanted and the range is more than
-/// one of them, else by reading (and throwing the bytes away). False on an I/O error or
-/// at shutdown.
+/// Brings `len` bytes from `offset` into the page cache: nothing to do where every page is
+/// cached already; else through a mapping (`populate.rs`) where the kernel's large folios
+/// are wanted and the range is more than one of them, else by reading (and throwing the
+/// bytes away). False on an I/O error or at shutdown.
 pub(super) fn warm_range(
     inner: &Inner,
     file: &File,
@@ -215,12 +217,33 @@ pub(super) fn warm_range(
     len: u64,
     buf: &mut [u8],
 ) -> bool {
+    if cached_whole(file, offset, len) {
+        inner.bytes_warmed.fetch_add(len, Ordering::Relaxed);
+        return true;
+    }
     if inner.cfg.folios == Folios::Large && len > WARM_POPULATE_BYTES {
         if let Ok(mapped) = Mapped::new(file, offset, len) {
             return populate_range(inner, file, &mapped, len);
         }
     }
     read_range(inner, file, offset, len, buf)
+}
+
+/// Whether every page of the range (page-aligned: a segment of a reservation) is cached,
+/// by cachestat(2). Then reading it would only copy it out to throw it away: a re-attach
+/// or remount after the daemon restarted finds all its data cached (the page cache is the
+/// kernel's), and a file an application just wrote is cached whole. False where only
+/// mincore could tell (kernels before 6.5: it maps the range, as the read path's
+/// populating would) and on any error, which leaves the read to find out.
+fn cached_whole(file: &File, offset: u64, len: u64) -> bool {
+    debug_assert!(
+        offset.is_multiple_of(PAGE_BYTES) && len.is_multiple_of(PAGE_BYTES),
+        "{offset} {len}"
+    );
+    match crate::sys::cachestat(file.as_fd(), offset, len) {
+        Ok((c, crate::sys::CacheStatSource::Cachestat)) => c.cached_pages == len / PAGE_BYTES,
+        _ => false,
+    }
 }
 
 fn populate_range(inner: &Inner, file: &File, mapped: &Mapped, len: u64) -> bool {
