@@ -78,11 +78,25 @@ def place(ws, root, files):
             run(["cp", "--sparse=never", ws.source(size), dst])
 
 
+UNMOUNT_BUSY_WAIT_S = 10
+
+
 def unmount_loop(mnt, loop):
     """Unmounts the file system at `mnt` and detaches its loop device `loop` (if any);
-    returns None, the loop device a configuration holds afterwards."""
+    returns None, the loop device a configuration holds afterwards. A busy file system is
+    tried again for up to UNMOUNT_BUSY_WAIT_S: the kernel may let go of a file a moment
+    after the process that held it is gone (a file released by a workqueue, as an
+    io_uring's or a FUSE connection's are). Who holds it then goes to the log."""
     if is_mounted(mnt):
-        run(["umount", mnt])
+        t = time.monotonic()
+        while subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
+            if time.monotonic() - t > UNMOUNT_BUSY_WAIT_S:
+                holders = run(["fuser", "-vm", mnt], check=False)
+                raise BenchError(f"{mnt} still busy after {UNMOUNT_BUSY_WAIT_S} s: {holders}")
+            time.sleep(0.1)
+        waited = time.monotonic() - t
+        if waited > 0.05:
+            lib.log(f"unmount of {mnt} waited {waited:.2f} s for the file system to be free")
     if loop:
         run(["losetup", "-d", loop], check=False)
     return None
