@@ -140,41 +140,30 @@ pub(super) fn next_segment(q: &mut Queues) -> Option<Segment> {
 
 /// Opens (walked files), sizes and reserves a file, then queues its segments.
 pub(super) fn start_file(inner: &Inner, job: Job) {
-    let (key, file) = match job {
-        Job::Demand { key, file } => (key, demanded_description(inner, file)),
-        Job::Walked { f } => (f.key, inner.opener.open(&f)),
+    let (key, demanded, file) = match job {
+        Job::Demand { key, file } => (key, true, Ok(file)),
+        Job::Walked { f } => (f.key, false, inner.opener.open(&f)),
     };
-    let size = match file.and_then(|f| f.metadata().map(|m| (f, m.len()))) {
-        Ok(x) => x,
-        Err(_) => {
-            inner.files_failed.fetch_add(1, Ordering::Relaxed);
-            let mut q = inner.q.lock();
-            q.entries.remove(&key);
-            let changed = q.changed.remove(&key);
-            drop(q);
-            inner.dispose(changed);
-            return;
-        }
+    let Ok((file, size)) = file.and_then(|f| f.metadata().map(|m| (f, m.len()))) else {
+        start_failed(inner, key);
+        return;
     };
-    let (file, size) = size;
-    if inner.cfg.folios == Folios::Order0 {
+    let got = reserve(inner, size);
+    // A description of the warm-up's own where there is something to read (a new file is
+    // demanded empty, and most of a file server's die so).
+    let file = match demanded && got > 0 {
+        true => match demanded_description(inner, file) {
+            Ok(f) => f,
+            Err(_) => {
+                inner.budget.release(got);
+                start_failed(inner, key);
+                return;
+            }
+        },
+        false => file,
+    };
+    if inner.cfg.folios == Folios::Order0 && got > 0 {
         advise_order0(&file);
-    }
-    // The whole file if the budget allows, else the page-aligned prefix it allows (I11).
-    let want = page_ceil(size);
-    let mut got = want;
-    while got > 0 && !inner.budget.try_reserve(got) {
-        let left = inner
-            .budget
-            .limit_bytes()
-            .saturating_sub(inner.budget.used_bytes());
-        got = page_floor(left.min(got.saturating_sub(PAGE_BYTES)));
-    }
-    if got < want {
-        inner.files_over_budget.fetch_add(1, Ordering::Relaxed);
-        inner
-            .bytes_over_budget
-            .fetch_add(want - got, Ordering::Relaxed);
     }
     let mut q = inner.q.lock();
     if !matches!(q.entries.get(&key), Some(Entry::Busy)) || q.shutdown {
@@ -204,6 +193,39 @@ pub(super) fn start_file(inner: &Inner, job: Job) {
         // More than this thread's first segment: idle threads share the file.
         inner.work.notify_all();
     }
+}
+
+/// A file that could not be opened or sized: forgotten (its next open or write hands it
+/// in again) and counted.
+fn start_failed(inner: &Inner, key: u64) {
+    inner.files_failed.fetch_add(1, Ordering::Relaxed);
+    let mut q = inner.q.lock();
+    q.entries.remove(&key);
+    let changed = q.changed.remove(&key);
+    drop(q);
+    inner.dispose(changed);
+}
+
+/// Reserves a file of `size` bytes in the budget: the whole file if the budget allows,
+/// else the page-aligned prefix it allows (I11, counted as over budget). Returns the
+/// bytes reserved.
+fn reserve(inner: &Inner, size: u64) -> u64 {
+    let want = page_ceil(size);
+    let mut got = want;
+    while got > 0 && !inner.budget.try_reserve(got) {
+        let left = inner
+            .budget
+            .limit_bytes()
+            .saturating_sub(inner.budget.used_bytes());
+        got = page_floor(left.min(got.saturating_sub(PAGE_BYTES)));
+    }
+    if got < want {
+        inner.files_over_budget.fetch_add(1, Ordering::Relaxed);
+        inner
+            .bytes_over_budget
+            .fetch_add(want - got, Ordering::Relaxed);
+    }
+    got
 }
 
 /// Brings `len` bytes from `offset` into the page cache: nothing to do where every page is
