@@ -179,6 +179,9 @@ pub(super) fn release_done(
 pub(super) fn defer(inner: &Inner, q: &mut Queues, due: Instant, job: Job) {
     let at = q.deferred.partition_point(|(t, _)| *t <= due);
     q.deferred.insert(at, (due, job));
+    // The due order the workers rely on: each looks at the first entry only.
+    debug_assert!(at == 0 || q.deferred[at - 1].0 <= due);
+    debug_assert!(q.deferred.get(at + 1).is_none_or(|(t, _)| due <= *t));
     q.completed_at = None;
     if !q.timer {
         // An idle thread becomes the timer; with every thread busy, nobody needs waking.

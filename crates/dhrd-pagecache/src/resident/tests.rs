@@ -699,3 +699,56 @@ fn a_file_whose_reads_fail_is_read_again_then_left_to_the_device() {
         .failures_text()
         .contains("1 files left to the device"));
 }
+
+/// A refresh queued while a failed read waits for a longer retry is warmed after its own
+/// delay, not behind the retry: the deferred queue is kept in due order, and a first
+/// entry due sooner wakes the thread timing the later one.
+#[test]
+fn a_refresh_is_not_held_behind_a_longer_read_retry() {
+    let d = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(d.path().join("dir")).expect("mkdir");
+    let dir_key = std::os::unix::fs::MetadataExt::ino(
+        &std::fs::metadata(d.path().join("dir")).expect("meta"),
+    );
+    let cfg = ResidentConfig {
+        folios: Folios::Large,
+        refresh_delay: Duration::from_millis(100),
+        threads: 1,
+        ..ResidentConfig::default()
+    };
+    let r = resident(d.path(), 1 << 30, cfg);
+    let (f, len) = make(d.path(), "g", 8192);
+    let w = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.path().join("g"))
+        .expect("open");
+    r.demand(f.key, &w);
+    // The directory's reads fail: retried after 100, 400 and 1,600 ms.
+    r.submit_walked(
+        FileRef {
+            key: dir_key,
+            path: PathBuf::from("dir"),
+        },
+        4096,
+    );
+    r.walk_done();
+    let t = Instant::now();
+    while r.stats().read_errors < 2 {
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", r.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The directory's next retry is 400 ms away at least; the refresh is due in 100.
+    assert_eq!(r.budget().used_bytes(), len);
+    w.write_all_at(&[2u8; 20000], 8192).expect("grow");
+    r.refresh(f.key, &w);
+    let t = Instant::now();
+    while r.budget().used_bytes() != page_ceil(28192) {
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", r.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = r.stats();
+    assert!(s.read_errors < 3, "the refresh waited for the retry: {s:?}");
+    assert!(r.wait_complete(Duration::from_secs(30)));
+    assert_eq!(r.stats().files_failed, 1);
+}
