@@ -104,8 +104,10 @@ fn read_failed(inner: &Inner, mut q: MutexGuard<'_, Queues>, w: &Warming) {
         let delay = inner.cfg.refresh_delay * READ_RETRY_BACKOFF.pow(tries - 1);
         let file = changed.or_else(|| w.file.try_clone().ok());
         let left = warm_again(inner, &mut q, w.key, file, delay);
-        if left.is_some() {
-            q.read_failures.remove(&w.key); // no retry: dropped like a full queue's demand
+        if !matches!(q.entries.get(&w.key), Some(Entry::Busy)) {
+            // Not queued (no descriptor, or the queue full): left unknown, as a dropped
+            // demand is, and so is its count.
+            q.read_failures.remove(&w.key);
         }
         drop(q);
         inner.dispose(left);
