@@ -151,16 +151,17 @@ pub(super) fn start_file(inner: &Inner, job: Job) {
     let got = reserve(inner, size);
     // A description of the warm-up's own where there is something to read (a new file is
     // demanded empty, and most of a file server's die so).
-    let file = match demanded && got > 0 {
-        true => match demanded_description(inner, file) {
+    let file = if demanded && got > 0 {
+        match demanded_description(inner, file) {
             Ok(f) => f,
             Err(_) => {
                 inner.budget.release(got);
                 start_failed(inner, key);
                 return;
             }
-        },
-        false => file,
+        }
+    } else {
+        file
     };
     if inner.cfg.folios == Folios::Order0 && got > 0 {
         advise_order0(&file);
