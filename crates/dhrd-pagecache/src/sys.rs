@@ -9,6 +9,9 @@
 //! for writes the kernel makes on an application's behalf through FUSE passthrough,
 //! which never reach a daemon that could sync them itself.
 //!
+//! How the daemon opens files it only warms or pins: with O_NOATIME where it may
+//! (`open_noatime`), so that its reads leave the access times applications see.
+//!
 //! And the per-user and per-process limits a pinning daemon meets (`vm.max_map_count`,
 //! `fs.fanotify.max_user_marks`): read, and raised by doubling, never lowered (other
 //! programs may rely on a raised limit by then).
