@@ -654,6 +654,20 @@ fn warming_and_pinning_leave_access_times_as_they_were() {
     }
 }
 
+/// Hands `r` a walked "file" whose every read fails: a directory (EISDIR), made in `dir`
+/// (which `r` opens files from, with large folios: no order-0 advice). Returns its key.
+fn submit_unreadable(r: &Resident, dir: &Path) -> u64 {
+    std::fs::create_dir(dir.join("dir")).expect("mkdir");
+    let key =
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.join("dir")).expect("meta"));
+    let f = FileRef {
+        key,
+        path: PathBuf::from("dir"),
+    };
+    r.submit_walked(f, 4096);
+    key
+}
+
 /// A read that fails is tried again after growing delays, and the file is then left to the
 /// device and forgotten. (The opener hands in a directory, whose reads fail with EISDIR
 /// every time; `attach_eio.rs` fails real reads, and shows a file read once the device
@@ -661,10 +675,6 @@ fn warming_and_pinning_leave_access_times_as_they_were() {
 #[test]
 fn a_file_whose_reads_fail_is_read_again_then_left_to_the_device() {
     let d = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir(d.path().join("dir")).expect("mkdir");
-    let key = std::os::unix::fs::MetadataExt::ino(
-        &std::fs::metadata(d.path().join("dir")).expect("meta"),
-    );
     let cfg = ResidentConfig {
         folios: Folios::Large,
         ..quick()
@@ -672,13 +682,7 @@ fn a_file_whose_reads_fail_is_read_again_then_left_to_the_device() {
     let delay = cfg.refresh_delay;
     let r = resident(d.path(), 1 << 30, cfg);
     let t = Instant::now();
-    r.submit_walked(
-        FileRef {
-            key,
-            path: PathBuf::from("dir"),
-        },
-        4096,
-    );
+    let key = submit_unreadable(&r, d.path());
     r.walk_done();
     assert!(r.wait_complete(Duration::from_secs(30)));
     let s = r.stats();
@@ -706,10 +710,6 @@ fn a_file_whose_reads_fail_is_read_again_then_left_to_the_device() {
 #[test]
 fn a_refresh_is_not_held_behind_a_longer_read_retry() {
     let d = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir(d.path().join("dir")).expect("mkdir");
-    let dir_key = std::os::unix::fs::MetadataExt::ino(
-        &std::fs::metadata(d.path().join("dir")).expect("meta"),
-    );
     let cfg = ResidentConfig {
         folios: Folios::Large,
         refresh_delay: Duration::from_millis(100),
@@ -725,13 +725,7 @@ fn a_refresh_is_not_held_behind_a_longer_read_retry() {
         .expect("open");
     r.demand(f.key, &w);
     // The directory's reads fail: retried after 100, 400 and 1,600 ms.
-    r.submit_walked(
-        FileRef {
-            key: dir_key,
-            path: PathBuf::from("dir"),
-        },
-        4096,
-    );
+    submit_unreadable(&r, d.path());
     r.walk_done();
     let t = Instant::now();
     while r.stats().read_errors < 2 {
