@@ -95,6 +95,23 @@ pub fn cachestat(
     offset: u64,
     len: u64,
 ) -> io::Result<(CacheStat, CacheStatSource)> {
+    match cachestat_exact(fd, offset, len) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {}
+        r => return r.map(|c| (c, CacheStatSource::Cachestat)),
+    }
+    let cached = mincore_pages(fd, offset, len)?;
+    Ok((
+        CacheStat {
+            cached_pages: cached,
+            ..CacheStat::default()
+        },
+        CacheStatSource::Mincore,
+    ))
+}
+
+/// `cachestat` by cachestat(2) alone: ENOSYS on kernels before 6.5, where the caller
+/// decides whether mincore's mapping of the range is worth it.
+pub fn cachestat_exact(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<CacheStat> {
     let range = CachestatRange { off: offset, len };
     let mut out = CachestatOut::default();
     // SAFETY: cachestat reads `range` and writes `out`, both live locals of the layouts the
@@ -108,30 +125,16 @@ pub fn cachestat(
             0u32,
         )
     };
-    if r == 0 {
-        return Ok((
-            CacheStat {
-                cached_pages: out.nr_cache,
-                dirty_pages: out.nr_dirty,
-                writeback_pages: out.nr_writeback,
-                evicted_pages: out.nr_evicted,
-                recently_evicted_pages: out.nr_recently_evicted,
-            },
-            CacheStatSource::Cachestat,
-        ));
+    if r != 0 {
+        return Err(io::Error::last_os_error());
     }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::ENOSYS) {
-        return Err(e);
-    }
-    let cached = mincore_pages(fd, offset, len)?;
-    Ok((
-        CacheStat {
-            cached_pages: cached,
-            ..CacheStat::default()
-        },
-        CacheStatSource::Mincore,
-    ))
+    Ok(CacheStat {
+        cached_pages: out.nr_cache,
+        dirty_pages: out.nr_dirty,
+        writeback_pages: out.nr_writeback,
+        evicted_pages: out.nr_evicted,
+        recently_evicted_pages: out.nr_recently_evicted,
+    })
 }
 
 /// Cached pages of a range by mincore(2) on a read-only shared mapping of it (`fd` must

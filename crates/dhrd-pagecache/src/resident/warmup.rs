@@ -256,17 +256,14 @@ pub(super) fn warm_range(
 /// by cachestat(2). Then reading it would only copy it out to throw it away: a re-attach
 /// or remount after the daemon restarted finds all its data cached (the page cache is the
 /// kernel's), and a file an application just wrote is cached whole. False where only
-/// mincore could tell (kernels before 6.5: it maps the range, as the read path's
-/// populating would) and on any error, which leaves the read to find out.
+/// mincore could tell (kernels before 6.5: mapping the range to ask would cost what the
+/// read's populating costs) and on any error, which leaves the read to find out.
 fn cached_whole(file: &File, offset: u64, len: u64) -> bool {
     debug_assert!(
         offset.is_multiple_of(PAGE_BYTES) && len.is_multiple_of(PAGE_BYTES),
         "{offset} {len}"
     );
-    match crate::sys::cachestat(file.as_fd(), offset, len) {
-        Ok((c, crate::sys::CacheStatSource::Cachestat)) => c.cached_pages == len / PAGE_BYTES,
-        _ => false,
-    }
+    crate::sys::cachestat_exact(file.as_fd(), offset, len).is_ok_and(|c| c.cached_bytes() == len)
 }
 
 fn populate_range(inner: &Inner, file: &File, mapped: &Mapped, len: u64) -> bool {
