@@ -407,23 +407,12 @@ fn warm_up_reads_that_fail_are_retried_and_the_file_pinned_once_the_device_reads
     disk.fail_reads(true);
     let mnt = s.sub("mnt");
     let m = Mount::start(&backing, &mnt, &["--quiet", "--durability", "fsync"]);
-    let wait = |what: &str, f: &dyn Fn(&serde_json::Value) -> bool| {
-        let t = std::time::Instant::now();
-        loop {
-            let st = m.status_json();
-            if f(&st) {
-                return st;
-            }
-            assert!(t.elapsed().as_secs() < 60, "{what}: {st}");
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    };
-    wait("the read failed", &|st| {
+    m.wait_for("the read failed", |st| {
         st["warmup"]["read_errors"].as_u64() >= Some(1)
     });
     assert!(m.status().contains("failed reads"), "{}", m.status());
     disk.fail_reads(false);
-    let st = wait("pinned after a retry", &|st| st["ram"]["pinned_files"] == 1);
+    let st = m.wait_for("pinned after a retry", |st| st["ram"]["pinned_files"] == 1);
     assert_eq!(st["warmup"]["files_failed"], 0, "{st}");
     assert!(fs::read(m.path("f")).unwrap() == data);
     drop(m);

@@ -364,11 +364,7 @@ fn warmed_and_pinned_files_keep_their_access_times() {
         m.wait_loaded();
         fs::write(mnt.join("new"), vec![2u8; (3 << 20) + 100]).unwrap();
         let new = age_atime(&mnt.join("new"));
-        let t = std::time::Instant::now();
-        while m.status_json()["ram"]["pinned_files"] != 2 {
-            assert!(t.elapsed() < Duration::from_secs(60), "{}", m.status());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        m.wait_for("both files pinned", |st| st["ram"]["pinned_files"] == 2);
         assert_eq!(atime(&backing.join("walked")), walked, "{mode}: walked");
         assert_eq!(
             atime(&backing.join("new")),

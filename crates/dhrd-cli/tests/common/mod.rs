@@ -183,6 +183,25 @@ impl Mount {
         serde_json::from_slice(&o.stdout).expect("status JSON")
     }
 
+    /// Waits up to 60 s until `f` holds of `dhrd status --json` (`what` names it in the
+    /// failure); returns that status.
+    #[allow(dead_code)] // not every test binary waits on it
+    pub fn wait_for(
+        &self,
+        what: &str,
+        f: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let st = self.status_json();
+            if f(&st) {
+                return st;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "{what}: {st}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until `dhrd status` reports the load complete.
     pub fn wait_loaded(&self) {
         let t = Instant::now();
