@@ -50,6 +50,15 @@ impl ReadFaultFs {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("nbdfuse (apt install nbdfuse nbdkit)");
+        // From here on the guard exists, so a failed step below still unmounts and stops
+        // what was set up; each field is filled in once its step worked.
+        let mut me = ReadFaultFs {
+            mnt: PathBuf::new(),
+            trigger,
+            fuse,
+            loop_dev: String::new(),
+            nbdfuse,
+        };
         let t = Instant::now();
         while std::fs::metadata(&pid_file).map_or(true, |m| m.len() == 0) {
             assert!(
@@ -60,23 +69,14 @@ impl ReadFaultFs {
         }
         let (ok, loop_dev) = sh(&format!(
             "losetup --find --show {}",
-            fuse.join("disk").display()
+            me.fuse.join("disk").display()
         ));
         assert!(ok, "losetup: {loop_dev}");
-        let loop_dev = loop_dev.trim().to_string();
+        me.loop_dev = loop_dev.trim().to_string();
         let mnt = s.sub("faulty");
-        let mut me = ReadFaultFs {
-            mnt,
-            trigger,
-            fuse,
-            loop_dev,
-            nbdfuse,
-        };
-        let (ok, out) = sh(&format!("mount {} {}", me.loop_dev, me.mnt.display()));
-        if !ok {
-            me.mnt = PathBuf::new(); // nothing to unmount
-            panic!("mount: {out}");
-        }
+        let (ok, out) = sh(&format!("mount {} {}", me.loop_dev, mnt.display()));
+        assert!(ok, "mount: {out}");
+        me.mnt = mnt;
         me
     }
 
@@ -112,13 +112,20 @@ impl Drop for ReadFaultFs {
         if !self.mnt.as_os_str().is_empty() {
             let _ = Command::new("umount").arg(&self.mnt).status();
         }
-        let _ = Command::new("losetup")
-            .args(["-d", &self.loop_dev])
-            .status();
-        let _ = Command::new("fusermount3")
+        if !self.loop_dev.is_empty() {
+            let _ = Command::new("losetup")
+                .args(["-d", &self.loop_dev])
+                .status();
+        }
+        let unmounted = Command::new("fusermount3")
             .arg("-u")
             .arg(&self.fuse)
-            .status();
+            .status()
+            .is_ok_and(|st| st.success());
+        if !unmounted {
+            // Never mounted (it failed to start): nothing else would make it exit.
+            let _ = self.nbdfuse.kill();
+        }
         let _ = self.nbdfuse.wait();
     }
 }
