@@ -83,15 +83,7 @@ impl Attach {
         what: &str,
         f: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let t = Instant::now();
-        loop {
-            let s = self.status_json();
-            if f(&s) {
-                return s;
-            }
-            assert!(t.elapsed() < ATTACH_WAIT, "{what}: {s}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::common::wait_for_status(what, ATTACH_WAIT, || self.status_json(), f)
     }
 
     /// `dhrd status DIR`, as text.

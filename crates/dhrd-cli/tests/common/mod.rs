@@ -191,15 +191,7 @@ impl Mount {
         what: &str,
         f: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let t = Instant::now();
-        loop {
-            let st = self.status_json();
-            if f(&st) {
-                return st;
-            }
-            assert!(t.elapsed() < Duration::from_secs(60), "{what}: {st}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_status(what, Duration::from_secs(60), || self.status_json(), f)
     }
 
     /// Waits until `dhrd status` reports the load complete.
@@ -648,4 +640,23 @@ pub fn reads_set_atime(dir: &Path) -> bool {
     let set = atime(&p) != aged;
     std::fs::remove_file(&p).expect("remove");
     set
+}
+
+/// Polls `status` every 50 ms until `f` holds of it, for at most `limit` (`what` names the
+/// wait in the failure); returns that status. Both daemons' guards wait this way.
+pub fn wait_for_status(
+    what: &str,
+    limit: Duration,
+    status: impl Fn() -> serde_json::Value,
+    f: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let st = status();
+        if f(&st) {
+            return st;
+        }
+        assert!(t.elapsed() < limit, "{what}: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
