@@ -119,6 +119,10 @@ pub struct FsStats {
     pub writes_in_flight: AtomicU64,
     pub writes_in_flight_max: AtomicU64,
     pub writes_in_flight_sum: AtomicU64,
+    /// `periodic:N`: flushes of the whole mount the timer completed without an error.
+    /// One that ends after a write returned made it durable only if it also began after
+    /// that (the next one always does).
+    pub periodic_flushes: AtomicU64,
     pub read_latency: Histogram,
     pub write_latency: Histogram,
     pub fsync_latency: Histogram,
@@ -127,7 +131,7 @@ pub struct FsStats {
 impl FsStats {
     /// Every counter with its stable name (`dhrd status --json`, `--prometheus`; the
     /// names are documented in docs/fuse.md and only ever added to).
-    pub fn counters(&self) -> [(&'static str, u64); 22] {
+    pub fn counters(&self) -> [(&'static str, u64); 23] {
         let g = |a: &AtomicU64| a.load(Relaxed);
         [
             ("reads", g(&self.reads)),
@@ -152,6 +156,7 @@ impl FsStats {
             ("setattrs", g(&self.setattrs)),
             ("writes_in_flight_max", g(&self.writes_in_flight_max)),
             ("writes_in_flight_sum", g(&self.writes_in_flight_sum)),
+            ("periodic_flushes", g(&self.periodic_flushes)),
         ]
     }
 

@@ -99,8 +99,11 @@ pub fn spawn_background(m: &Arc<Mount>, progress: bool, period: Option<Duration>
                 while !m2.is_shutting_down() {
                     std::thread::sleep(p);
                     // Data of every object, then the metadata (syncfs).
-                    if let Err(e) = m2.flush_all() {
-                        eprintln!("dhrd: periodic flush failed: {e}");
+                    match m2.flush_all() {
+                        Ok(()) => {
+                            m2.stats().periodic_flushes.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => eprintln!("dhrd: periodic flush failed: {e}"),
                     }
                 }
             });

@@ -94,6 +94,14 @@ fn render_walk_and_sync(s: &mut String, sh: &Mount) {
             "names to sync:   {dirs} directories with changes not yet durable ({entries} new entries)"
         );
     }
+    if let dhrd_engine::Durability::Periodic(p) = sh.cfg().durability {
+        let _ = writeln!(
+            s,
+            "periodic flush:  every {} s, {} completed",
+            p.as_secs(),
+            sh.stats().periodic_flushes.load(Ordering::Relaxed)
+        );
+    }
 }
 
 /// What takes no more writes, and why.
