@@ -5,7 +5,9 @@
 //! acknowledged create, rename, unlink and write is there, both where DIR is the root of
 //! its file system (dhrd mounts it `sync`) and where it is a subdirectory (inode flags);
 //! the same storm in `fsync` mode loses acknowledged changes (the control, which shows the
-//! check can fail).
+//! check can fail). In `periodic` mode the storm's changes are all there once a period
+//! that began after them has completed, and some are lost after the same wait with a
+//! period that never ends (its control).
 //!
 //! An operation counts as acknowledged only if it returned before the cut began: ext4
 //! ignores the result of the synchronous journal commit in some calls (rmdir's
@@ -133,10 +135,22 @@ fn storm(root: &Path, t: usize, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>)
     }
 }
 
+/// What happens between the end of the storm and the cut.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// The cut comes while the threads' last calls are in flight.
+    Nothing,
+    /// The threads are joined, then two periodic syncs complete (the second began after
+    /// every acknowledged call).
+    TwoPeriods,
+    /// The threads are joined, then this many seconds pass with no sync.
+    Seconds(u64),
+}
+
 /// Runs the storm in `sub` (a path inside the loop file system, "" for its root) attached
-/// with `durability`, cuts the power, mounts the image again; returns what was lost and
-/// how many names were checked.
-fn storm_and_cut(tag: &str, sub: &str, durability: &str) -> (Vec<String>, usize) {
+/// with `durability`, settles, cuts the power, mounts the image again; returns what was
+/// lost and how many names were checked.
+fn storm_and_cut(tag: &str, sub: &str, durability: &str, settle: Settle) -> (Vec<String>, usize) {
     let s = Scratch::new(&format!("attach-cut-{tag}"));
     let disk = LoopFs::new(&s);
     let dir = disk.mnt.join(sub);
@@ -148,7 +162,7 @@ fn storm_and_cut(tag: &str, sub: &str, durability: &str) -> (Vec<String>, usize)
     let a = Attach::start(&dir, &["--durability", durability]);
     let model = Arc::new(Mutex::new(Model::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = (0..THREADS)
+    let mut threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let (dir, model, stop) = (dir.clone(), model.clone(), stop.clone());
             std::thread::spawn(move || storm(&dir, t, model, stop))
@@ -156,7 +170,25 @@ fn storm_and_cut(tag: &str, sub: &str, durability: &str) -> (Vec<String>, usize)
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Release);
-    disk.cut();
+    let syncs = |s: &serde_json::Value| s["periodic_syncs"].as_u64();
+    match settle {
+        Settle::Nothing => disk.cut(),
+        Settle::TwoPeriods | Settle::Seconds(_) => {
+            for t in threads.drain(..) {
+                t.join().unwrap();
+            }
+            let before = syncs(&a.status_json()).expect("periodic_syncs in the status");
+            if let Settle::Seconds(n) = settle {
+                std::thread::sleep(Duration::from_secs(n));
+                assert_eq!(syncs(&a.status_json()), Some(before), "a sync ran");
+            } else {
+                a.wait_for("two more periodic syncs", |s| {
+                    syncs(s).is_some_and(|n| n >= before + 2)
+                });
+            }
+            disk.cut();
+        }
+    }
     for t in threads {
         t.join().unwrap();
     }
@@ -186,7 +218,7 @@ fn storm_and_cut(tag: &str, sub: &str, durability: &str) -> (Vec<String>, usize)
 
 #[test]
 fn sync_at_a_file_system_root_keeps_every_acknowledged_change_across_a_power_cut() {
-    let (lost, checked) = storm_and_cut("root", "", "sync");
+    let (lost, checked) = storm_and_cut("root", "", "sync", Settle::Nothing);
     eprintln!("root, sync: {checked} names checked");
     assert!(
         checked > 30,
@@ -197,7 +229,7 @@ fn sync_at_a_file_system_root_keeps_every_acknowledged_change_across_a_power_cut
 
 #[test]
 fn sync_in_a_subdirectory_keeps_every_acknowledged_change_across_a_power_cut() {
-    let (lost, checked) = storm_and_cut("sub", "data", "sync");
+    let (lost, checked) = storm_and_cut("sub", "data", "sync", Settle::Nothing);
     eprintln!("subdirectory, sync: {checked} names checked");
     assert!(
         checked > 30,
@@ -210,10 +242,41 @@ fn sync_in_a_subdirectory_keeps_every_acknowledged_change_across_a_power_cut() {
 /// acknowledged changes.
 #[test]
 fn fsync_mode_loses_acknowledged_changes_at_a_power_cut() {
-    let (lost, checked) = storm_and_cut("fsync", "", "fsync");
+    let (lost, checked) = storm_and_cut("fsync", "", "fsync", Settle::Nothing);
     eprintln!("fsync: {checked} names checked, {} lost", lost.len());
     assert!(
         !lost.is_empty(),
         "fsync mode lost nothing: the cut did not bite"
+    );
+}
+
+/// `periodic:1`: once a period that began after the storm's last acknowledged call has
+/// completed, every change is there, with no sync call from the threads.
+#[test]
+fn periodic_mode_keeps_every_change_a_completed_period_covered() {
+    let (lost, checked) = storm_and_cut("periodic", "", "periodic:1", Settle::TwoPeriods);
+    eprintln!("periodic:1: {checked} names checked");
+    assert!(
+        checked > 30,
+        "the storm did too little to test anything: {checked}"
+    );
+    assert!(
+        lost.is_empty(),
+        "changes a completed period covered lost: {lost:?}"
+    );
+}
+
+/// The control of the test above: the same wait with a period that never ends loses
+/// changes, so the wait alone (the file system's own writeback) did not keep them.
+#[test]
+fn periodic_mode_loses_changes_no_period_covered() {
+    let (lost, checked) = storm_and_cut("periodic-none", "", "periodic:3600", Settle::Seconds(3));
+    eprintln!(
+        "periodic:3600: {checked} names checked, {} lost",
+        lost.len()
+    );
+    assert!(
+        !lost.is_empty(),
+        "nothing lost with no period completed: the cut did not bite"
     );
 }
