@@ -3,6 +3,7 @@
 //! the loader), and check against the oracle that
 //! - in `sync` mode every acknowledged operation is present,
 //! - in `fsync` mode everything before the last completed flush is present,
+//! - in `periodic` mode everything before the object's own timer flushed is present,
 //! - no byte holds a value that was never written there,
 //! - and RAM mirrors the backing after the reload.
 
@@ -165,6 +166,66 @@ fn fsync_mode_keeps_everything_before_the_last_flush() -> Result<(), String> {
     for seed in 11..=14 {
         let points = enumerate(Durability::Fsync, seed)?;
         assert!(points > 20, "workload too small: {points} crash points");
+    }
+    Ok(())
+}
+
+/// `periodic:N` with no flush from the caller: the object's own timer makes every write,
+/// zero-range and size change durable, and a crash after it keeps them all; with a period
+/// that never ends the same operations are not durable (the control, so the check can
+/// fail).
+#[test]
+fn periodic_mode_makes_everything_durable_at_the_next_period() -> Result<(), String> {
+    for seed in 41..=44 {
+        let ops: Vec<Op> = workload(seed, OPS, SIZE, CB)
+            .into_iter()
+            .filter(|op| !matches!(op, Op::Flush))
+            .collect();
+        let mut all = Model { data: initial() };
+        ops.iter().for_each(|op| all.apply(op));
+        for (period, timer_runs) in [
+            (Duration::from_millis(20), true),
+            (Duration::from_secs(3600), false),
+        ] {
+            let sim = Arc::new(SimBacking::from_bytes(initial(), seed));
+            let o = HybridObject::open(sim.clone(), cfg(Durability::Periodic(period)))
+                .map_err(|e| e.to_string())?;
+            for op in &ops {
+                apply(&o, op).map_err(|e| format!("seed {seed}: {op:?}: {e}"))?;
+            }
+            if !timer_runs {
+                std::thread::sleep(Duration::from_millis(100));
+                if sim.durable() == all.data {
+                    return Err(format!("seed {seed}: durable with no period over"));
+                }
+                continue;
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while sim.durable() != all.data {
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("seed {seed}: no period made the writes durable"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let image = sim.crash_image();
+            drop(o);
+            let o2 = HybridObject::open(
+                Arc::new(SimBacking::from_image(image, seed)),
+                cfg(Durability::Fsync),
+            )
+            .map_err(|e| e.to_string())?;
+            if !o2.wait_loaded(Some(Duration::from_secs(10))) {
+                return Err(format!("seed {seed}: reload did not complete"));
+            }
+            let mut got = vec![0u8; o2.len() as usize];
+            o2.read_at(&mut got, 0).map_err(|e| e.to_string())?;
+            if got != all.data {
+                return Err(format!(
+                    "seed {seed}: the crash lost what a period made durable"
+                ));
+            }
+            o2.verify_mirror()?;
+        }
     }
     Ok(())
 }
