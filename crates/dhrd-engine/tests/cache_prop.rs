@@ -354,6 +354,66 @@ fn writes_go_to_ram_when_there_is_room() -> Result<(), String> {
     o.verify_mirror()
 }
 
+/// M3: with second-access admission a one-off miss is read from the backing and loads
+/// nothing: the chunk stays Unloaded, RAM takes no byte and the bypass is counted. The
+/// chunk's second miss admits it, and the read after that comes from RAM without the
+/// backing (the control: the same object does load a chunk it is asked to).
+#[test]
+fn a_bypassed_miss_is_read_from_the_backing_and_loads_nothing() -> Result<(), String> {
+    use dhrd_engine::{ChunkIndex, ChunkState, Served};
+    use std::time::{Duration, Instant};
+    const CB: u64 = 4096;
+    let data: Vec<u8> = (0..16 * CB as usize).map(|i| (i % 253) as u8).collect();
+    let sim = Arc::new(SimBacking::from_bytes(data.clone(), 6));
+    let budget = RamBudget::new(8 * CB);
+    let cache = CacheConfig {
+        prefill: false,
+        admission: Admission::SecondAccess,
+        read_ahead: ReadAhead::None,
+        ..CacheConfig::default()
+    };
+    let o = open(&sim, CB, &budget, cache);
+    let mut b = vec![0u8; 100];
+    let at = 5 * CB + 7;
+    let reads = sim.stats().read_ops;
+    let r = o.read_at(&mut b, at).map_err(|e| e.to_string())?;
+    assert_eq!(r.served, Served::Backing);
+    assert_eq!(b, data[at as usize..at as usize + 100]);
+    assert!(
+        sim.stats().read_ops > reads,
+        "the miss did not read the backing"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(o.chunk_state(ChunkIndex(5)), Some(ChunkState::Unloaded));
+    assert_eq!(
+        o.progress().chunks_loaded,
+        0,
+        "a one-off miss loaded a chunk"
+    );
+    assert_eq!(budget.used_bytes(), 0, "a one-off miss took RAM");
+    assert_eq!(o.stats().bypasses, 1);
+    // The second miss admits the chunk; once loaded, its reads leave the backing alone.
+    o.read_at(&mut b, at).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while o.chunk_state(ChunkIndex(5)) != Some(ChunkState::Loaded) {
+        if Instant::now() > deadline {
+            return Err("the second miss did not admit its chunk".into());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let reads = sim.stats().read_ops;
+    let r = o.read_at(&mut b, at).map_err(|e| e.to_string())?;
+    assert_eq!(r.served, Served::Ram);
+    assert_eq!(b, data[at as usize..at as usize + 100]);
+    assert_eq!(
+        sim.stats().read_ops,
+        reads,
+        "a read of a Loaded chunk used the backing"
+    );
+    assert_eq!(o.progress().chunks_loaded, 1);
+    o.verify_mirror()
+}
+
 /// A zero-copy view held for as long as a stalled consumer likes (an NBD client that
 /// stopped reading its socket holds one while its reply is sent) must not stop loading:
 /// misses of other chunks still evict and load while it lives, the view keeps showing its
