@@ -23,7 +23,7 @@ use common::*;
 use std::fs::{self, File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// One record: an O_DIRECT-sized block.
@@ -264,14 +264,44 @@ fn run_case(mnt: &Path, how: How, direct: bool) {
 /// truncate cases: RECS when the size survived, else 0).
 fn survivors(backing: &Path, how: How, direct: bool) -> usize {
     let name = name_of(how, direct);
-    let Ok(data) = fs::read(backing.join(&name)) else {
-        return 0;
-    };
+    let path = backing.join(&name);
     if matches!(how, How::OsyncFallocate | How::DsyncTruncate) {
-        return if data.len() >= REC * RECS { RECS } else { 0 };
+        let len = fs::metadata(&path).map_or(0, |m| m.len());
+        return if len >= (REC * RECS) as u64 { RECS } else { 0 };
     }
-    (0..RECS)
-        .filter(|i| data.get(i * REC..(i + 1) * REC) == Some(record(&name, *i).as_slice()))
+    records_intact(&path, &name, RECS)
+}
+
+/// Syncs what the test made in `backing` (the cut then tests only what the mount does)
+/// and mounts it in `mode` on `read_path`; returns the mountpoint and the mount.
+fn sync_and_mount(s: &Scratch, backing: &Path, mode: &str, read_path: &str) -> (PathBuf, Mount) {
+    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
+    assert!(ok, "sync: {out}");
+    let mnt = s.sub("mnt");
+    let m = Mount::start(
+        backing,
+        &mnt,
+        &["--quiet", "--durability", mode, "--read-path", read_path],
+    );
+    (mnt, m)
+}
+
+/// Cuts the power under mount `m` of `mnt`, lets the dead mount go and mounts the image
+/// again, journal replayed.
+fn cut_and_remount(disk: &LoopFs, mnt: &Path, m: Mount) {
+    disk.cut();
+    // The daemon's unmount-time syncfs fails on the dead disk: its exit status says so.
+    let _ = Command::new(dhrd()).arg("umount").arg(mnt).output();
+    drop(m);
+    assert!(!is_mounted(mnt), "the mount stayed");
+    disk.remount();
+}
+
+/// How many of records 0..n of `tag` the file at `path` holds intact.
+fn records_intact(path: &Path, tag: &str, n: usize) -> usize {
+    let data = fs::read(path).unwrap_or_default();
+    (0..n)
+        .filter(|i| data.get(i * REC..(i + 1) * REC) == Some(record(tag, *i).as_slice()))
         .count()
 }
 
@@ -332,23 +362,11 @@ fn cut(mode: &str, journal: bool, read_path: &str, cases: &[(How, bool)]) -> Vec
             fs::write(backing.join(format!("{name}.src")), src).expect("source");
         }
     }
-    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
-    assert!(ok, "sync: {out}");
-    let mnt = s.sub("mnt");
-    let m = Mount::start(
-        &backing,
-        &mnt,
-        &["--quiet", "--durability", mode, "--read-path", read_path],
-    );
+    let (mnt, m) = sync_and_mount(&s, &backing, mode, read_path);
     for (how, direct) in cases {
         run_case(&mnt, *how, *direct);
     }
-    disk.cut();
-    // The daemon's unmount-time syncfs fails on the dead disk: its exit status says so.
-    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
-    drop(m);
-    assert!(!is_mounted(&mnt), "the mount stayed");
-    disk.remount();
+    cut_and_remount(&disk, &mnt, m);
     let mut failures = Vec::new();
     for (how, direct) in cases {
         let got = survivors(&backing, *how, *direct);
@@ -440,14 +458,8 @@ fn o_direct_o_dsync_log_writes_survive_a_power_cut_in_fsync_mode() {
                 .expect("write");
         }
     }
-    disk.cut();
-    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
-    drop(m);
-    disk.remount();
-    let data = fs::read(backing.join("log")).unwrap_or_default();
-    let got = (0..N)
-        .filter(|i| data.get(i * REC..(i + 1) * REC) == Some(record("log", *i).as_slice()))
-        .count();
+    cut_and_remount(&disk, &mnt, m);
+    let got = records_intact(&backing.join("log"), "log", N);
     assert_eq!(got, N, "{got} of {N} acknowledged O_DSYNC writes survived");
 }
 
@@ -509,10 +521,7 @@ fn create_like_then_cut(mode: &str) -> Vec<String> {
     mk("fifo", libc::S_IFIFO, 0);
     mk("socket", libc::S_IFSOCK, 0);
     mk("chardev", libc::S_IFCHR, libc::makedev(1, 3));
-    disk.cut();
-    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
-    drop(m);
-    disk.remount();
+    cut_and_remount(&disk, &mnt, m);
     use std::os::unix::fs::FileTypeExt;
     let kind = |name: &str| fs::symlink_metadata(backing.join(name)).map(|m| m.file_type());
     let mut lost = Vec::new();
@@ -570,14 +579,7 @@ fn names_survive_a_power_cut(journal: bool, read_path: &str) -> Vec<String> {
     }
     fs::write(backing.join("orig"), b"orig").expect("orig");
     fs::write(backing.join("from/old"), b"old").expect("old");
-    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
-    assert!(ok, "sync: {out}");
-    let mnt = s.sub("mnt");
-    let m = Mount::start(
-        &backing,
-        &mnt,
-        &["--quiet", "--durability", "fsync", "--read-path", read_path],
-    );
+    let (mnt, m) = sync_and_mount(&s, &backing, "fsync", read_path);
     let write_synced = |rel: &str| {
         let mut f = File::create(m.path(rel)).unwrap_or_else(|e| panic!("create {rel}: {e}"));
         std::io::Write::write_all(&mut f, rel.as_bytes()).expect("write");
@@ -619,10 +621,7 @@ fn names_survive_a_power_cut(journal: bool, read_path: &str) -> Vec<String> {
     File::open(m.path("hard"))
         .and_then(|f| f.sync_all())
         .expect("fsync of the new link");
-    disk.cut();
-    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
-    drop(m);
-    disk.remount();
+    cut_and_remount(&disk, &mnt, m);
     let mut lost = Vec::new();
     let content = |rel: &str| fs::read(backing.join(rel)).ok();
     for rel in ["new", "dir/inner", "nested/deeper/file"] {
@@ -707,14 +706,7 @@ fn period_then_cut(mode: &str, read_path: &str) -> (usize, bool) {
     let disk = LoopFs::journal_less(&s);
     let backing = disk.mnt.join("backing");
     fs::create_dir_all(&backing).expect("backing");
-    let (ok, out) = sh(&format!("sync -f {}", backing.display()));
-    assert!(ok, "sync: {out}");
-    let mnt = s.sub("mnt");
-    let m = Mount::start(
-        &backing,
-        &mnt,
-        &["--quiet", "--durability", mode, "--read-path", read_path],
-    );
+    let (mnt, m) = sync_and_mount(&s, &backing, mode, read_path);
     fs::create_dir(m.path("new")).expect("mkdir");
     let f = File::create(m.path("new/plain")).expect("create");
     for i in 0..RECS {
@@ -732,13 +724,7 @@ fn period_then_cut(mode: &str, read_path: &str) -> (usize, bool) {
             flushes(s).is_some_and(|n| n >= before + 2)
         });
     }
-    disk.cut();
-    let _ = Command::new(dhrd()).arg("umount").arg(&mnt).output();
-    drop(m);
-    disk.remount();
-    let data = fs::read(backing.join("new/plain")).unwrap_or_default();
-    let records = (0..RECS)
-        .filter(|i| data.get(i * REC..(i + 1) * REC) == Some(record("plain", *i).as_slice()))
-        .count();
+    cut_and_remount(&disk, &mnt, m);
+    let records = records_intact(&backing.join("new/plain"), "plain", RECS);
     (records, backing.join("new/plain").exists())
 }

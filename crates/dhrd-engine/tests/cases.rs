@@ -1,6 +1,9 @@
 //! The paper's request cases during initialization (I1-I6), driven deterministically
 //! with the loader gate, plus basic behaviour on a real file.
 
+mod common;
+
+use common::SlowReads;
 use dhrd_engine::{
     ChunkIndex, ChunkState, Durability, HybridObject, LoadGate, LoaderConfig, ObjectConfig,
     RamBudget, Served, View,
@@ -797,48 +800,18 @@ fn small_unaligned_writes_read_nothing_and_write_only_their_bytes(
     Ok(())
 }
 
-/// A backing whose reads take a while and are counted while they run.
-struct SlowReads {
-    inner: SimBacking,
-    in_flight: std::sync::atomic::AtomicU32,
-}
-
-impl Durable for SlowReads {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.in_flight.fetch_add(1, SeqCst);
-        std::thread::sleep(Duration::from_millis(50));
-        let r = self.inner.read_at(buf, offset);
-        self.in_flight.fetch_sub(1, SeqCst);
-        r
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-}
-
 /// `close` returns only once no background job uses the backing any more, so that the
 /// handle's drop lets go of it at once (its file, its single-writer lock): a reopen right
 /// after a close must not find the backing still held by a load in flight.
 #[test]
 fn close_waits_for_the_load_in_flight() -> Result<(), Box<dyn std::error::Error>> {
-    use std::sync::atomic::Ordering::SeqCst;
-    let b = Arc::new(SlowReads {
-        inner: SimBacking::from_bytes(pattern(16 * CB as usize, 12), 7),
-        in_flight: Default::default(),
-    });
+    let b = Arc::new(SlowReads::new(
+        SimBacking::from_bytes(pattern(16 * CB as usize, 12), 7),
+        Duration::from_millis(50),
+    ));
     let o = HybridObject::open(b.clone(), cfg(None))?;
     let deadline = std::time::Instant::now() + WAIT;
-    while b.in_flight.load(SeqCst) == 0 {
+    while b.in_flight() == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the loader never read"
@@ -846,7 +819,7 @@ fn close_waits_for_the_load_in_flight() -> Result<(), Box<dyn std::error::Error>
         std::thread::sleep(Duration::from_millis(1));
     }
     o.close()?;
-    assert_eq!(b.in_flight.load(SeqCst), 0, "close returned during a load");
+    assert_eq!(b.in_flight(), 0, "close returned during a load");
     assert!(!o.is_fully_loaded(), "the load went on after close");
     Ok(())
 }

@@ -4,9 +4,11 @@
 //! a rate limit bounds.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod common;
+
+use common::SlowReads;
 use dhrd_engine::{HybridObject, LoaderConfig, ObjectConfig};
-use dhrd_io::{Durable, FileBacking, FileOptions, SimBacking};
-use parking_lot::Mutex;
+use dhrd_io::{FileBacking, FileOptions, SimBacking};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -126,57 +128,15 @@ fn the_loader_leaves_a_file_backing_out_of_the_page_cache() {
     );
 }
 
-/// A backing whose reads take a while and that counts how many are in it at once.
-struct SlowReads {
-    inner: SimBacking,
-    /// Reads inside now, and the most there ever were.
-    inside: Mutex<(usize, usize)>,
-}
-
-impl SlowReads {
-    fn counted<T>(&self, f: impl FnOnce() -> T) -> T {
-        {
-            let mut g = self.inside.lock();
-            g.0 += 1;
-            g.1 = g.1.max(g.0);
-        }
-        std::thread::sleep(Duration::from_millis(3));
-        let r = f();
-        self.inside.lock().0 -= 1;
-        r
-    }
-}
-
-impl Durable for SlowReads {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.counted(|| self.inner.read_at(buf, offset))
-    }
-    fn read_bulk_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.counted(|| self.inner.read_bulk_at(buf, offset))
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-}
-
 /// I8: the loader's concurrency is bounded by its threads, and it uses them.
 #[test]
 fn the_loader_never_has_more_reads_at_the_backing_than_threads() {
     const THREADS: usize = 3;
     const CB: u64 = 4096;
-    let back = Arc::new(SlowReads {
-        inner: SimBacking::from_bytes(pattern(60 * CB as usize, 5), 9),
-        inside: Mutex::new((0, 0)),
-    });
+    let back = Arc::new(SlowReads::new(
+        SimBacking::from_bytes(pattern(60 * CB as usize, 5), 9),
+        Duration::from_millis(3),
+    ));
     let cfg = ObjectConfig {
         chunk_bytes: CB,
         inline_load_bytes_max: 0,
@@ -188,7 +148,7 @@ fn the_loader_never_has_more_reads_at_the_backing_than_threads() {
     };
     let o = HybridObject::open(back.clone(), cfg).expect("open");
     assert!(o.wait_loaded(Some(WAIT)), "the load did not finish");
-    let most = back.inside.lock().1;
+    let most = back.most_in_flight();
     assert!(
         most <= THREADS,
         "{most} reads at once with {THREADS} threads"

@@ -1,10 +1,68 @@
-//! Shared test helpers: a seeded workload generator and an oracle that knows, for every
-//! byte, which values a crash may legally leave there.
+//! Shared test helpers: a seeded workload generator, an oracle that knows, for every
+//! byte, which values a crash may legally leave there, and a backing with slow reads.
 
 #![allow(dead_code)]
 
 use dhrd_engine::HybridObject;
-use dhrd_io::{Durable, SplitMix64};
+use dhrd_io::{Durable, SimBacking, SplitMix64};
+use parking_lot::Mutex;
+use std::io;
+use std::time::Duration;
+
+/// A simulated backing whose reads take `delay` each and are counted while they run (the
+/// loader's bulk reads too: they default to `read_at`).
+pub struct SlowReads {
+    inner: SimBacking,
+    delay: Duration,
+    /// Reads running now, and the most that ever ran at once.
+    in_flight: Mutex<(usize, usize)>,
+}
+
+impl SlowReads {
+    pub fn new(inner: SimBacking, delay: Duration) -> Self {
+        Self {
+            inner,
+            delay,
+            in_flight: Mutex::new((0, 0)),
+        }
+    }
+
+    /// Reads running now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.lock().0
+    }
+
+    /// The most reads that ever ran at once.
+    pub fn most_in_flight(&self) -> usize {
+        self.in_flight.lock().1
+    }
+}
+
+impl Durable for SlowReads {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        {
+            let mut g = self.in_flight.lock();
+            g.0 += 1;
+            g.1 = g.1.max(g.0);
+        }
+        std::thread::sleep(self.delay);
+        let r = self.inner.read_at(buf, offset);
+        self.in_flight.lock().0 -= 1;
+        r
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
 
 /// One operation of a workload.
 #[derive(Clone)]
