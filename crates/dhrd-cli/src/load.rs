@@ -22,7 +22,7 @@ pub struct LoadArgs {
     #[arg(long)]
     pub fill: bool,
     /// Chunk size (power of two, 4K to 64M).
-    #[arg(long, value_parser = parse_size, default_value = "1M")]
+    #[arg(long, value_parser = dhrd_engine::parse_chunk_size, default_value = "1M")]
     pub chunk: u64,
     #[arg(long, default_value_t = dhrd_engine::LOADER_THREADS_DEFAULT)]
     pub loader_threads: usize,

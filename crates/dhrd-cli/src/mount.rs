@@ -42,9 +42,10 @@ pub struct MountArgs {
     /// evict them under memory pressure).
     #[arg(long)]
     pub no_pin: bool,
-    /// Chunk size of the RAM tier per file (power of two, e.g. 1M; default: the engine's).
-    #[arg(long)]
-    pub chunk: Option<String>,
+    /// Chunk size of the RAM tier per file (power of two, 4K to 64M, e.g. 1M; default: the
+    /// engine's).
+    #[arg(long, value_parser = dhrd_engine::parse_chunk_size)]
+    pub chunk: Option<u64>,
     /// Background threads that load (engine) or warm (page cache) files, shared by all.
     #[arg(long, default_value_t = dhrd_engine::LOADER_THREADS_DEFAULT)]
     pub loader_threads: usize,
@@ -131,12 +132,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
         Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
         None => dhrd_fuse::default_mem_bytes(),
     };
-    let chunk_bytes = a
-        .chunk
-        .as_deref()
-        .map(parse_size)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
+    let chunk_bytes = a.chunk;
     let cfg = MountConfig {
         backing: a.backing_dir,
         mountpoint: a.mountpoint,

@@ -36,7 +36,7 @@ pub struct NbdArgs {
     pub backing: PathBuf,
     /// Export size for a regular file or RBD image (e.g. 1G, 512M, 4096); it is created or
     /// extended to it, never shrunk. Block devices are exported at their size.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_export_size)]
     pub size: Option<u64>,
     /// ceph.conf for an rbd: backing (default: $CEPH_CONF, then /etc/ceph/ceph.conf).
     #[arg(long)]
@@ -176,7 +176,7 @@ pub struct NbdArgs {
     pub read_only: bool,
     /// Chunk size of the RAM tier's loader (power of two, e.g. 1M; default 1M, or the
     /// object size of an RBD image).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = dhrd_engine::parse_chunk_size)]
     pub chunk: Option<u64>,
     /// Threads loading chunks into RAM in the background (each has one chunk's read in
     /// flight; an RBD backing splits it into several requests).
@@ -264,6 +264,17 @@ fn spawn_signal_thread(set: libc::sigset_t, h: ShutdownHandle) -> anyhow::Result
             }
         })?;
     Ok(())
+}
+
+/// `--size`: a size as `parse_size` reads it, and at least one byte (an export of nothing
+/// is refused here, before a backing file is made for it).
+fn parse_export_size(s: &str) -> std::result::Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err(format!(
+            "an export of {s:?} bytes holds nothing: give a size of at least 1"
+        )),
+        n => Ok(n),
+    }
 }
 
 pub fn run(a: NbdArgs) -> anyhow::Result<()> {

@@ -97,6 +97,95 @@ fn nbd_refuses_non_loopback_without_allow_remote() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-remote"));
 }
 
+/// Sizes no export can have are refused before anything is made: a chunk size the engine
+/// cannot use (for `nbd`, `load` and `mount`), an export of 0 bytes, and a size no file
+/// system takes, which must not leave the backing file it was creating, nor touch one that
+/// was there.
+#[test]
+fn bad_sizes_are_refused_and_leave_no_backing_behind() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let img = dir.path().join("b.img");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dhrd"))
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!out.status.success(), "{args:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let img_s = img.to_string_lossy().into_owned();
+    let sock = dir.path().join("s.sock").to_string_lossy().into_owned();
+    for chunk in ["3K", "0", "128M"] {
+        let err = run(&[
+            "nbd",
+            "--size",
+            "1M",
+            "--chunk",
+            chunk,
+            "--socket",
+            &sock,
+            "--backing",
+            &img_s,
+        ]);
+        assert!(
+            err.contains("power of two from 4K to 64M"),
+            "{chunk}: {err}"
+        );
+        assert!(!img.exists(), "--chunk {chunk}: the backing was created");
+        let err = run(&["load", &img_s, "--size", "1M", "--chunk", chunk]);
+        assert!(err.contains("power of two"), "load --chunk {chunk}: {err}");
+        assert!(
+            !img.exists(),
+            "load --chunk {chunk}: the backing was created"
+        );
+    }
+    let err = run(&["nbd", "--size", "0", "--socket", &sock, "--backing", &img_s]);
+    assert!(err.contains("holds nothing"), "--size 0: {err}");
+    assert!(!img.exists(), "--size 0: the backing was created");
+    let (backing, mnt) = (dir.path().join("backing"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&backing).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    let err = run(&[
+        "mount",
+        &backing.to_string_lossy(),
+        &mnt.to_string_lossy(),
+        "--chunk",
+        "3K",
+    ]);
+    assert!(err.contains("power of two"), "mount --chunk 3K: {err}");
+    // More bytes than a file offset can hold, on any file system.
+    let huge = "16000000T";
+    let err = run(&[
+        "nbd",
+        "--size",
+        huge,
+        "--socket",
+        &sock,
+        "--backing",
+        &img_s,
+    ]);
+    assert!(err.contains("b.img"), "{err}");
+    assert!(
+        !img.exists(),
+        "a refused size left the new backing file behind"
+    );
+    std::fs::write(&img, b"kept").unwrap_or_else(|e| panic!("{e}"));
+    let err = run(&[
+        "nbd",
+        "--size",
+        huge,
+        "--socket",
+        &sock,
+        "--backing",
+        &img_s,
+    ]);
+    assert!(err.contains("b.img"), "{err}");
+    assert_eq!(
+        std::fs::read(&img).unwrap_or_else(|e| panic!("an existing backing went: {e}")),
+        b"kept"
+    );
+}
+
 fn verify_blocks(d: &Dhrd, backing: &Path, blocks: &[u64], gen: u64, what: &str) {
     let mut c = d.connect();
     for &i in blocks {

@@ -37,4 +37,7 @@ pub use loader::{LoadGate, Loader};
 pub use object::{HybridObject, LoadProgress, LoadStep, RamView, ReadOutcome, Served, View};
 pub use slot::ChunkState;
 pub use stats::{Latency, StatsSnapshot};
-pub use units::{parse_size, ChunkGeometry, ChunkIndex, Piece, CHUNK_BYTES_MAX, CHUNK_BYTES_MIN};
+pub use units::{
+    parse_chunk_size, parse_size, ChunkGeometry, ChunkIndex, Piece, CHUNK_BYTES_MAX,
+    CHUNK_BYTES_MIN,
+};

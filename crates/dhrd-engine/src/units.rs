@@ -150,9 +150,38 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
+/// A chunk size as `parse_size` reads it, refused unless [`ChunkGeometry`] takes it (a
+/// power of two from [`CHUNK_BYTES_MIN`] to [`CHUNK_BYTES_MAX`]): command lines check it
+/// before anything is created or opened.
+pub fn parse_chunk_size(s: &str) -> std::result::Result<u64, String> {
+    let n = parse_size(s)?;
+    match ChunkGeometry::new(n) {
+        Some(_) => Ok(n),
+        None => Err(format!(
+            "chunk size {s:?} must be a power of two from {}K to {}M",
+            CHUNK_BYTES_MIN >> 10,
+            CHUNK_BYTES_MAX >> 20
+        )),
+    }
+}
+
 #[cfg(test)]
 mod size_tests {
-    use super::parse_size;
+    use super::{parse_chunk_size, parse_size};
+
+    #[test]
+    fn chunk_sizes_are_powers_of_two_in_range() {
+        assert_eq!(parse_chunk_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_chunk_size("4K"), Ok(4096));
+        assert_eq!(parse_chunk_size("64M"), Ok(64 << 20));
+        for bad in ["3K", "0", "2K", "128M", "1000000"] {
+            match parse_chunk_size(bad) {
+                Err(e) => assert!(e.contains("power of two from 4K to 64M"), "{bad}: {e}"),
+                Ok(n) => panic!("{bad} accepted as {n}"),
+            }
+        }
+        assert!(parse_chunk_size("1Q").is_err());
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

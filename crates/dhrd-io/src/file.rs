@@ -31,6 +31,8 @@
 //!
 //! - [`FileBacking::open`] takes the single-writer lock of `lock.rs` (unless
 //!   `FileOptions::lock` is off): one object per backing file, whatever the frontend.
+//!   A file it created is removed again when the open fails after the lock (a size the
+//!   file system refuses), so a refused start leaves no file behind.
 //!
 //! Crash semantics are the kernel's: what `fdatasync` (or an O_DSYNC / RWF_DSYNC write)
 //! returned `Ok` for is on the device.
@@ -278,18 +280,40 @@ impl FileBacking {
         let block_device = matches!(&meta, Ok(m) if m.file_type().is_block_device());
         let mut oo = OpenOptions::new();
         oo.read(true).write(!opts.read_only);
-        if opts.create && !block_device && !opts.read_only {
-            oo.create(true);
-        }
         let mut flags = libc::O_CLOEXEC;
         if opts.write_sync == WriteSync::ODsync {
             flags |= libc::O_DSYNC;
         }
         oo.custom_flags(flags);
-        let file = oo.open(path)?;
+        // A file this open creates is removed again if the open fails after that (a size
+        // the file system refuses): a refused start leaves nothing behind.
+        let mut created = false;
+        let file = if opts.create && !block_device && !opts.read_only {
+            match oo.clone().create_new(true).open(path) {
+                Ok(f) => {
+                    created = true;
+                    f
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => oo.open(path)?,
+                Err(e) => return Err(e),
+            }
+        } else {
+            oo.open(path)?
+        };
+        // A refused lock means another process holds the file, created here or not: it
+        // stays.
         if opts.lock {
             crate::lock::lock_backing(&file, &path.display().to_string(), !opts.read_only)?;
         }
+        let me = Self::open_locked(file, path, opts);
+        if me.is_err() && created {
+            let _ = std::fs::remove_file(path);
+        }
+        me
+    }
+
+    /// The rest of `open`, once the file is open and locked.
+    fn open_locked(file: File, path: &Path, opts: &FileOptions) -> io::Result<Self> {
         let me = Self::with(
             file,
             path.display().to_string(),
