@@ -19,20 +19,7 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub fn human(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
+pub use dhrd_io::human_bytes as human;
 
 /// The page cache of every regular file of the tree, summed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -164,21 +151,7 @@ pub fn text(a: &Attached) -> String {
         a.dir.display(),
         *a.ready_after_s.lock()
     );
-    let _ = writeln!(
-        s,
-        "warm-up:         {:.1}% in RAM ({} of {} found, {} of {} files{}), {}/s{}",
-        l.fraction() * 100.0,
-        human(l.loaded),
-        human(l.total),
-        r.files_warmed,
-        r.files_seen,
-        r.failures_text(),
-        human(r.rate_bytes_per_s() as u64),
-        match r.complete_after_s {
-            Some(t) if r.complete => format!(", complete after {t:.1} s"),
-            _ => String::new(),
-        }
-    );
+    let _ = writeln!(s, "warm-up:         {}", r.warmup_text(l.loaded, l.total));
     let _ = writeln!(
         s,
         "RAM:             pinned {} in {} files of a {} budget; warm but not pinned {} in {} files{}; over the budget {} (served from the device)",

@@ -42,6 +42,23 @@ pub const SECTOR_BYTES: u64 = 512;
 /// the RAM tier's mappings and of whole-page loads. The one definition in the workspace.
 pub const PAGE_BYTES: u64 = 4096;
 
+/// `b` bytes for people: "512 B", "4.0 KiB", "1.5 GiB" (binary units, one decimal), the
+/// one form every status text uses.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
 // Offsets and lengths are u64 and cast to usize for slices and system calls throughout the
 // workspace; that is lossless only with 64-bit pointers.
 const _: () = assert!(usize::BITS == 64, "dhrd needs a 64-bit target");

@@ -15,20 +15,7 @@ use dhrd_pagecache::{self as pagecache, CacheStat};
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 
-pub fn human(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
+pub use dhrd_io::human_bytes as human;
 
 /// Load progress over the whole mount, either data path.
 #[derive(Debug, Clone, Default)]

@@ -123,23 +123,8 @@ fn render_read_only(s: &mut String, sh: &Mount) {
 
 /// Warm-up, RAM and open files of the page cache path.
 fn render_page(s: &mut String, sh: &Mount, t: &PageTier, l: &LoadTotals) {
-    // Pinned bytes count whole pages, found bytes do not: capped at 100%.
-    let pct = (l.fraction() * 100.0).min(100.0);
     let r = t.resident().stats();
-    let _ = writeln!(
-        s,
-        "warm-up:         {pct:.1}% in RAM ({} of {} found, {} of {} files{}), {}/s{}",
-        human(l.loaded),
-        human(l.total),
-        r.files_warmed,
-        r.files_seen,
-        r.failures_text(),
-        human(r.rate_bytes_per_s() as u64),
-        match r.complete_after_s {
-            Some(t) if r.complete => format!(", complete after {t:.1} s"),
-            _ => String::new(),
-        }
-    );
+    let _ = writeln!(s, "warm-up:         {}", r.warmup_text(l.loaded, l.total));
     render_ram(s, sh, &r);
     if let Some(c) = open_files_cache(sh) {
         let _ = writeln!(

@@ -57,9 +57,72 @@ impl ResidentStats {
         )
     }
 
+    /// The warm-up's line of a status text, after its label, for `in_ram` bytes of the
+    /// `found` bytes of the files seen. Pins and warmed files take whole pages, so small
+    /// files hold more RAM than they have bytes: the line then shows the found bytes as
+    /// in RAM and the pages apart, never more in RAM than found.
+    pub fn warmup_text(&self, in_ram: u64, found: u64) -> String {
+        use dhrd_io::human_bytes as human;
+        let data = in_ram.min(found);
+        let pct = if found == 0 {
+            100.0
+        } else {
+            data as f64 * 100.0 / found as f64
+        };
+        let pages = if in_ram > found {
+            format!(" (in {} of whole pages)", human(in_ram))
+        } else {
+            String::new()
+        };
+        let complete = match self.complete_after_s {
+            Some(t) if self.complete => format!(", complete after {t:.1} s"),
+            _ => String::new(),
+        };
+        format!(
+            "{pct:.1}% in RAM ({} of {} found{pages}, {} of {} files{}), {}/s{complete}",
+            human(data),
+            human(found),
+            self.files_warmed,
+            self.files_seen,
+            self.failures_text(),
+            human(self.rate_bytes_per_s() as u64),
+        )
+    }
+
     /// Warm-up rate over its whole run so far, bytes per second.
     pub fn rate_bytes_per_s(&self) -> f64 {
         let secs = self.complete_after_s.unwrap_or(self.elapsed_s).max(1e-3);
         self.bytes_warmed as f64 / secs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ResidentStats;
+
+    #[test]
+    fn the_warm_up_line_never_shows_more_in_ram_than_found() {
+        let r = ResidentStats {
+            files_seen: 1,
+            files_warmed: 1,
+            complete: true,
+            complete_after_s: Some(0.0),
+            ..Default::default()
+        };
+        let t = r.warmup_text(4096, 2);
+        assert!(
+            t.starts_with(
+                "100.0% in RAM (2 B of 2 B found (in 4.0 KiB of whole pages), 1 of 1 files)"
+            ),
+            "{t}"
+        );
+        let t = r.warmup_text(1 << 20, 4 << 20);
+        assert!(
+            t.starts_with("25.0% in RAM (1.0 MiB of 4.0 MiB found, 1 of 1"),
+            "{t}"
+        );
+        assert!(r
+            .warmup_text(0, 0)
+            .starts_with("100.0% in RAM (0 B of 0 B found,"));
     }
 }
