@@ -152,30 +152,18 @@ pub fn text(a: &Attached) -> String {
         *a.ready_after_s.lock()
     );
     let _ = writeln!(s, "warm-up:         {}", r.warmup_text(l.loaded, l.total));
-    let _ = writeln!(
+    let _ = write!(
         s,
-        "RAM:             pinned {} in {} files of a {} budget; warm but not pinned {} in {} files{}; over the budget {} (served from the device)",
-        human(r.bytes_pinned),
-        r.files_pinned,
-        human(a.budget.limit_bytes()),
-        human(r.bytes_unpinned),
-        r.files_unpinned,
-        r.pin_error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default(),
-        human(r.bytes_over_budget)
+        "RAM:             {}",
+        r.ram_text(a.budget.limit_bytes(), false)
     );
-    if let Some((from, to)) = r.map_count.raised {
-        let _ = writeln!(
-            s,
-            "                 vm.max_map_count raised from {from} to {to} (a mapping per pinned file)"
-        );
-    }
     let sv = survey(a);
     let _ = writeln!(
         s,
-        "page cache:      {} of {} in {} files cached; dirty {}, under writeback {}",
+        "page cache:      {} cached for {} files of {} (whole pages); dirty {}, under writeback {}",
         human(sv.cache.cached_bytes()),
-        human(sv.bytes),
         sv.files,
+        human(sv.bytes),
         human(sv.cache.dirty_pages * dhrd_io::PAGE_BYTES),
         human(sv.cache.writeback_pages * dhrd_io::PAGE_BYTES)
     );

@@ -169,28 +169,6 @@ fn render_engine(s: &mut String, sh: &Mount, l: &LoadTotals) {
 }
 
 fn render_ram(s: &mut String, sh: &Mount, r: &ResidentStats) {
-    let _ = writeln!(
-        s,
-        "RAM:             pinned {} in {} files of a {} budget; warm but not pinned {} in {} files{}; over the budget {} (served from the device)",
-        human(r.bytes_pinned),
-        r.files_pinned,
-        human(sh.budget().limit_bytes()),
-        human(r.bytes_unpinned),
-        r.files_unpinned,
-        match &r.pin_error {
-            Some(e) => format!(" ({e})"),
-            None if !sh.cfg().pin => " (pinning off)".to_string(),
-            None => String::new(),
-        },
-        human(r.bytes_over_budget)
-    );
-    if let Some((from, to)) = r.map_count.raised {
-        let _ = writeln!(
-            s,
-            "                 vm.max_map_count raised from {from} to {to} (a mapping per pinned file)"
-        );
-    }
-    if let Some(why) = &r.map_count.refused {
-        let _ = writeln!(s, "                 pins limited to {}: {why}", r.pins_max);
-    }
+    let ram = r.ram_text(sh.budget().limit_bytes(), !sh.cfg().pin);
+    let _ = write!(s, "RAM:             {ram}");
 }

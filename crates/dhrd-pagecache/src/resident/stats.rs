@@ -89,6 +89,40 @@ impl ResidentStats {
         )
     }
 
+    /// The RAM lines of a status text, the first after its label: what is pinned of the
+    /// `budget_bytes`, what is warm without a pin (and why, `pinning_off` when the user
+    /// asked for it), what the budget left on the device, and what happened to the
+    /// mapping limit. Each line ends with a newline.
+    pub fn ram_text(&self, budget_bytes: u64, pinning_off: bool) -> String {
+        use dhrd_io::human_bytes as human;
+        let why = match &self.pin_error {
+            Some(e) => format!(" ({e})"),
+            None if pinning_off => " (pinning off)".to_string(),
+            None => String::new(),
+        };
+        let mut s = format!(
+            "pinned {} in {} files of a {} budget; warm but not pinned {} in {} files{why}; over the budget {} (served from the device)\n",
+            human(self.bytes_pinned),
+            self.files_pinned,
+            human(budget_bytes),
+            human(self.bytes_unpinned),
+            self.files_unpinned,
+            human(self.bytes_over_budget)
+        );
+        if let Some((from, to)) = self.map_count.raised {
+            s += &format!(
+                "                 vm.max_map_count raised from {from} to {to} (a mapping per pinned file)\n"
+            );
+        }
+        if let Some(why) = &self.map_count.refused {
+            s += &format!(
+                "                 pins limited to {}: {why}\n",
+                self.pins_max
+            );
+        }
+        s
+    }
+
     /// Warm-up rate over its whole run so far, bytes per second.
     pub fn rate_bytes_per_s(&self) -> f64 {
         let secs = self.complete_after_s.unwrap_or(self.elapsed_s).max(1e-3);
