@@ -154,32 +154,25 @@ fn bad_sizes_are_refused_and_leave_no_backing_behind() {
     ]);
     assert!(err.contains("power of two"), "mount --chunk 3K: {err}");
     // More bytes than a file offset can hold, on any file system.
-    let huge = "16000000T";
-    let err = run(&[
-        "nbd",
-        "--size",
-        huge,
-        "--socket",
-        &sock,
-        "--backing",
-        &img_s,
-    ]);
-    assert!(err.contains("b.img"), "{err}");
+    let huge = || {
+        let err = run(&[
+            "nbd",
+            "--size",
+            "16000000T",
+            "--socket",
+            &sock,
+            "--backing",
+            &img_s,
+        ]);
+        assert!(err.contains("b.img"), "{err}");
+    };
+    huge();
     assert!(
         !img.exists(),
         "a refused size left the new backing file behind"
     );
     std::fs::write(&img, b"kept").unwrap_or_else(|e| panic!("{e}"));
-    let err = run(&[
-        "nbd",
-        "--size",
-        huge,
-        "--socket",
-        &sock,
-        "--backing",
-        &img_s,
-    ]);
-    assert!(err.contains("b.img"), "{err}");
+    huge();
     assert_eq!(
         std::fs::read(&img).unwrap_or_else(|e| panic!("an existing backing went: {e}")),
         b"kept"
