@@ -70,6 +70,8 @@ impl Record {
         match rustix::fs::fgetxattr(dir, RECORD_XATTR, &mut buf) {
             Ok(n) => Ok(Some(Record::from_text(&String::from_utf8_lossy(&buf[..n])))),
             Err(rustix::io::Errno::NODATA) => Ok(None),
+            // A file system without xattrs (proc, sysfs, some FUSE ones) cannot hold one.
+            Err(rustix::io::Errno::OPNOTSUPP) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }

@@ -19,7 +19,7 @@ fn unit_text() -> String {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/dhrd-attach@.service"),
     )
     .expect("unit file")
-    .replace("/usr/bin/dhrd", attach_common::dhrd())
+    .replace("/usr/bin/dhrd", common::dhrd())
 }
 
 #[test]
@@ -62,7 +62,7 @@ fn a_foreground_attach_tells_systemd_when_the_mode_is_in_force_and_daemon_mode_r
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
-    let mut child = Command::new(attach_common::dhrd())
+    let mut child = Command::new(common::dhrd())
         .arg("attach")
         .arg(&dir)
         .arg("--quiet")
@@ -73,7 +73,7 @@ fn a_foreground_attach_tells_systemd_when_the_mode_is_in_force_and_daemon_mode_r
     let mut buf = [0u8; 512];
     let got = sock.recv(&mut buf);
     let ready = dhrd_attach::is_attached(&dir) && has_sync_flag(&dir);
-    let o = Command::new(attach_common::dhrd())
+    let o = Command::new(common::dhrd())
         .arg("detach")
         .arg(&dir)
         .output()
@@ -86,21 +86,21 @@ fn a_foreground_attach_tells_systemd_when_the_mode_is_in_force_and_daemon_mode_r
     assert!(o.status.success() && st.success(), "{o:?} {st}");
 
     // --daemon returns once attached; detach stops it.
-    let o = Command::new(attach_common::dhrd())
+    let o = Command::new(common::dhrd())
         .args(["attach", "--daemon", "--durability", "fsync"])
         .arg(&dir)
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
     assert!(dhrd_attach::is_attached(&dir));
-    let st = Command::new(attach_common::dhrd())
+    let st = Command::new(common::dhrd())
         .arg("status")
         .arg(&dir)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&st.stdout);
     assert!(text.contains("durability:      fsync"), "{text}");
-    let prom = Command::new(attach_common::dhrd())
+    let prom = Command::new(common::dhrd())
         .args(["status", "--prometheus"])
         .arg(&dir)
         .output()
@@ -109,7 +109,7 @@ fn a_foreground_attach_tells_systemd_when_the_mode_is_in_force_and_daemon_mode_r
         String::from_utf8_lossy(&prom.stdout).contains("dhrd_attach_ram_pinned_bytes"),
         "{prom:?}"
     );
-    let o = Command::new(attach_common::dhrd())
+    let o = Command::new(common::dhrd())
         .arg("detach")
         .arg(&dir)
         .output()

@@ -41,6 +41,20 @@ fn bad_directories_are_refused_with_what_is_missing() {
     }
     assert_eq!((record_of(&tmp), super_options(&tmp)), before);
     let _ = sh(&format!("umount {}", tmp.display()));
+
+    // proc keeps no xattrs, so no record of an attach: refused by the watch, and a detach
+    // says it is not attached rather than failing to read a record.
+    let m = refused(&["/proc", "--durability", "fsync"]);
+    assert!(m.contains("fanotify cannot watch"), "{m}");
+    let out = std::process::Command::new(dhrd())
+        .args(["detach", "/proc"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is not attached"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -221,7 +221,7 @@ fn what_a_killed_daemon_left_is_undone_by_the_next_attach_or_a_detach() {
     a.kill9();
     Attach::start(&disk.mnt, &["--durability", "sync"]).kill9();
     assert!(super_options(&disk.mnt).split(',').any(|o| o == "sync"));
-    let o = std::process::Command::new(attach_common::dhrd())
+    let o = std::process::Command::new(common::dhrd())
         .arg("detach")
         .arg(&disk.mnt)
         .output()
@@ -243,7 +243,7 @@ fn the_file_system_is_free_when_detach_returns() {
     std::fs::write(dir.join("f"), vec![7u8; 1 << 20]).unwrap();
     let mut a = Attach::start(&dir, &["--durability", "sync"]);
     a.wait_warm();
-    let o = std::process::Command::new(attach_common::dhrd())
+    let o = std::process::Command::new(common::dhrd())
         .arg("detach")
         .arg(&dir)
         .output()

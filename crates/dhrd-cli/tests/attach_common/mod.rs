@@ -2,6 +2,7 @@
 //! (or kills and undoes) on drop, status in JSON, page cache and flag probes.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common::dhrd;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -9,10 +10,6 @@ use std::time::{Duration, Instant};
 
 /// How long an attach may take to answer.
 pub const ATTACH_WAIT: Duration = Duration::from_secs(60);
-
-pub fn dhrd() -> &'static str {
-    env!("CARGO_BIN_EXE_dhrd")
-}
 
 /// A running `dhrd attach` in the foreground; detached on drop.
 pub struct Attach {
