@@ -281,6 +281,8 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let sigset = block_signals()?;
     let scfg = server_config(&a)?;
     let security = Arc::new(crate::nbd_tls::Security::of(&scfg));
+    // Before the backing is created or opened: a start that cannot listen makes nothing.
+    dhrd_nbd::check_listen(&scfg.listen, scfg.allow_remote)?;
     let started = Instant::now();
     let mut stack = open_stack(&a)?;
     if a.prefault_ram {

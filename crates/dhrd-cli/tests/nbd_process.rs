@@ -100,7 +100,7 @@ fn nbd_refuses_non_loopback_without_allow_remote() {
 /// Sizes no export can have are refused before anything is made: a chunk size the engine
 /// cannot use (for `nbd`, `load` and `mount`), an export of 0 bytes, and a size no file
 /// system takes, which must not leave the backing file it was creating, nor touch one that
-/// was there.
+/// was there. So is a socket the start cannot listen on.
 #[test]
 fn bad_sizes_are_refused_and_leave_no_backing_behind() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -176,6 +176,30 @@ fn bad_sizes_are_refused_and_leave_no_backing_behind() {
     assert_eq!(
         std::fs::read(&img).unwrap_or_else(|e| panic!("an existing backing went: {e}")),
         b"kept"
+    );
+    std::fs::remove_file(&img).unwrap_or_else(|e| panic!("{e}"));
+    // A socket in a directory that does not exist: named, and nothing made.
+    let nowhere = dir
+        .path()
+        .join("nowhere/s.sock")
+        .to_string_lossy()
+        .into_owned();
+    let err = run(&[
+        "nbd",
+        "--size",
+        "1M",
+        "--socket",
+        &nowhere,
+        "--backing",
+        &img_s,
+    ]);
+    assert!(
+        err.contains("listening on unix:") && err.contains("nowhere/s.sock"),
+        "{err}"
+    );
+    assert!(
+        !img.exists(),
+        "a start that could not listen created the backing"
     );
 }
 

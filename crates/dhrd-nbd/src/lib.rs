@@ -47,7 +47,7 @@ mod wait;
 
 pub use engine::EngineTarget;
 pub use error::NbdError;
-pub use listen::ListenAddr;
+pub use listen::{check_listen, ListenAddr};
 pub use server::{Server, ServerConfig, ServerStats, ShutdownHandle};
 pub use target::Target;
 pub use tls::{read_psk_file, TlsConfig, TlsCredentials};

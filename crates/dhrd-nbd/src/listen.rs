@@ -146,6 +146,21 @@ fn bind_unix(path: &Path) -> Result<Listener, NbdError> {
 
 /// Binds `addr`; a TCP address that is not loopback only with `allow_remote`.
 pub(crate) fn bind(addr: &ListenAddr, allow_remote: bool) -> Result<Listener, NbdError> {
+    bind_any(addr, allow_remote).map_err(|e| match e {
+        // Which address could not be bound, not only why.
+        NbdError::Io(e) => NbdError::Config(format!("listening on {addr}: {e}")),
+        e => e,
+    })
+}
+
+/// Binds `addr` and lets it go again (a Unix socket's file removed): a start checks it can
+/// listen before it creates or opens a backing, so a mistyped socket directory or a port in
+/// use fails the start with nothing made. The real bind comes later (`Server::bind`).
+pub fn check_listen(addr: &ListenAddr, allow_remote: bool) -> Result<(), NbdError> {
+    bind(addr, allow_remote).map(drop)
+}
+
+fn bind_any(addr: &ListenAddr, allow_remote: bool) -> Result<Listener, NbdError> {
     match addr {
         ListenAddr::Unix(p) => bind_unix(p),
         ListenAddr::Tcp(a) => {
