@@ -120,6 +120,10 @@ pub fn run(
         a.sync_by,
         *a.ready_after_s.lock()
     );
+    let outside = crate::status::mounts_inside_text(&a.dir);
+    if !outside.is_empty() {
+        eprintln!("dhrd: warning: {}: {outside}", a.dir.display());
+    }
     on_ready(&a.dir);
     let ev = stop_rx.recv().ok();
     if let Some(Stop::Signal(sig)) = &ev {

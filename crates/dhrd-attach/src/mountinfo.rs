@@ -9,7 +9,7 @@
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// One line of mountinfo.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +68,17 @@ pub fn mount_of(fd: BorrowedFd<'_>) -> io::Result<MountEntry> {
 pub fn all_mounts() -> io::Result<Vec<MountEntry>> {
     let text = std::fs::read_to_string("/proc/self/mountinfo")?;
     Ok(text.lines().filter_map(parse_line).collect())
+}
+
+/// The file systems mounted below `dir` (a canonical path), outermost first: their files
+/// are not `dir`'s file system's, so attach neither warms nor keeps them durable.
+pub fn mounts_inside(dir: &Path) -> io::Result<Vec<MountEntry>> {
+    let mut v: Vec<MountEntry> = all_mounts()?
+        .into_iter()
+        .filter(|m| m.mount_point != dir && m.mount_point.starts_with(dir))
+        .collect();
+    v.sort_by(|a, b| a.mount_point.cmp(&b.mount_point));
+    Ok(v)
 }
 
 /// "36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw,errors=continue"
@@ -135,6 +146,18 @@ mod tests {
             ("fuse.dhrd", "dhrd:/b")
         );
         assert!(parse_line("garbage").is_none());
+    }
+
+    #[test]
+    fn mounts_inside_a_directory_are_below_it_and_not_it() {
+        let inside = mounts_inside(Path::new("/")).expect("mounts");
+        assert!(inside.iter().all(|m| m.mount_point != Path::new("/")));
+        assert!(
+            inside.iter().any(|m| m.mount_point == Path::new("/proc")),
+            "{inside:?}"
+        );
+        let none = mounts_inside(Path::new("/proc/self/fdinfo")).expect("mounts");
+        assert!(none.is_empty(), "{none:?}");
     }
 
     #[test]

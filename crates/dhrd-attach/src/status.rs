@@ -134,6 +134,26 @@ fn g(a: &AtomicU64) -> u64 {
 }
 
 /// The text `dhrd status DIR` prints.
+/// The file systems mounted inside DIR, which attach does not hold (neither warmed nor
+/// kept durable): "" when there are none or mountinfo cannot be read.
+pub fn mounts_inside_text(dir: &Path) -> String {
+    let Ok(inside) = crate::mountinfo::mounts_inside(dir) else {
+        return String::new();
+    };
+    if inside.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = inside
+        .iter()
+        .map(|m| format!("{} ({})", m.mount_point.display(), m.fstype))
+        .collect();
+    format!(
+        "{} file system(s) mounted inside, whose files dhrd neither warms nor keeps durable: {}",
+        inside.len(),
+        list.join(", ")
+    )
+}
+
 pub fn text(a: &Attached) -> String {
     let mut s = String::new();
     let r = a.resident.stats();
@@ -145,6 +165,10 @@ pub fn text(a: &Attached) -> String {
         scope_text(a)
     );
     let _ = writeln!(s, "durability:      {}", durability_text(a));
+    let outside = mounts_inside_text(&a.dir);
+    if !outside.is_empty() {
+        let _ = writeln!(s, "not held:        {outside}");
+    }
     let _ = writeln!(
         s,
         "data path:       the kernel serves every call on {} itself; the daemon warms, pins, keeps the mode and reports (ready after {:.3} s)",
@@ -296,6 +320,11 @@ pub fn json(a: &Attached) -> Value {
             "moved_out": g(&w.moved_out),
         },
         "periodic_syncs": g(&a.periodic_syncs),
+        "mounts_inside": crate::mountinfo::mounts_inside(&a.dir)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| json!({"path": m.mount_point.display().to_string(), "fstype": m.fstype}))
+            .collect::<Vec<_>>(),
         "read_only": health.is_some(),
         "read_only_cause": health,
     });

@@ -112,3 +112,39 @@ fn a_dhrd_mount_its_backing_and_an_attached_directory_are_refused_naming_the_hol
     assert!(ok, "{out}");
     assert_eq!(record_of(&dir), None, "the record outlived the detach");
 }
+
+/// A file system mounted inside DIR is not DIR's: attach neither warms nor keeps its files
+/// durable, and says so (in the status, text and JSON, and at start), instead of claiming
+/// the mode for every file under DIR.
+#[test]
+fn file_systems_mounted_inside_are_named_and_not_held() {
+    let s = Scratch::new("attach-inside");
+    let dir = s.sub("data");
+    std::fs::write(dir.join("outer"), b"held").unwrap();
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let (ok, out) = sh(&format!(
+        "mount -t tmpfs dhrd-test-inside {}",
+        sub.display()
+    ));
+    assert!(ok, "{out}");
+    std::fs::write(sub.join("inner"), b"not held").unwrap();
+    let a = Attach::start(&dir, &["--durability", "fsync"]);
+    let st = a.wait_warm();
+    let inside = st["mounts_inside"].as_array().cloned().unwrap_or_default();
+    assert_eq!(inside.len(), 1, "{st}");
+    assert_eq!(inside[0]["fstype"], "tmpfs");
+    assert_eq!(inside[0]["path"], sub.display().to_string());
+    assert_eq!(
+        st["warmup"]["files_seen"], 1,
+        "the walk went into the mount: {st}"
+    );
+    let text = a.status_text();
+    assert!(
+        text.contains("not held:") && text.contains(&format!("{} (tmpfs)", sub.display())),
+        "{text}"
+    );
+    let (ok, out) = a.detach();
+    assert!(ok, "{out}");
+    let _ = sh(&format!("umount {}", sub.display()));
+}
