@@ -133,7 +133,6 @@ fn g(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
-/// The text `dhrd status DIR` prints.
 /// The file systems mounted inside DIR, which attach does not hold (neither warmed nor
 /// kept durable): "" when there are none or mountinfo cannot be read.
 pub fn mounts_inside_text(dir: &Path) -> String {
@@ -154,6 +153,7 @@ pub fn mounts_inside_text(dir: &Path) -> String {
     )
 }
 
+/// The text `dhrd status DIR` prints.
 pub fn text(a: &Attached) -> String {
     let mut s = String::new();
     let r = a.resident.stats();

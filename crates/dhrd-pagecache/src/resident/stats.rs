@@ -70,7 +70,7 @@ impl ResidentStats {
             data as f64 * 100.0 / found as f64
         };
         let pages = if in_ram > found {
-            format!(" (in {} of whole pages)", human(in_ram))
+            format!(", in {} of whole pages", human(in_ram))
         } else {
             String::new()
         };
@@ -146,7 +146,7 @@ mod tests {
         let t = r.warmup_text(4096, 2);
         assert!(
             t.starts_with(
-                "100.0% in RAM (2 B of 2 B found (in 4.0 KiB of whole pages), 1 of 1 files)"
+                "100.0% in RAM (2 B of 2 B found, in 4.0 KiB of whole pages, 1 of 1 files)"
             ),
             "{t}"
         );
