@@ -158,6 +158,12 @@ fn spawn_daemon(dir: &Path) -> anyhow::Result<()> {
         dir.display(),
         log_path.display()
     );
+    // The daemon's own warning went to its log: the user who started it sees it here.
+    let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let outside = dhrd_attach::status::mounts_inside_text(&canon);
+    if !outside.is_empty() {
+        eprintln!("dhrd: warning: {}: {outside}", dir.display());
+    }
     Ok(())
 }
 
