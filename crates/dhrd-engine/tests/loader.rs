@@ -11,7 +11,7 @@ use dhrd_engine::{HybridObject, LoaderConfig, ObjectConfig};
 use dhrd_io::{FileBacking, FileOptions, SimBacking};
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,30 +25,11 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Pages of `path` in the page cache (mincore of a mapping that touches none of them).
+/// Pages of `path` in the page cache (cachestat(2), or mincore before Linux 6.5).
 fn cached_pages(path: &Path) -> usize {
     let f = File::open(path).expect("open");
-    let len = f.metadata().expect("stat").len() as usize;
-    // SAFETY: a read-only shared mapping of a file the test owns, unmapped below; no page
-    // of it is read.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
-    let mut vec = vec![0u8; len.div_ceil(PAGE)];
-    // SAFETY: the mapping is `len` bytes; `vec` has a byte per page of it.
-    let r = unsafe { libc::mincore(p, len, vec.as_mut_ptr()) };
-    assert_eq!(r, 0, "mincore: {}", io::Error::last_os_error());
-    // SAFETY: the mapping made above, not used after this.
-    unsafe { libc::munmap(p, len) };
-    vec.iter().filter(|b| **b & 1 == 1).count()
+    let (c, _) = dhrd_pagecache::cachestat(f.as_fd(), 0, 0).expect("cachestat");
+    c.cached_pages as usize
 }
 
 /// Writes `len` bytes to `path`, syncs them and drops them from the page cache.
