@@ -132,7 +132,6 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
         Some(s) => parse_size(s).map_err(anyhow::Error::msg)?,
         None => dhrd_fuse::default_mem_bytes(),
     };
-    let chunk_bytes = a.chunk;
     let cfg = MountConfig {
         backing: a.backing_dir,
         mountpoint: a.mountpoint,
@@ -140,7 +139,7 @@ pub fn run_mount(a: MountArgs) -> anyhow::Result<()> {
             durability: a.durability,
             read_path: a.read_path,
             mem_bytes,
-            chunk_bytes,
+            chunk_bytes: a.chunk,
             loader_threads: a.loader_threads.max(1),
             load_rate: a
                 .load_rate

@@ -95,15 +95,9 @@ impl Attach {
 
     /// Waits until the warm-up completed.
     pub fn wait_warm(&self) -> serde_json::Value {
-        let t = Instant::now();
-        loop {
-            let s = self.status_json();
-            if s["warmup"]["complete"].as_bool() == Some(true) {
-                return s;
-            }
-            assert!(t.elapsed() < ATTACH_WAIT, "warm-up did not complete: {s}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_for("warm-up did not complete", |s| {
+            s["warmup"]["complete"].as_bool() == Some(true)
+        })
     }
 
     /// `dhrd detach DIR`; returns its success and output, and waits for the daemon.
