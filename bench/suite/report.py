@@ -177,6 +177,11 @@ def write(results, out):
         "",
         f"Command: `{results['command']}`; {results.get('seconds', '?')} s in all.",
         "",
+    ]
+    if results.get("overrides"):
+        lines += ["Parameters changed from the profile's (`--set`): "
+                  + ", ".join(f"`{k}={v!r}`" for k, v in results["overrides"].items()) + ".", ""]
+    lines += [
         "Every ratio below divides two figures measured in this run, on this machine (shared and noisy: "
         "absolute numbers from different runs are not comparable). Configurations are described in "
         "`docs/benchmarks.md`; 'writes durable' says when a completed write survives a crash.",

@@ -3,15 +3,21 @@
 Usage (as root; `bench/suite.sh` builds the binaries first):
     /usr/bin/python3 bench/suite/run.py PROFILE [--only EXP,...] [--configs NAME,...]
         [--disk-dir DIR] [--out DIR] [--traces DIR] [--dhrd BIN] [--dhrd-bench BIN]
+        [--set NAME=VALUE ...]
 
 PROFILE is `tiny` (seconds; the test suite's smoke run), `quick` (minutes) or `full` (the
 committed figures, about an hour). Writes results.json, report.md and one PNG per
 experiment into bench/results/<date>-<subject>-<profile>/ (or --out), and a log of every
 command; the subject is `suite`, or with --only the experiments joined by `+`
 (bench/new-run-dir.sh, docs/benchmarks.md "Run folders").
+
+--set overrides one of the profile's parameters for this run (more alternating rounds of
+a figure that swings, say: `--set attach_writer_rounds=11`); the value is a Python
+literal of the parameter's type, and the report names every override.
 """
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -100,6 +106,28 @@ class Context:
         return [n for n in names if not self.only_configs or n in self.only_configs]
 
 
+def with_overrides(profile, sets):
+    """The profile's parameters with each `NAME=VALUE` of `sets` applied, and the applied
+    overrides. A name the profile lacks, or a value not of the parameter's type, is an
+    error: a typo must not leave a run at the profile's default while its report claims
+    otherwise."""
+    p = dict(profile)
+    applied = {}
+    for item in sets or []:
+        name, sep, text = item.partition("=")
+        if not sep or name not in p:
+            raise ValueError(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(p))}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError) as e:
+            raise ValueError(f"--set {item!r}: {text!r} is not a Python literal ({e})") from None
+        if type(value) is not type(p[name]):
+            raise ValueError(f"--set {item!r}: {name} takes a {type(p[name]).__name__}, "
+                             f"got a {type(value).__name__}")
+        p[name] = applied[name] = value
+    return p, applied
+
+
 def installed_form(dhrd, ws):
     """A copy of `dhrd` without its debug information, as the Debian package ships it
     (scripts/build-deb.sh), in the workspace on the disk under test (its cleanup removes
@@ -132,7 +160,13 @@ def main():
     ap.add_argument("--dhrd-bench", default=os.path.join(target, "release", "dhrd-bench"))
     ap.add_argument("--keep-debuginfo", action="store_true",
                     help="run the dhrd binary as built, not stripped as the package ships it")
+    ap.add_argument("--set", action="append", metavar="NAME=VALUE",
+                    help="override one of the profile's parameters (repeatable)")
     a = ap.parse_args()
+    try:
+        p, overrides = with_overrides(PROFILES[a.profile], a.set)
+    except ValueError as e:
+        sys.exit(f"bench suite: {e}")
 
     if os.geteuid() != 0:
         sys.exit("bench suite: needs root (mounts, loop devices, dropping caches)")
@@ -154,7 +188,6 @@ def main():
         check=True, capture_output=True, text=True).stdout.strip()
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     lib.LOG = open(os.path.join(out, "logs", "commands.log"), "w")
-    p = PROFILES[a.profile]
     ws = configs.Workspace(a.disk_dir, a.dhrd, a.dhrd_bench)
     binary = "as built (with debug information)"
     if not a.keep_debuginfo:
@@ -164,6 +197,7 @@ def main():
     results = {
         "profile": a.profile,
         "parameters": p,
+        "overrides": overrides,
         "command": " ".join(sys.argv),
         "machine": lib.machine(a.disk_dir),
         "dhrd_binary": binary,
