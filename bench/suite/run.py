@@ -73,7 +73,7 @@ PROFILES = {
         apps_pg_shared_buffers="128MB", apps_pg_max_wal="1GB", apps_git_status_runs=3,
     ),
     "full": dict(
-        attach_bytes=[1 * G, 6 * G], attach_files=20000, attach_sqlite_commits=5000, attach_kill_gap_s=2, attach_writer_rounds=5, attach_archive_rounds=9,
+        attach_bytes=[1 * G, 6 * G], attach_files=20000, attach_sqlite_commits=5000, attach_kill_gap_s=2, attach_writer_rounds=11, attach_archive_rounds=21,
         runtime_s=5, block_bytes=4 * G, procs=[1, 2, 4, 8, 16, 32], replay_bytes=4 * G,
         replay_qd=[1, 8], replay_repeat=10, replay_speedup=5, file_bytes=4 * G, fs_files=[8000, 32000, 128000],
         fs_threads=50, fs_secs=20, fs_mean_file_bytes=16 * K, meta_files=40000, pm_files=5000,
