@@ -17,7 +17,7 @@ use dhrd_engine::{Durability, LoaderConfig, ObjectConfig, RamBudget};
 use dhrd_io::{DeviceProfile, WriteSync};
 use dhrd_nbd::limits::{IDLE_EVICT_AFTER, MAX_CONNECTIONS, POLL_BEFORE_BLOCK};
 use dhrd_nbd::server::ServeSummary;
-use dhrd_nbd::{EngineTarget, ListenAddr, Server, ServerConfig, ShutdownHandle};
+use dhrd_nbd::{EngineTarget, ListenAddr, Listening, Server, ServerConfig, ShutdownHandle};
 use dhrd_rbd::{RbdOptions, RbdSpec};
 use dhrd_stack::{BackingConfig, FastLayer, Layers, Object, Stack, StackConfig};
 use std::io::Write;
@@ -281,8 +281,9 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let sigset = block_signals()?;
     let scfg = server_config(&a)?;
     let security = Arc::new(crate::nbd_tls::Security::of(&scfg));
-    // Before the backing is created or opened: a start that cannot listen makes nothing.
-    dhrd_nbd::check_listen(&scfg.listen, scfg.allow_remote)?;
+    // Before the backing is created or opened: a start that cannot serve (limits, TLS
+    // credentials, the address) makes nothing.
+    let listening = Listening::open(scfg)?;
     let started = Instant::now();
     let mut stack = open_stack(&a)?;
     if a.prefault_ram {
@@ -298,7 +299,7 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     if let Some(w) = &security.warning {
         eprintln!("dhrd nbd: warning: {w}");
     }
-    let server = Server::bind(Arc::clone(&target), scfg).context("listening")?;
+    let server = Server::on(listening, Arc::clone(&target))?;
     if let Some(path) = &a.status_file {
         let h = server.shutdown_handle();
         let (obj, layers) = (stack.object().clone(), stack.layers().clone());

@@ -100,9 +100,10 @@ fn nbd_refuses_non_loopback_without_allow_remote() {
 /// Sizes no export can have are refused before anything is made: a chunk size the engine
 /// cannot use (for `nbd`, `load` and `mount`), an export of 0 bytes, and a size no file
 /// system takes, which must not leave the backing file it was creating, nor touch one that
-/// was there. So is a socket the start cannot listen on.
+/// was there. So are a socket the start cannot listen on and TLS credentials it cannot
+/// load.
 #[test]
-fn bad_sizes_are_refused_and_leave_no_backing_behind() {
+fn bad_sizes_sockets_and_credentials_are_refused_before_the_backing_is_made() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let img = dir.path().join("b.img");
     let run = |args: &[&str]| {
@@ -200,6 +201,34 @@ fn bad_sizes_are_refused_and_leave_no_backing_behind() {
     assert!(
         !img.exists(),
         "a start that could not listen created the backing"
+    );
+    // Credentials that exist but do not parse: the file is named, and nothing made.
+    let certs = dir.path().join("certs");
+    std::fs::create_dir_all(&certs).unwrap_or_else(|e| panic!("{e}"));
+    for f in ["server-cert.pem", "server-key.pem"] {
+        std::fs::write(certs.join(f), "not a PEM file\n").unwrap_or_else(|e| panic!("{e}"));
+    }
+    let err = run(&[
+        "nbd",
+        "--size",
+        "1M",
+        "--socket",
+        &sock,
+        "--backing",
+        &img_s,
+        "--tls",
+        "require",
+        "--tls-certificates",
+        &certs.to_string_lossy(),
+    ]);
+    assert!(err.contains("server-cert.pem"), "{err}");
+    assert!(
+        !img.exists(),
+        "a start with unreadable credentials created the backing"
+    );
+    assert!(
+        !Path::new(&sock).exists(),
+        "a start that failed left its socket behind"
     );
 }
 

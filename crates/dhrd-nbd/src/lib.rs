@@ -47,8 +47,8 @@ mod wait;
 
 pub use engine::EngineTarget;
 pub use error::NbdError;
-pub use listen::{check_listen, ListenAddr};
-pub use server::{Server, ServerConfig, ServerStats, ShutdownHandle};
+pub use listen::ListenAddr;
+pub use server::{Listening, Server, ServerConfig, ServerStats, ShutdownHandle};
 pub use target::Target;
 pub use tls::{read_psk_file, TlsConfig, TlsCredentials};
 

@@ -153,13 +153,6 @@ pub(crate) fn bind(addr: &ListenAddr, allow_remote: bool) -> Result<Listener, Nb
     })
 }
 
-/// Binds `addr` and lets it go again (a Unix socket's file removed): a start checks it can
-/// listen before it creates or opens a backing, so a mistyped socket directory or a port in
-/// use fails the start with nothing made. The real bind comes later (`Server::bind`).
-pub fn check_listen(addr: &ListenAddr, allow_remote: bool) -> Result<(), NbdError> {
-    bind(addr, allow_remote).map(drop)
-}
-
 fn bind_any(addr: &ListenAddr, allow_remote: bool) -> Result<Listener, NbdError> {
     match addr {
         ListenAddr::Unix(p) => bind_unix(p),

@@ -353,10 +353,20 @@ pub struct Server<T: Target> {
     shared: Arc<Shared>,
 }
 
-impl<T: Target> Server<T> {
-    /// Binds the listening socket. Clients can connect (and queue) from here on; they are
-    /// served once [`Server::run`] is called.
-    pub fn bind(target: T, cfg: ServerConfig) -> Result<Self, NbdError> {
+/// A server's checked configuration, its TLS credentials loaded and its socket bound,
+/// with no target yet: a start opens this first, so that a configuration that cannot
+/// serve (zero limits, unreadable credentials, an address in use) fails before anything
+/// is created or opened for the export. Clients can connect (and queue) from here on;
+/// they are served once [`Server::run`] is called. Dropping it removes a Unix socket it
+/// made.
+pub struct Listening {
+    tls: Option<Arc<TlsServer>>,
+    cfg: ServerConfig,
+    listener: Listener,
+}
+
+impl Listening {
+    pub fn open(cfg: ServerConfig) -> Result<Self, NbdError> {
         if cfg.max_connections == 0 {
             return Err(NbdError::Config(
                 "the connection limit must be at least 1".into(),
@@ -383,6 +393,35 @@ impl<T: Target> Server<T> {
             None => None,
         };
         let listener = bind(&cfg.listen, cfg.allow_remote)?;
+        Ok(Self { tls, cfg, listener })
+    }
+
+    /// The bound address (with the real port when TCP port 0 was requested).
+    pub fn local_addr(&self) -> ListenAddr {
+        local_addr(&self.listener, &self.cfg)
+    }
+}
+
+fn local_addr(listener: &Listener, cfg: &ServerConfig) -> ListenAddr {
+    match listener {
+        Listener::Unix { path, .. } => ListenAddr::Unix(path.clone()),
+        Listener::Tcp(l) => match l.local_addr() {
+            Ok(a) => ListenAddr::Tcp(a),
+            Err(_) => cfg.listen.clone(),
+        },
+    }
+}
+
+impl<T: Target> Server<T> {
+    /// Checks `cfg`, binds its socket and serves `target` on it ([`Listening::open`], then
+    /// [`Server::on`]).
+    pub fn bind(target: T, cfg: ServerConfig) -> Result<Self, NbdError> {
+        Self::on(Listening::open(cfg)?, target)
+    }
+
+    /// Serves `target` on a socket already bound.
+    pub fn on(listening: Listening, target: T) -> Result<Self, NbdError> {
+        let Listening { tls, cfg, listener } = listening;
         Ok(Self {
             tls,
             target: Arc::new(target),
@@ -411,13 +450,7 @@ impl<T: Target> Server<T> {
 
     /// The bound address (with the real port when TCP port 0 was requested).
     pub fn local_addr(&self) -> ListenAddr {
-        match &self.listener {
-            Listener::Unix { path, .. } => ListenAddr::Unix(path.clone()),
-            Listener::Tcp(l) => match l.local_addr() {
-                Ok(a) => ListenAddr::Tcp(a),
-                Err(_) => self.cfg.listen.clone(),
-            },
-        }
+        local_addr(&self.listener, &self.cfg)
     }
 
     pub fn target(&self) -> &Arc<T> {
