@@ -284,6 +284,10 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     // Before the backing is created or opened: a start that cannot serve (limits, TLS
     // credentials, the address) makes nothing.
     let listening = Listening::open(scfg)?;
+    if let Some(path) = &a.status_file {
+        dhrd_io::replace::check_replaceable(path)
+            .with_context(|| format!("--status-file {}", path.display()))?;
+    }
     let started = Instant::now();
     let mut stack = open_stack(&a)?;
     if a.prefault_ram {
@@ -625,6 +629,7 @@ fn spawn_status_writer(
     let mut prom = path.as_os_str().to_owned();
     prom.push(".prom");
     let prom = PathBuf::from(prom);
+    let shown = path.clone();
     let write = move || -> std::io::Result<()> {
         let mut doc = dhrd_stack::status(&obj, &layers.stats());
         let connections = serde_json::json!({"open": h.active_connections(),
@@ -639,7 +644,7 @@ fn spawn_status_writer(
         let text = crate::metrics::prometheus_text("dhrd_nbd", &[], &doc);
         replace_file(&prom, &text)
     };
-    write().context("--status-file")?;
+    write().with_context(|| format!("--status-file {}", shown.display()))?;
     std::thread::Builder::new()
         .name("dhrd-nbd-status".into())
         .spawn(move || loop {

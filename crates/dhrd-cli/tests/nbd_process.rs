@@ -100,10 +100,10 @@ fn nbd_refuses_non_loopback_without_allow_remote() {
 /// Sizes no export can have are refused before anything is made: a chunk size the engine
 /// cannot use (for `nbd`, `load` and `mount`), an export of 0 bytes, and a size no file
 /// system takes, which must not leave the backing file it was creating, nor touch one that
-/// was there. So are a socket the start cannot listen on and TLS credentials it cannot
-/// load.
+/// was there. So are a socket the start cannot listen on, TLS credentials it cannot load
+/// and a status file it cannot write.
 #[test]
-fn bad_sizes_sockets_and_credentials_are_refused_before_the_backing_is_made() {
+fn bad_start_options_are_refused_before_the_backing_is_made() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let img = dir.path().join("b.img");
     let run = |args: &[&str]| {
@@ -229,6 +229,24 @@ fn bad_sizes_sockets_and_credentials_are_refused_before_the_backing_is_made() {
     assert!(
         !Path::new(&sock).exists(),
         "a start that failed left its socket behind"
+    );
+    // A status file in a directory that does not exist: named, and nothing made.
+    let status = dir.path().join("nowhere/status.json");
+    let err = run(&[
+        "nbd",
+        "--size",
+        "1M",
+        "--socket",
+        &sock,
+        "--backing",
+        &img_s,
+        "--status-file",
+        &status.to_string_lossy(),
+    ]);
+    assert!(err.contains("nowhere/status.json"), "{err}");
+    assert!(
+        !img.exists(),
+        "a start with an unwritable status file created the backing"
     );
 }
 

@@ -34,6 +34,39 @@ pub fn random_u64() -> io::Result<u64> {
 /// Replaces `path` with `content` (file mode `mode`, less the umask) through a temporary
 /// file of a random name in the same directory; see the module header.
 pub fn replace_file(path: &Path, content: &[u8], mode: u32, durable: bool) -> io::Result<()> {
+    let (dir, mut f, tmp) = new_temp(path, mode)?;
+    let done = f
+        .write_all(content)
+        .and_then(|()| if durable { f.sync_all() } else { Ok(()) })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if durable {
+        std::fs::File::open(&dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Whether [`replace_file`] could replace `path`: its directory takes a new file (one is
+/// made and removed again) and `path` is not a directory. A program that writes a status
+/// file checks this at start, before it makes anything else, so that a mistyped path fails
+/// the start instead of the first write.
+pub fn check_replaceable(path: &Path) -> io::Result<()> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            "is a directory",
+        ));
+    }
+    let (_, _, tmp) = new_temp(path, 0o600)?;
+    std::fs::remove_file(&tmp)
+}
+
+/// A new file of a random name next to `path` (`.NAME.RANDOM.tmp`): its directory, the
+/// file, and its path.
+fn new_temp(path: &Path, mode: u32) -> io::Result<(PathBuf, std::fs::File, PathBuf)> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -47,32 +80,17 @@ pub fn replace_file(path: &Path, content: &[u8], mode: u32, durable: bool) -> io
         tmp_name.push(name);
         tmp_name.push(format!(".{:016x}.tmp", random_u64()?));
         let tmp = dir.join(tmp_name);
-        let f = OpenOptions::new()
+        match OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp);
-        let mut f = match f {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                last = Some(e);
-                continue;
-            }
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((dir, f, tmp)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e),
-        };
-        let done = f
-            .write_all(content)
-            .and_then(|()| if durable { f.sync_all() } else { Ok(()) })
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = done {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
         }
-        if durable {
-            std::fs::File::open(&dir)?.sync_all()?;
-        }
-        return Ok(());
     }
     Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)))
 }
@@ -105,6 +123,27 @@ mod tests {
             .filter(|e| e.file_name() != "status.tmp")
             .collect();
         assert!(left.is_empty(), "temporary files left: {left:?}");
+        std::fs::remove_dir_all(&dir)
+    }
+
+    #[test]
+    fn a_path_that_cannot_be_replaced_is_found_before_any_write() -> io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("dhrd-replaceable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        check_replaceable(&dir.join("status"))?;
+        assert!(!dir.join("status").exists(), "the check made the file");
+        assert_eq!(
+            std::fs::read_dir(&dir)?.count(),
+            0,
+            "the check left its probe"
+        );
+        let missing = check_replaceable(&dir.join("no/such/dir/status"));
+        assert_eq!(missing.map_err(|e| e.kind()), Err(io::ErrorKind::NotFound));
+        let onto_dir = check_replaceable(&dir);
+        assert_eq!(
+            onto_dir.map_err(|e| e.kind()),
+            Err(io::ErrorKind::IsADirectory)
+        );
         std::fs::remove_dir_all(&dir)
     }
 }
