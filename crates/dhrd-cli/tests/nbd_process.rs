@@ -179,75 +179,49 @@ fn bad_start_options_are_refused_before_the_backing_is_made() {
         b"kept"
     );
     std::fs::remove_file(&img).unwrap_or_else(|e| panic!("{e}"));
-    // A socket in a directory that does not exist: named, and nothing made.
-    let nowhere = dir
-        .path()
-        .join("nowhere/s.sock")
-        .to_string_lossy()
-        .into_owned();
-    let err = run(&[
-        "nbd",
-        "--size",
-        "1M",
-        "--socket",
-        &nowhere,
-        "--backing",
-        &img_s,
-    ]);
-    assert!(
-        err.contains("listening on unix:") && err.contains("nowhere/s.sock"),
-        "{err}"
-    );
-    assert!(
-        !img.exists(),
-        "a start that could not listen created the backing"
-    );
-    // Credentials that exist but do not parse: the file is named, and nothing made.
+    // Options the start cannot serve with: each is named, and nothing is made.
     let certs = dir.path().join("certs");
     std::fs::create_dir_all(&certs).unwrap_or_else(|e| panic!("{e}"));
     for f in ["server-cert.pem", "server-key.pem"] {
         std::fs::write(certs.join(f), "not a PEM file\n").unwrap_or_else(|e| panic!("{e}"));
     }
-    let err = run(&[
-        "nbd",
-        "--size",
-        "1M",
-        "--socket",
-        &sock,
-        "--backing",
-        &img_s,
-        "--tls",
-        "require",
-        "--tls-certificates",
-        &certs.to_string_lossy(),
-    ]);
-    assert!(err.contains("server-cert.pem"), "{err}");
-    assert!(
-        !img.exists(),
-        "a start with unreadable credentials created the backing"
-    );
-    assert!(
-        !Path::new(&sock).exists(),
-        "a start that failed left its socket behind"
-    );
-    // A status file in a directory that does not exist: named, and nothing made.
-    let status = dir.path().join("nowhere/status.json");
-    let err = run(&[
-        "nbd",
-        "--size",
-        "1M",
-        "--socket",
-        &sock,
-        "--backing",
-        &img_s,
-        "--status-file",
-        &status.to_string_lossy(),
-    ]);
-    assert!(err.contains("nowhere/status.json"), "{err}");
-    assert!(
-        !img.exists(),
-        "a start with an unwritable status file created the backing"
-    );
+    let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let (nowhere_sock, nowhere_status) = (at("nowhere/s.sock"), at("nowhere/status.json"));
+    let certs = certs.to_string_lossy().into_owned();
+    for (what, extra, named) in [
+        (
+            "a socket in a directory that does not exist",
+            vec!["--socket", &nowhere_sock],
+            &["listening on unix:", "nowhere/s.sock"][..],
+        ),
+        (
+            "TLS credentials that exist but do not parse",
+            vec![
+                "--socket",
+                &sock,
+                "--tls",
+                "require",
+                "--tls-certificates",
+                &certs,
+            ],
+            &["server-cert.pem"][..],
+        ),
+        (
+            "a status file in a directory that does not exist",
+            vec!["--socket", &sock, "--status-file", &nowhere_status],
+            &["--status-file", "nowhere/status.json"][..],
+        ),
+    ] {
+        let mut args = vec!["nbd", "--size", "1M", "--backing", &img_s];
+        args.extend(extra);
+        let err = run(&args);
+        assert!(named.iter().all(|n| err.contains(n)), "{what}: {err}");
+        assert!(!img.exists(), "{what}: the backing was created");
+        assert!(
+            !Path::new(&sock).exists(),
+            "{what}: the start left its socket behind"
+        );
+    }
 }
 
 fn verify_blocks(d: &Dhrd, backing: &Path, blocks: &[u64], gen: u64, what: &str) {
