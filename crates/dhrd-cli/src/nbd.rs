@@ -17,7 +17,7 @@ use dhrd_engine::{Durability, LoaderConfig, ObjectConfig, RamBudget};
 use dhrd_io::{DeviceProfile, WriteSync};
 use dhrd_nbd::limits::{IDLE_EVICT_AFTER, MAX_CONNECTIONS, POLL_BEFORE_BLOCK};
 use dhrd_nbd::server::ServeSummary;
-use dhrd_nbd::{EngineTarget, ListenAddr, Listening, Server, ServerConfig, ShutdownHandle};
+use dhrd_nbd::{EngineTarget, ListenAddr, Prepared, Server, ServerConfig, ShutdownHandle};
 use dhrd_rbd::{RbdOptions, RbdSpec};
 use dhrd_stack::{BackingConfig, FastLayer, Layers, Object, Stack, StackConfig};
 use std::io::Write;
@@ -283,7 +283,7 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     let security = Arc::new(crate::nbd_tls::Security::of(&scfg));
     // Before the backing is created or opened: a start that cannot serve (limits, TLS
     // credentials, the address) makes nothing.
-    let listening = Listening::open(scfg)?;
+    let prepared = Prepared::new(scfg)?;
     if let Some(path) = &a.status_file {
         dhrd_io::replace::check_replaceable(path)
             .with_context(|| format!("--status-file {}", path.display()))?;
@@ -303,7 +303,7 @@ pub fn run(a: NbdArgs) -> anyhow::Result<()> {
     if let Some(w) = &security.warning {
         eprintln!("dhrd nbd: warning: {w}");
     }
-    let server = Server::on(listening, Arc::clone(&target))?;
+    let server = Server::on(prepared, Arc::clone(&target))?;
     if let Some(path) = &a.status_file {
         let h = server.shutdown_handle();
         let (obj, layers) = (stack.object().clone(), stack.layers().clone());

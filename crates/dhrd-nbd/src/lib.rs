@@ -48,7 +48,7 @@ mod wait;
 pub use engine::EngineTarget;
 pub use error::NbdError;
 pub use listen::ListenAddr;
-pub use server::{Listening, Server, ServerConfig, ServerStats, ShutdownHandle};
+pub use server::{Prepared, Server, ServerConfig, ServerStats, ShutdownHandle};
 pub use target::Target;
 pub use tls::{read_psk_file, TlsConfig, TlsCredentials};
 

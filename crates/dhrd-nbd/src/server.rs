@@ -353,20 +353,20 @@ pub struct Server<T: Target> {
     shared: Arc<Shared>,
 }
 
-/// A server's checked configuration, its TLS credentials loaded and its socket bound,
-/// with no target yet: a start opens this first, so that a configuration that cannot
-/// serve (zero limits, unreadable credentials, an address in use) fails before anything
-/// is created or opened for the export. Clients can connect (and queue) from here on;
-/// they are served once [`Server::run`] is called. Dropping it removes a Unix socket it
-/// made.
-pub struct Listening {
+/// A server's checked configuration, with its TLS credentials loaded and its address
+/// tried (bound and let go again), and no target yet: a start makes this first, so that a
+/// configuration that cannot serve (zero limits, unreadable credentials, an address in use
+/// or in a directory that does not exist) fails before anything is created or opened for
+/// the export. The socket itself is bound only by [`Server::on`], once the export can be
+/// served: clients (and scripts waiting for the socket) never reach a server that is still
+/// opening its backing, or that then fails to.
+pub struct Prepared {
     tls: Option<Arc<TlsServer>>,
     cfg: ServerConfig,
-    listener: Listener,
 }
 
-impl Listening {
-    pub fn open(cfg: ServerConfig) -> Result<Self, NbdError> {
+impl Prepared {
+    pub fn new(cfg: ServerConfig) -> Result<Self, NbdError> {
         if cfg.max_connections == 0 {
             return Err(NbdError::Config(
                 "the connection limit must be at least 1".into(),
@@ -392,36 +392,23 @@ impl Listening {
             Some(t) => Some(Arc::new(TlsServer::new(&t.credentials)?)),
             None => None,
         };
-        let listener = bind(&cfg.listen, cfg.allow_remote)?;
-        Ok(Self { tls, cfg, listener })
-    }
-
-    /// The bound address (with the real port when TCP port 0 was requested).
-    pub fn local_addr(&self) -> ListenAddr {
-        local_addr(&self.listener, &self.cfg)
-    }
-}
-
-fn local_addr(listener: &Listener, cfg: &ServerConfig) -> ListenAddr {
-    match listener {
-        Listener::Unix { path, .. } => ListenAddr::Unix(path.clone()),
-        Listener::Tcp(l) => match l.local_addr() {
-            Ok(a) => ListenAddr::Tcp(a),
-            Err(_) => cfg.listen.clone(),
-        },
+        drop(bind(&cfg.listen, cfg.allow_remote)?);
+        Ok(Self { tls, cfg })
     }
 }
 
 impl<T: Target> Server<T> {
-    /// Checks `cfg`, binds its socket and serves `target` on it ([`Listening::open`], then
+    /// Checks `cfg` and binds its socket for `target` ([`Prepared::new`], then
     /// [`Server::on`]).
     pub fn bind(target: T, cfg: ServerConfig) -> Result<Self, NbdError> {
-        Self::on(Listening::open(cfg)?, target)
+        Self::on(Prepared::new(cfg)?, target)
     }
 
-    /// Serves `target` on a socket already bound.
-    pub fn on(listening: Listening, target: T) -> Result<Self, NbdError> {
-        let Listening { tls, cfg, listener } = listening;
+    /// Binds the socket of a prepared configuration for `target`. Clients can connect
+    /// (and queue) from here on; they are served once [`Server::run`] is called.
+    pub fn on(prepared: Prepared, target: T) -> Result<Self, NbdError> {
+        let Prepared { tls, cfg } = prepared;
+        let listener = bind(&cfg.listen, cfg.allow_remote)?;
         Ok(Self {
             tls,
             target: Arc::new(target),
@@ -450,7 +437,13 @@ impl<T: Target> Server<T> {
 
     /// The bound address (with the real port when TCP port 0 was requested).
     pub fn local_addr(&self) -> ListenAddr {
-        local_addr(&self.listener, &self.cfg)
+        match &self.listener {
+            Listener::Unix { path, .. } => ListenAddr::Unix(path.clone()),
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => ListenAddr::Tcp(a),
+                Err(_) => self.cfg.listen.clone(),
+            },
+        }
     }
 
     pub fn target(&self) -> &Arc<T> {
