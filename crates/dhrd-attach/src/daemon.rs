@@ -120,9 +120,9 @@ pub fn run(
         a.sync_by,
         *a.ready_after_s.lock()
     );
-    let outside = crate::status::mounts_inside_text(&a.dir);
-    if !outside.is_empty() {
-        eprintln!("dhrd: warning: {}: {outside}", a.dir.display());
+    let not_held = crate::status::mounts_inside_text(&a.dir);
+    if !not_held.is_empty() {
+        eprintln!("dhrd: warning: {}: {not_held}", a.dir.display());
     }
     on_ready(&a.dir);
     let ev = stop_rx.recv().ok();

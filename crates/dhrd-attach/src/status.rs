@@ -165,9 +165,9 @@ pub fn text(a: &Attached) -> String {
         scope_text(a)
     );
     let _ = writeln!(s, "durability:      {}", durability_text(a));
-    let outside = mounts_inside_text(&a.dir);
-    if !outside.is_empty() {
-        let _ = writeln!(s, "not held:        {outside}");
+    let not_held = mounts_inside_text(&a.dir);
+    if !not_held.is_empty() {
+        let _ = writeln!(s, "not held:        {not_held}");
     }
     let _ = writeln!(
         s,

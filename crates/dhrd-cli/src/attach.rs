@@ -160,9 +160,9 @@ fn spawn_daemon(dir: &Path) -> anyhow::Result<()> {
     );
     // The daemon's own warning went to its log: the user who started it sees it here.
     let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let outside = dhrd_attach::status::mounts_inside_text(&canon);
-    if !outside.is_empty() {
-        eprintln!("dhrd: warning: {}: {outside}", dir.display());
+    let not_held = dhrd_attach::status::mounts_inside_text(&canon);
+    if !not_held.is_empty() {
+        eprintln!("dhrd: warning: {}: {not_held}", dir.display());
     }
     Ok(())
 }

@@ -367,6 +367,14 @@ pub struct Prepared {
 
 impl Prepared {
     pub fn new(cfg: ServerConfig) -> Result<Self, NbdError> {
+        let prepared = Self::checked(cfg)?;
+        drop(bind(&prepared.cfg.listen, prepared.cfg.allow_remote)?);
+        Ok(prepared)
+    }
+
+    /// The limits checked and the credentials loaded, the address not tried: for a caller
+    /// that binds it at once ([`Server::bind`]).
+    fn checked(cfg: ServerConfig) -> Result<Self, NbdError> {
         if cfg.max_connections == 0 {
             return Err(NbdError::Config(
                 "the connection limit must be at least 1".into(),
@@ -392,16 +400,15 @@ impl Prepared {
             Some(t) => Some(Arc::new(TlsServer::new(&t.credentials)?)),
             None => None,
         };
-        drop(bind(&cfg.listen, cfg.allow_remote)?);
         Ok(Self { tls, cfg })
     }
 }
 
 impl<T: Target> Server<T> {
-    /// Checks `cfg` and binds its socket for `target` ([`Prepared::new`], then
-    /// [`Server::on`]).
+    /// Checks `cfg` and binds its socket for `target` (what [`Prepared::new`] checks, but
+    /// the address tried only once, by the bind itself).
     pub fn bind(target: T, cfg: ServerConfig) -> Result<Self, NbdError> {
-        Self::on(Prepared::new(cfg)?, target)
+        Self::on(Prepared::checked(cfg)?, target)
     }
 
     /// Binds the socket of a prepared configuration for `target`. Clients can connect
