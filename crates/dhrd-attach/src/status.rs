@@ -212,9 +212,10 @@ fn activity_text(s: &mut String, a: &Attached) {
         match a.scope {
             Scope::Filesystem => "one mark on the file system".to_string(),
             Scope::Tree => format!(
-                "{} directories marked ({} refused), {} moves in, {} out",
+                "{} directories marked ({} refused, {} made ones waiting), {} moves in, {} out",
                 a.watch.dirs_marked(),
                 g(&w.mark_failures),
+                a.watch.dirs_waiting(),
                 g(&w.moved_in),
                 g(&w.moved_out)
             ),
@@ -309,6 +310,7 @@ pub fn json(a: &Attached) -> Value {
             "changed_waiting": a.watch.changed_waiting(),
             "forgotten": g(&w.forgotten),
             "dirs_marked": a.watch.dirs_marked(),
+            "dirs_waiting": a.watch.dirs_waiting(),
             "mark_failures": g(&w.mark_failures),
             "files_followed": g(&w.files_followed),
             "follow_failures": g(&w.follow_failures),

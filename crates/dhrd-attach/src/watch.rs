@@ -15,10 +15,21 @@
 //!   followed (`fs.fanotify.max_user_marks`) is not handed on: it stays unpinned;
 //! - in a subdirectory (`Scope::Tree`), each directory carries an inode mark, so the
 //!   daemon hears of new files and directories (marked, and flagged when `sync` is by
-//!   flags), of files and directories moved in (flagged, marked, warmed) or out
+//!   flags, see below), of files and directories moved in (flagged, marked, warmed) or out
 //!   (forgotten, unmarked, each file's own mark removed too, or its next write outside
 //!   would pin it again), and of its own removal; with `sync` by flags, every created or
-//!   linked-in file is checked for its flag.
+//!   linked-in file is checked for its flag;
+//! - a directory made in the tree is adopted (marked, walked: the directories below it
+//!   marked, its files handed on through the changed files' delay) `CHANGED_DELAY` after
+//!   its creation is heard, at once where `sync` is kept by flags. An extraction or a build
+//!   fills a new directory in about a millisecond, long before an adoption could help
+//!   it; adopted at once, 420 new directories of 20,000 files cost 40-70 ms of daemon CPU
+//!   on the other CPU during a 0.3 s `tar -xf`, adopted later none (docs/attach.md,
+//!   "Directories adopted after the delay"). Nothing is missed meanwhile: the walk marks
+//!   each directory before it reads it, so what was made or moved in before is found
+//!   and what comes after is heard. Until then a made directory is not the tree's for
+//!   renames: a file moved from it into the tree counts as moved in (pinned now), one
+//!   moved into it as moved out (let go, found again by the adoption).
 //!
 //! Why files are followed one by one and not through their directory's mark
 //! (`FAN_EVENT_ON_CHILD`): a directory mark that asks for its children's closes and
@@ -44,7 +55,8 @@
 //! (notification events only); what it held of a deleted file goes to the reaper with the
 //! file's pin (freeing an inode with the sync flag waits for a journal commit, and the
 //! watch must stay free to repair flags); at most `CHANGED_MAX` changed files wait (past
-//! it the oldest is handed on at once). Crash semantics: none; the group and its marks
+//! it the oldest is handed on at once), and at most `MADE_MAX` made directories (past it
+//! the oldest is adopted at once). Crash semantics: none; the group and its marks
 //! vanish with the process (flags stay, see `flags.rs`).
 
 use crate::fanotify::{Event, Group, MarkOn, EVENT_BUF_BYTES};
@@ -54,7 +66,7 @@ use crate::tree::{self, Kind};
 use dhrd_pagecache::resident::{Changed, Resident, CHANGED_DELAY, CHANGED_MAX};
 use dhrd_pagecache::{double_sysctl, SysctlRaise};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -102,6 +114,10 @@ const FS_MASK: u64 = libc::FAN_CREATE;
 /// too, and the directory's own removal.
 const TREE_MASK: u64 =
     libc::FAN_CREATE | libc::FAN_RENAME | libc::FAN_ONDIR | libc::FAN_DELETE_SELF;
+
+/// Directories made in the tree that wait for their adoption at most (`Watch::dir_made`);
+/// past it the oldest is adopted early. About 100 bytes each (a handle and its due time).
+const MADE_MAX: usize = 65_536;
 
 /// How a directory joined the tree (`Watch::adopt_dir`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +174,9 @@ pub struct Watch {
     open_events: AtomicBool,
     /// Files closed after writing, by key, waiting `CHANGED_DELAY` (in due order).
     changed: Mutex<Changed<Handle>>,
+    /// Tree scope, not `sync_by_flags`: directories made in the tree, each waiting
+    /// `CHANGED_DELAY` for its adoption (`adopt_made`), in due order; at most `MADE_MAX`.
+    made: Mutex<VecDeque<(Instant, Handle)>>,
     pub stats: WatchStats,
     me: i32,
 }
@@ -173,6 +192,7 @@ impl Watch {
             dirs: Mutex::new(HashMap::new()),
             open_events: AtomicBool::new(true),
             changed: Mutex::new(Changed::new()),
+            made: Mutex::new(VecDeque::new()),
             stats: WatchStats::default(),
             me: std::process::id() as i32,
         }
@@ -295,6 +315,11 @@ impl Watch {
         self.changed.lock().len()
     }
 
+    /// Directories made in the tree that wait for their adoption (tree scope).
+    pub fn dirs_waiting(&self) -> usize {
+        self.made.lock().len()
+    }
+
     /// Directories marked now (tree scope).
     pub fn dirs_marked(&self) -> usize {
         self.dirs.lock().len()
@@ -339,8 +364,14 @@ impl Watch {
                 PollFd::new(&self.group, PollFlags::IN),
                 PollFd::new(&wake, PollFlags::IN),
             ];
-            // Wake for the next changed file that comes due, if one waits.
-            let timeout = self.changed.lock().next_at().map(|t| {
+            // Wake for the next changed file or made directory that comes due.
+            let next = self.changed.lock().next_at();
+            let next_made = self.made.lock().front().map(|(due, _)| *due);
+            let next = match (next, next_made) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let timeout = next.map(|t| {
                 let d = t.saturating_duration_since(Instant::now());
                 rustix::event::Timespec {
                     tv_sec: d.as_secs() as i64,
@@ -368,6 +399,7 @@ impl Watch {
                     self.handle(ctx, ev);
                 }
             }
+            self.adopt_made(ctx, false);
             self.hand_on_changed(ctx, false);
             std::thread::sleep(self.pause());
         }
@@ -403,7 +435,7 @@ impl Watch {
         if ev.is(libc::FAN_CREATE) {
             if ev.on_dir() {
                 if self.scope == Scope::Tree {
-                    self.adopt_dir(ctx, target, Adopt::Made);
+                    self.dir_made(ctx, target);
                 }
             } else {
                 if ctx.flags.is_some() {
@@ -431,6 +463,43 @@ impl Watch {
         }
         if ev.is(libc::FAN_CLOSE_WRITE) {
             self.note_changed(ctx, target);
+        }
+    }
+
+    /// Tree scope: a directory made in the tree is adopted `CHANGED_DELAY` later, or at
+    /// once where `sync` is kept by flags (a file moved into it needs its flag now).
+    fn dir_made(&self, ctx: &Ctx<'_>, target: &Handle) {
+        if self.sync_by_flags {
+            self.adopt_dir(ctx, target, Adopt::Made);
+            return;
+        }
+        let mut made = self.made.lock();
+        made.push_back((Instant::now() + CHANGED_DELAY, target.clone()));
+        let full = made.len() > MADE_MAX;
+        drop(made);
+        if full {
+            self.adopt_made(ctx, true);
+        }
+    }
+
+    /// Adopts the made directories that are due; with `oldest`, the oldest one whether or
+    /// not it is (the waiting set is full).
+    fn adopt_made(&self, ctx: &Ctx<'_>, oldest: bool) {
+        let now = Instant::now();
+        let mut first = oldest;
+        loop {
+            let next = {
+                let mut made = self.made.lock();
+                match made.front() {
+                    Some((due, _)) if *due <= now || first => made.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some((_, h)) = next else {
+                return;
+            };
+            first = false;
+            self.adopt_dir(ctx, &h, Adopt::Made);
         }
     }
 
@@ -543,12 +612,12 @@ impl Watch {
         }
     }
 
-    /// A directory made in, or moved into, the tree: flags (by flags), a mark on it and on
-    /// every directory below, and its files to the warm-up: at once for a directory moved
-    /// in (its data is old and may be wanted now), through the changed files' delay for one
-    /// made here (an extraction or a build is still writing its files; pinning each as it
-    /// appears would cost the writer a map, a lock and a read per file on the same CPUs,
-    /// and its close would ask for the pin again).
+    /// A directory made in (after `dir_made`'s delay), or moved into, the tree: flags (by
+    /// flags), a mark on it and on every directory below, and its files to the warm-up: at
+    /// once for a directory moved in (its data is old and may be wanted now), through the
+    /// changed files' delay for one made here (an extraction or a build may still be
+    /// writing its files; pinning each as it appears would cost the writer a map, a lock
+    /// and a read per file on the same CPUs, and its close would ask for the pin again).
     fn adopt_dir(&self, ctx: &Ctx<'_>, target: &Handle, how: Adopt) {
         let Ok(fd) = target.open(ctx.root, libc::O_RDONLY | libc::O_DIRECTORY) else {
             return;

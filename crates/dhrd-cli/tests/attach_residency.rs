@@ -176,7 +176,9 @@ fn warmed_and_pinned_files_keep_their_access_times() {
 /// an extraction still writing them would pay for each pin on its own CPUs. The watch is
 /// held back while the directory and its files are made, so no close of theirs reaches
 /// the daemon (the directory's mark comes after them) and only the directory's walk can
-/// find them; that they are counted as refreshed shows which way they went.
+/// find them; that they are counted as refreshed shows which way they went. The directory
+/// itself is adopted (marked, walked) only after the same delay: it waits, counted, while
+/// an extraction would still be filling it.
 #[test]
 fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     let s = Scratch::new("attach-made-dir");
@@ -199,6 +201,13 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     std::fs::write(dir.join("made/a"), vec![1u8; 1 << 20]).unwrap();
     std::fs::write(dir.join("made/deeper/b"), vec![2u8; 1 << 20]).unwrap();
     std::fs::remove_file(&stall).unwrap();
+    // `poke` and `made` heard, neither marked yet (nor `deeper`, which only the walk of
+    // `made` can find).
+    let st = a.wait_for("the made directories waiting", |s| {
+        s["watch"]["dirs_waiting"] == 2
+    });
+    assert_eq!(st["watch"]["dirs_marked"], 1, "{st}");
+    assert_eq!(st["ram"]["pinned_files"], 0, "{st}");
     let st = a.wait_for("the made directory's files pinned", |s| {
         s["ram"]["pinned_files"] == 2
     });
@@ -207,6 +216,7 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     assert_eq!(st["warmup"]["files_demanded"], 2, "{st}");
     // Each file handed on is followed by a mark of its own.
     assert_eq!(st["watch"]["dirs_marked"], 4, "{st}");
+    assert_eq!(st["watch"]["dirs_waiting"], 0, "{st}");
     assert_eq!(st["watch"]["files_followed"], 2, "{st}");
     // A directory removed gives back its place among the marked ones.
     std::fs::remove_dir(dir.join("poke")).unwrap();
