@@ -8,14 +8,15 @@
 //! Layers, bottom up: `handle` (file handles, the warm-up's keys), `fanotify` (the event
 //! group), `mountinfo`, `holders` (who else serves a directory), `record` (what dhrd
 //! changed, on the directory), `syncmount` and `flags` (the two ways `sync` is kept),
-//! `tree` (confined walks), `check` (everything checked before a change), `watch` (the
-//! events and what they cause), `attached` (attach and detach), `status`, `control` (the
+//! `tree` (confined walks), `check` (everything checked before a change), `dirs` (the
+//! tree's directories as the watch keeps them), `watch` (the events and what they cause), `attached` (attach and detach), `status`, `control` (the
 //! socket and its client), `daemon` (threads, signals). See docs/attach.md.
 
 pub mod attached;
 pub mod check;
 pub mod control;
 pub mod daemon;
+pub mod dirs;
 pub mod error;
 pub mod fanotify;
 pub mod flags;

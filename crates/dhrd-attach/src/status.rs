@@ -212,10 +212,12 @@ fn activity_text(s: &mut String, a: &Attached) {
         match a.scope {
             Scope::Filesystem => "one mark on the file system".to_string(),
             Scope::Tree => format!(
-                "{} directories marked ({} refused, {} made ones waiting), {} moves in, {} out",
+                "{} directories marked ({} refused, {} made ones waiting, {} times muted, {} rescans), {} moves in, {} out",
                 a.watch.dirs_marked(),
                 g(&w.mark_failures),
                 a.watch.dirs_waiting(),
+                g(&w.dirs_muted),
+                g(&w.rescans),
                 g(&w.moved_in),
                 g(&w.moved_out)
             ),
@@ -311,6 +313,8 @@ pub fn json(a: &Attached) -> Value {
             "forgotten": g(&w.forgotten),
             "dirs_marked": a.watch.dirs_marked(),
             "dirs_waiting": a.watch.dirs_waiting(),
+            "dirs_muted": g(&w.dirs_muted),
+            "rescans": g(&w.rescans),
             "mark_failures": g(&w.mark_failures),
             "files_followed": g(&w.files_followed),
             "follow_failures": g(&w.follow_failures),

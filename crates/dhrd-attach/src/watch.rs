@@ -29,7 +29,10 @@
 //!   each directory before it reads it, so what was made or moved in before is found
 //!   and what comes after is heard. Until then a made directory is not the tree's for
 //!   renames: a file moved from it into the tree counts as moved in (pinned now), one
-//!   moved into it as moved out (let go, found again by the adoption).
+//!   moved into it as moved out (let go, found again by the adoption);
+//! - where files are made in a burst, a directory stops hearing their creations for a
+//!   while and is read again for them (`dirs.rs`, which says when; not with `sync` by
+//!   flags, where each creation is checked for its flag).
 //!
 //! Why files are followed one by one and not through their directory's mark
 //! (`FAN_EVENT_ON_CHILD`): a directory mark that asks for its children's closes and
@@ -37,7 +40,8 @@
 //! pinned (they live less than the delay), in the application's own call; and the kernel
 //! then takes the slow path of `__fsnotify_parent` for every access to a child, a read
 //! too. A file's own mark costs events only for files the warm-up knows. The creation of a
-//! file is the one event every file costs (docs/attach.md, "Files followed one by one").
+//! file is the one event a file costs, outside a burst (docs/attach.md, "Files followed
+//! one by one").
 //!
 //! Where the directory is the root of its file system (`Scope::Filesystem`) one mark covers
 //! every directory and nothing can move in from outside.
@@ -59,6 +63,7 @@
 //! the oldest is adopted at once). Crash semantics: none; the group and its marks
 //! vanish with the process (flags stay, see `flags.rs`).
 
+use crate::dirs::Dirs;
 use crate::fanotify::{Event, Group, MarkOn, EVENT_BUF_BYTES};
 use crate::flags::{self, FlagStats};
 use crate::handle::Handle;
@@ -66,7 +71,6 @@ use crate::tree::{self, Kind};
 use dhrd_pagecache::resident::{Changed, Resident, CHANGED_DELAY, CHANGED_MAX};
 use dhrd_pagecache::{double_sysctl, SysctlRaise};
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -115,10 +119,6 @@ const FS_MASK: u64 = libc::FAN_CREATE;
 const TREE_MASK: u64 =
     libc::FAN_CREATE | libc::FAN_RENAME | libc::FAN_ONDIR | libc::FAN_DELETE_SELF;
 
-/// Directories made in the tree that wait for their adoption at most (`Watch::dir_made`);
-/// past it the oldest is adopted early. About 100 bytes each (a handle and its due time).
-const MADE_MAX: usize = 65_536;
-
 /// How a directory joined the tree (`Watch::adopt_dir`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Adopt {
@@ -136,6 +136,10 @@ pub struct WatchStats {
     pub refreshed: AtomicU64,
     pub forgotten: AtomicU64,
     pub dirs_marked: AtomicU64,
+    /// Times a directory stopped hearing creations for a while (`dirs.rs`).
+    pub dirs_muted: AtomicU64,
+    /// Reads of a directory whose creations went unheard (`Watch::rescan`).
+    pub rescans: AtomicU64,
     /// Directories that could not be marked (`fs.fanotify.max_user_marks`): files moved
     /// into them are not seen; files created there still inherit their flags.
     pub mark_failures: AtomicU64,
@@ -168,15 +172,12 @@ pub struct Watch {
     /// `sync` is kept by inode flags: a late event leaves a window (`EVENT_BATCH_PAUSE`),
     /// and a file made or linked in is checked for its flag at once.
     sync_by_flags: bool,
-    /// Tree scope: the marked directories by key, with their handles (to change or remove
-    /// their marks).
-    dirs: Mutex<HashMap<u64, Handle>>,
+    /// Tree scope: the marked directories (with their handles, to change or remove their
+    /// marks), those that hear no creations for now, and the made ones waiting.
+    dirs: Mutex<Dirs>,
     open_events: AtomicBool,
     /// Files closed after writing, by key, waiting `CHANGED_DELAY` (in due order).
     changed: Mutex<Changed<Handle>>,
-    /// Tree scope, not `sync_by_flags`: directories made in the tree, each waiting
-    /// `CHANGED_DELAY` for its adoption (`adopt_made`), in due order; at most `MADE_MAX`.
-    made: Mutex<VecDeque<(Instant, Handle)>>,
     pub stats: WatchStats,
     me: i32,
 }
@@ -189,10 +190,9 @@ impl Watch {
             group,
             scope,
             sync_by_flags,
-            dirs: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(Dirs::new()),
             open_events: AtomicBool::new(true),
             changed: Mutex::new(Changed::new()),
-            made: Mutex::new(VecDeque::new()),
             stats: WatchStats::default(),
             me: std::process::id() as i32,
         }
@@ -302,7 +302,7 @@ impl Watch {
         match self.group.add(MarkOn::Inode, fd, self.mask()) {
             Ok(()) => {
                 self.stats.dirs_marked.fetch_add(1, Ordering::Relaxed);
-                self.dirs.lock().insert(h.key(), h);
+                self.dirs.lock().mark(h);
             }
             Err(_) => {
                 self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
@@ -317,12 +317,12 @@ impl Watch {
 
     /// Directories made in the tree that wait for their adoption (tree scope).
     pub fn dirs_waiting(&self) -> usize {
-        self.made.lock().len()
+        self.dirs.lock().made_waiting()
     }
 
     /// Directories marked now (tree scope).
     pub fn dirs_marked(&self) -> usize {
-        self.dirs.lock().len()
+        self.dirs.lock().marked_count()
     }
 
     /// The warm-up completed: no more `FAN_OPEN` events.
@@ -338,7 +338,7 @@ impl Watch {
                 let _ = self.group.remove(MarkOn::Filesystem, root, open);
             }
             Scope::Tree => {
-                let handles: Vec<Handle> = self.dirs.lock().values().cloned().collect();
+                let handles = self.dirs.lock().handles();
                 for h in handles {
                     if let Ok(fd) = h.open(root, libc::O_RDONLY | libc::O_DIRECTORY) {
                         let _ = self.group.remove(MarkOn::Inode, fd.as_fd(), open);
@@ -364,10 +364,10 @@ impl Watch {
                 PollFd::new(&self.group, PollFlags::IN),
                 PollFd::new(&wake, PollFlags::IN),
             ];
-            // Wake for the next changed file or made directory that comes due.
+            // Wake for the next changed file, made directory or muted one that comes due.
             let next = self.changed.lock().next_at();
-            let next_made = self.made.lock().front().map(|(due, _)| *due);
-            let next = match (next, next_made) {
+            let next_dir = self.dirs.lock().next_due();
+            let next = match (next, next_dir) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -400,6 +400,7 @@ impl Watch {
                 }
             }
             self.adopt_made(ctx, false);
+            self.unmute_due(ctx);
             self.hand_on_changed(ctx, false);
             std::thread::sleep(self.pause());
         }
@@ -422,7 +423,7 @@ impl Watch {
         if ev.is(libc::FAN_DELETE_SELF) && ev.on_dir() {
             // A directory's own event names it as a directory record, not a target.
             if let Some(h) = ev.target.as_ref().or(ev.dir.as_ref().map(|(h, _)| h)) {
-                self.dirs.lock().remove(&h.key());
+                self.dirs.lock().unmark(h.key());
             }
             return;
         }
@@ -445,6 +446,7 @@ impl Watch {
                     }
                 }
                 self.note_changed(ctx, target);
+                self.heard_create(ctx, ev);
             }
         }
         if ev.on_dir() {
@@ -473,10 +475,7 @@ impl Watch {
             self.adopt_dir(ctx, target, Adopt::Made);
             return;
         }
-        let mut made = self.made.lock();
-        made.push_back((Instant::now() + CHANGED_DELAY, target.clone()));
-        let full = made.len() > MADE_MAX;
-        drop(made);
+        let full = self.dirs.lock().made(target.clone(), Instant::now());
         if full {
             self.adopt_made(ctx, true);
         }
@@ -488,19 +487,111 @@ impl Watch {
         let now = Instant::now();
         let mut first = oldest;
         loop {
-            let next = {
-                let mut made = self.made.lock();
-                match made.front() {
-                    Some((due, _)) if *due <= now || first => made.pop_front(),
-                    _ => None,
-                }
-            };
-            let Some((_, h)) = next else {
+            let Some(h) = self.dirs.lock().take_made(now, first) else {
                 return;
             };
             first = false;
             self.adopt_dir(ctx, &h, Adopt::Made);
         }
+    }
+
+    /// Tree scope, not `sync_by_flags`: a file's creation was heard in its directory, which
+    /// may stop hearing creations for a while (`dirs.rs`; with `sync` by flags every
+    /// creation is checked for its flag at once).
+    fn heard_create(&self, ctx: &Ctx<'_>, ev: &Event) {
+        if self.scope != Scope::Tree || self.sync_by_flags {
+            return;
+        }
+        let Some((dir, _)) = &ev.dir else {
+            return;
+        };
+        let Some(h) = self.dirs.lock().heard_create(dir.key()) else {
+            return;
+        };
+        let Ok(fd) = h.open(ctx.root, libc::O_RDONLY | libc::O_DIRECTORY) else {
+            return;
+        };
+        if self
+            .group
+            .remove(MarkOn::Inode, fd.as_fd(), libc::FAN_CREATE)
+            .is_ok()
+        {
+            self.dirs.lock().muted(h.key(), Instant::now());
+            self.stats.dirs_muted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Puts `FAN_CREATE` back on the marks of the muted directories that are due, then
+    /// reads each for what was made meanwhile (in that order: a file made between the two
+    /// is heard or read, or both).
+    fn unmute_due(&self, ctx: &Ctx<'_>) {
+        let now = Instant::now();
+        loop {
+            let Some(h) = self.dirs.lock().take_unmuted(now) else {
+                return;
+            };
+            let Ok(fd) = h.open(ctx.root, libc::O_RDONLY | libc::O_DIRECTORY) else {
+                // Gone: its removal's event unmarks it.
+                continue;
+            };
+            if self
+                .group
+                .add(MarkOn::Inode, fd.as_fd(), libc::FAN_CREATE)
+                .is_err()
+            {
+                // Creations in it go unheard from here on; it is read once more below
+                // and then only by a later walk of the tree (counted: status shows it).
+                self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            let entries = self.rescan(ctx, fd.as_fd());
+            self.dirs.lock().rescanned(h.key(), entries);
+        }
+    }
+
+    /// Reads directory `dir` (a muted one, just unmuted) for the files and directories
+    /// made while its creations went unheard: files the warm-up does not know take the
+    /// changed files' delay, directories not marked or waiting are made ones. Returns the
+    /// entries read.
+    fn rescan(&self, ctx: &Ctx<'_>, dir: BorrowedFd<'_>) -> u64 {
+        use rustix::fs::FileType;
+        self.stats.rescans.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut d) = rustix::fs::Dir::read_from(dir) else {
+            return 0;
+        };
+        let mut entries = 0u64;
+        while let Some(Ok(ent)) = d.read() {
+            let name = ent.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            entries += 1;
+            let kind = match ent.file_type() {
+                FileType::RegularFile => Kind::File,
+                FileType::Directory => Kind::Dir,
+                FileType::Unknown => {
+                    match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => Kind::File,
+                        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => Kind::Dir,
+                        _ => continue,
+                    }
+                }
+                _ => continue,
+            };
+            let Ok(h) = Handle::of(dir, Some(name)) else {
+                continue;
+            };
+            match kind {
+                Kind::File if !ctx.resident.is_known(h.key()) => self.note_changed(ctx, &h),
+                Kind::Dir => {
+                    let known = self.dirs.lock().knows(h.key());
+                    if !known {
+                        self.dir_made(ctx, &h);
+                    }
+                }
+                _ => {}
+            }
+        }
+        entries
     }
 
     /// A file closed after writing: handed to the warm-up `CHANGED_DELAY` later, unless it
@@ -569,7 +660,7 @@ impl Watch {
     fn renamed(&self, ctx: &Ctx<'_>, ev: &Event, target: &Handle) {
         let ours = |d: &Option<(Handle, std::ffi::OsString)>| {
             d.as_ref()
-                .is_some_and(|(h, _)| self.dirs.lock().contains_key(&h.key()))
+                .is_some_and(|(h, _)| self.dirs.lock().is_marked(h.key()))
         };
         match (ours(&ev.old), ours(&ev.new)) {
             (false, true) => {
@@ -593,7 +684,20 @@ impl Watch {
                     ctx.resident.forget(target.key());
                 }
             }
-            _ => {}
+            (true, true) => {
+                // Within the tree. What a muted directory left unheard and its rescan can
+                // no longer find (it moved) is taken here; a known file or directory needs
+                // nothing.
+                if ev.on_dir() {
+                    let known = self.dirs.lock().knows(target.key());
+                    if !known {
+                        self.dir_made(ctx, target);
+                    }
+                } else if !ctx.resident.is_known(target.key()) {
+                    self.note_changed(ctx, target);
+                }
+            }
+            (false, false) => {}
         }
     }
 
@@ -699,7 +803,7 @@ impl Watch {
             &|| false,
             |d, _, _| {
                 if let Ok(h) = Handle::of(d, None) {
-                    self.dirs.lock().remove(&h.key());
+                    self.dirs.lock().unmark(h.key());
                 }
                 let _ = self.group.remove(MarkOn::Inode, d, all);
             },

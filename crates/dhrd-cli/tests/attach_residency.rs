@@ -227,6 +227,58 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     assert!(ok, "{out}");
 }
 
+/// Files made in a burst cost one creation event per directory and period, not one each:
+/// the directory stops hearing creations at the first it reads and is read again for
+/// them a second later. Every file made meanwhile is pinned all the same, and so is a file
+/// in a directory made meanwhile (which the read finds, as its creation went unheard), and
+/// a file and a directory made meanwhile and renamed out of the muted directory before its
+/// read (their rename within the tree is heard instead).
+#[test]
+fn a_burst_of_files_costs_one_event_and_every_file_is_pinned() {
+    let s = Scratch::new("attach-burst");
+    let disk = LoopFs::new(&s);
+    let dir = disk.mnt.join("data");
+    std::fs::create_dir_all(dir.join("spool")).unwrap();
+    let stall = s.0.join("stall");
+    let a = Attach::start_env(
+        &dir,
+        &["--durability", "fsync"],
+        &[("DHRD_FAULT_WATCH_STALL_FILE", stall.to_str().unwrap())],
+    );
+    a.wait_warm();
+    // The first file's creation is read on its own (the watch held back until then), so
+    // the rest are made with the directory muted whatever the daemon's timing.
+    std::fs::write(&stall, b"").unwrap();
+    std::fs::write(dir.join("spool/f000"), vec![1u8; 8192]).unwrap();
+    std::fs::remove_file(&stall).unwrap();
+    let st = a.wait_for("the spool muted", |s| s["watch"]["dirs_muted"] == 1);
+    let events_muted = st["watch"]["events"].as_u64().unwrap();
+    for i in 1..200 {
+        std::fs::write(dir.join(format!("spool/f{i:03}")), vec![1u8; 8192]).unwrap();
+    }
+    std::fs::create_dir(dir.join("spool/sub")).unwrap();
+    std::fs::write(dir.join("spool/sub/g"), vec![2u8; 8192]).unwrap();
+    std::fs::write(dir.join("spool/moved"), vec![3u8; 8192]).unwrap();
+    std::fs::rename(dir.join("spool/moved"), dir.join("moved")).unwrap();
+    std::fs::create_dir(dir.join("spool/sub2")).unwrap();
+    std::fs::write(dir.join("spool/sub2/h"), vec![4u8; 8192]).unwrap();
+    std::fs::rename(dir.join("spool/sub2"), dir.join("sub2")).unwrap();
+    let st = a.wait_for("every file of the burst pinned", |s| {
+        s["ram"]["pinned_files"] == 203
+    });
+    assert!(st["watch"]["rescans"].as_u64().unwrap() >= 1, "{st}");
+    // None of the files and directories made while muted was heard, only the two renames
+    // (the files' own marks come with their pins, after they were closed).
+    assert_eq!(
+        st["watch"]["events"].as_u64().unwrap(),
+        events_muted + 2,
+        "{st}"
+    );
+    assert_eq!(st["watch"]["dirs_marked"], 4, "{st}");
+    let (ok, out) = a.detach();
+    assert!(ok, "{out}");
+}
+
 /// A file or a directory renamed out of the tree is no longer dhrd's: its pins go, its
 /// marks go (a directory leaves the marked set), and writing to it afterwards is not heard.
 #[test]
