@@ -302,7 +302,7 @@ impl Watch {
         match self.group.add(MarkOn::Inode, fd, self.mask()) {
             Ok(()) => {
                 self.stats.dirs_marked.fetch_add(1, Ordering::Relaxed);
-                self.dirs.lock().mark(h);
+                self.dirs.lock().mark(h, Instant::now());
             }
             Err(_) => {
                 self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
@@ -505,7 +505,7 @@ impl Watch {
         let Some((dir, _)) = &ev.dir else {
             return;
         };
-        let Some(h) = self.dirs.lock().heard_create(dir.key()) else {
+        let Some(h) = self.dirs.lock().heard_create(dir.key(), Instant::now()) else {
             return;
         };
         let Ok(fd) = h.open(ctx.root, libc::O_RDONLY | libc::O_DIRECTORY) else {
@@ -544,7 +544,7 @@ impl Watch {
                 self.stats.mark_failures.fetch_add(1, Ordering::Relaxed);
             }
             let entries = self.rescan(ctx, fd.as_fd());
-            self.dirs.lock().rescanned(h.key(), entries);
+            self.dirs.lock().rescanned(h.key(), entries, Instant::now());
         }
     }
 
