@@ -27,6 +27,19 @@ fn statvfs(p: &std::path::Path) -> (u64, u64) {
     (st.f_bfree, st.f_frsize)
 }
 
+/// `fsync` mode attached to `dir` and warm, with the watch's stall file (events wait while
+/// it exists) at the returned path.
+fn attach_warm_with_stall(s: &Scratch, dir: &std::path::Path) -> (Attach, std::path::PathBuf) {
+    let stall = s.0.join("stall");
+    let a = Attach::start_env(
+        dir,
+        &["--durability", "fsync"],
+        &[("DHRD_FAULT_WATCH_STALL_FILE", stall.to_str().unwrap())],
+    );
+    a.wait_warm();
+    (a, stall)
+}
+
 #[test]
 fn opened_files_go_first_new_files_are_pinned_and_deleted_ones_let_go() {
     let s = Scratch::new("attach-resident");
@@ -185,13 +198,7 @@ fn files_of_a_directory_made_after_attach_are_pinned_after_the_delay() {
     let disk = LoopFs::new(&s);
     let dir = disk.mnt.join("data");
     std::fs::create_dir(&dir).unwrap();
-    let stall = s.0.join("stall");
-    let a = Attach::start_env(
-        &dir,
-        &["--durability", "fsync"],
-        &[("DHRD_FAULT_WATCH_STALL_FILE", stall.to_str().unwrap())],
-    );
-    a.wait_warm();
+    let (a, stall) = attach_warm_with_stall(&s, &dir);
     // The watch looks at the stall whenever it wakes, so events wait from here on;
     // `poke`, a directory made under the stall, is there for the removal checked last.
     std::fs::write(&stall, b"").unwrap();
@@ -239,13 +246,7 @@ fn a_burst_of_files_costs_one_event_and_every_file_is_pinned() {
     let disk = LoopFs::new(&s);
     let dir = disk.mnt.join("data");
     std::fs::create_dir_all(dir.join("spool")).unwrap();
-    let stall = s.0.join("stall");
-    let a = Attach::start_env(
-        &dir,
-        &["--durability", "fsync"],
-        &[("DHRD_FAULT_WATCH_STALL_FILE", stall.to_str().unwrap())],
-    );
-    a.wait_warm();
+    let (a, stall) = attach_warm_with_stall(&s, &dir);
     // The first file's creation is read on its own (the watch held back until then), so
     // the rest are made with the directory muted whatever the daemon's timing.
     std::fs::write(&stall, b"").unwrap();
