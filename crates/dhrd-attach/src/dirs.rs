@@ -189,12 +189,9 @@ impl Dirs {
 
     /// When the next made directory or muted one comes due.
     pub fn next_due(&self) -> Option<Instant> {
-        let a = self.made.front().map(|(t, _)| *t);
-        let b = self.unmute.front().map(|(t, _)| *t);
-        match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let made = self.made.front().map(|(t, _)| *t);
+        let unmute = self.unmute.front().map(|(t, _)| *t);
+        [made, unmute].into_iter().flatten().min()
     }
 }
 

@@ -9,8 +9,9 @@
 //! group), `mountinfo`, `holders` (who else serves a directory), `record` (what dhrd
 //! changed, on the directory), `syncmount` and `flags` (the two ways `sync` is kept),
 //! `tree` (confined walks), `check` (everything checked before a change), `dirs` (the
-//! tree's directories as the watch keeps them), `watch` (the events and what they cause), `attached` (attach and detach), `status`, `control` (the
-//! socket and its client), `daemon` (threads, signals). See docs/attach.md.
+//! tree's directories as the watch keeps them), `watch` (the events and what they
+//! cause), `attached` (attach and detach), `status`, `control` (the socket and its
+//! client), `daemon` (threads, signals). See docs/attach.md.
 
 pub mod attached;
 pub mod check;

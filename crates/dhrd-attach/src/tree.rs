@@ -30,6 +30,17 @@ pub enum Kind {
     Other,
 }
 
+impl Kind {
+    /// The kind of a file of mode `st_mode` (as `stat` gives it).
+    pub fn of_mode(st_mode: u32) -> Self {
+        match st_mode & libc::S_IFMT {
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFREG => Kind::File,
+            _ => Kind::Other,
+        }
+    }
+}
+
 /// One directory entry, stat'ed without following a symlink.
 pub struct Entry<'a> {
     pub name: &'a CStr,
@@ -138,11 +149,7 @@ pub fn walk<T>(
             else {
                 continue;
             };
-            let kind = match st.st_mode & libc::S_IFMT {
-                libc::S_IFDIR => Kind::Dir,
-                libc::S_IFREG => Kind::File,
-                _ => Kind::Other,
-            };
+            let kind = Kind::of_mode(st.st_mode);
             if kind == Kind::File {
                 w.files += 1;
             }

@@ -365,13 +365,9 @@ impl Watch {
                 PollFd::new(&wake, PollFlags::IN),
             ];
             // Wake for the next changed file, made directory or muted one that comes due.
-            let next = self.changed.lock().next_at();
+            let next_file = self.changed.lock().next_at();
             let next_dir = self.dirs.lock().next_due();
-            let next = match (next, next_dir) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let timeout = next.map(|t| {
+            let timeout = [next_file, next_dir].into_iter().flatten().min().map(|t| {
                 let d = t.saturating_duration_since(Instant::now());
                 rustix::event::Timespec {
                     tv_sec: d.as_secs() as i64,
@@ -570,13 +566,15 @@ impl Watch {
                 FileType::Directory => Kind::Dir,
                 FileType::Unknown => {
                     match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-                        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => Kind::File,
-                        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => Kind::Dir,
-                        _ => continue,
+                        Ok(st) => Kind::of_mode(st.st_mode),
+                        Err(_) => continue,
                     }
                 }
                 _ => continue,
             };
+            if kind == Kind::Other {
+                continue;
+            }
             let Ok(h) = Handle::of(dir, Some(name)) else {
                 continue;
             };
